@@ -1,0 +1,29 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU-only machines take the CPU build of torch (a local wheel where one lies on disk); a machine with
+# an NVIDIA driver gets the default (CUDA) build of the same release.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test lint install clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/worldstep rollout --env worldstep/Tiny-v0 --policy sine --windows 8 --out rollout.mp4
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""worldstep: drive an action-conditioned video world model like a simulator."""
