@@ -1,0 +1,155 @@
+"""Random-weight Cosmos3 checkpoints in the real diffusers layout.
+
+The embedded default model and the test fixtures are built here, saved with
+`Cosmos3OmniPipeline.save_pretrained` (so `transformer/`, `vae/`, `scheduler/`, `text_tokenizer/` and
+`model_index.json` are exactly what diffusers writes for the real model), and then read back by the
+same loader a real checkpoint goes through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Characters the embedded tokenizer knows; anything else maps to <unk>.
+_ALPHABET = [chr(c) for c in range(32, 127)] + ["\n"]
+_SPECIAL_TOKENS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>"]
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    '{"cinematography": {"framing": "This video is captured from a first-person perspective looking at the scene."},'
+    ' "actions": [{"time": "0:00-0:01", "description": "A robot arm pushes a block across a table."}],'
+    ' "duration": "1s", "fps": 24.0, "resolution": {"H": 128, "W": 128}, "aspect_ratio": "1,1"}',
+    "pick up the red cube and place it in the bowl. the robot moves the gripper to the left.",
+    "user assistant system robot arm gripper block table scene video camera wrist view third person",
+]
+# Scheduler settings of the Cosmos3 action pipeline (UniPC, flow prediction, bh2, order 2).
+_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "flow_shift": 5.0,
+    "solver_order": 2,
+    "solver_type": "bh2",
+    "predict_x0": True,
+    "lower_order_final": True,
+    "final_sigmas_type": "zero",
+}
+
+
+def build_tokenizer(vocab_size: int):
+    """A small character-level BPE tokenizer with the Qwen-style chat template and special tokens."""
+    from tokenizers import Tokenizer, models, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < len(_ALPHABET) + len(_SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for the embedded tokenizer; "
+            f"allowed range: >= {len(_ALPHABET) + len(_SPECIAL_TOKENS)}"
+        )
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=_SPECIAL_TOKENS, initial_alphabet=_ALPHABET, show_progress=False
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "<|vision_start|>"],
+    )
+    fast.chat_template = _CHAT_TEMPLATE
+    return fast
+
+
+def _vae_kwargs(vae_arch: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+    """VAE constructor kwargs; random but fixed latent statistics when the block gives none."""
+    kwargs = dict(vae_arch)
+    z_dim = int(kwargs["z_dim"])
+    if "latents_mean" not in kwargs:
+        kwargs["latents_mean"] = (torch.randn(z_dim, generator=generator) * 0.1).tolist()
+    if "latents_std" not in kwargs:
+        kwargs["latents_std"] = (torch.rand(z_dim, generator=generator) * 0.5 + 0.75).tolist()
+    return kwargs
+
+
+def _randomize_(module: torch.nn.Module, generator: torch.Generator, std: float = 0.05) -> None:
+    """Give every parameter small random values (diffusers inits some heads to zero, which hides bugs)."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("weight") and "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+            else:
+                param.copy_(std * torch.randn(param.shape, generator=generator))
+
+
+def build_pipeline(architecture: dict[str, Any], seed: int = 0):
+    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by an `architecture` block."""
+    from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
+
+    generator = torch.Generator().manual_seed(seed)
+    transformer_arch = dict(architecture["transformer"])
+    torch.manual_seed(seed)
+    transformer = Cosmos3OmniTransformer(**transformer_arch)
+    _randomize_(transformer, generator)
+    vae = AutoencoderKLWan(**_vae_kwargs(architecture["vae"], generator))
+    _randomize_(vae, generator, std=0.1)
+    scheduler = UniPCMultistepScheduler(**_SCHEDULER_CONFIG)
+    tokenizer = build_tokenizer(int(transformer_arch["vocab_size"]))
+    return Cosmos3OmniPipeline(
+        transformer=transformer,
+        text_tokenizer=tokenizer,
+        vae=vae,
+        scheduler=scheduler,
+        enable_safety_checker=False,
+        default_use_system_prompt=False,
+        use_native_flow_schedule=True,
+    )
+
+
+def build_checkpoint(path: str | os.PathLike, architecture: dict[str, Any], seed: int = 0) -> Path:
+    """Write a random-weight checkpoint in the diffusers layout to `path` and return it."""
+    path = Path(path)
+    pipeline = build_pipeline(architecture, seed=seed)
+    pipeline.save_pretrained(path, safe_serialization=True)
+    media = {k: architecture[k] for k in ("height", "width", "fps") if k in architecture}
+    (path / "worldstep.json").write_text(json.dumps({"seed": seed, **media}, indent=2))
+    return path
+
+
+def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    return Path(os.environ.get("WORLDSTEP_CACHE", Path.home() / ".cache" / "worldstep"))
+
+
+def ensure_embedded_checkpoint(
+    name: str, architecture: dict[str, Any], cache_dir: str | os.PathLike | None = None, seed: int = 0
+) -> Path:
+    """Build an embedded model's checkpoint once (keyed by its architecture) and return its folder."""
+    digest = hashlib.sha256(json.dumps([architecture, seed], sort_keys=True).encode()).hexdigest()[:12]
+    target = _cache_root(cache_dir) / "models" / f"{name}-{digest}"
+    if (target / "model_index.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        build_checkpoint(staging, architecture, seed=seed)
+        try:
+            staging.rename(target)
+        except OSError:  # another process built it first
+            if not (target / "model_index.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

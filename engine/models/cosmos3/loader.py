@@ -1,0 +1,103 @@
+"""Read a Cosmos3 checkpoint in the diffusers layout: `transformer/`, `vae/`, `scheduler/`, `text_tokenizer/`."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_REQUIRED = ("transformer", "vae", "scheduler", "text_tokenizer")
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """The checkpoint is not on disk (or not in the offline hub cache); the message says where we looked."""
+
+
+@dataclass
+class Cosmos3Components:
+    """The loaded modules plus the pipeline flags that change how a window is built."""
+
+    path: Path
+    transformer: Any  # diffusers Cosmos3OmniTransformer
+    vae: Any  # diffusers AutoencoderKLWan
+    scheduler_config: dict[str, Any]
+    tokenizer: Any
+    use_native_flow_schedule: bool = True
+    default_use_system_prompt: bool = False
+    media: dict[str, Any] = field(default_factory=dict)  # height/width/fps recorded by our builder
+
+
+def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
+    """A local folder, or a hub id found in the local hub cache (downloaded when the hub is reachable)."""
+    local = Path(path_or_id).expanduser()
+    if local.is_dir():
+        _check_layout(local)
+        return local
+    looked = [str(local.resolve())]
+    text = str(path_or_id)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.constants import HF_HUB_CACHE, HF_HUB_OFFLINE
+
+        looked.append(f"hub cache {HF_HUB_CACHE} for '{text}'")
+        try:
+            folder = Path(snapshot_download(text, local_files_only=HF_HUB_OFFLINE))
+        except Exception as err:  # noqa: BLE001 - every hub failure means "not available here"
+            raise CheckpointNotFoundError(_missing_message(text, looked, err)) from err
+        _check_layout(folder)
+        return folder
+    raise CheckpointNotFoundError(_missing_message(text, looked, None))
+
+
+def _missing_message(what: str, looked: list[str], err: Exception | None) -> str:
+    reason = f" ({type(err).__name__}: {err})" if err is not None else ""
+    return (
+        f"Cosmos3 checkpoint '{what}' not found{reason}. Looked in: {'; '.join(looked)}. "
+        "Get the weights with `huggingface-cli download nvidia/Cosmos3-Edge --local-dir PATH` on a machine "
+        "with access, then pass PATH (a folder with transformer/, vae/, scheduler/, text_tokenizer/), or set "
+        "HF_HUB_OFFLINE=1 with the weights in the local hub cache."
+    )
+
+
+def _check_layout(folder: Path) -> None:
+    missing = [name for name in _REQUIRED if not (folder / name).is_dir()]
+    if missing:
+        raise CheckpointNotFoundError(
+            f"'{folder}' is not a Cosmos3 checkpoint in the diffusers layout: missing {', '.join(missing)}/ "
+            f"(expected {', '.join(n + '/' for n in _REQUIRED)})."
+        )
+
+
+def load_components(
+    path_or_id: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> Cosmos3Components:
+    """Load every module the rollout needs; the VAE stays fp32 unless `dtype` says otherwise."""
+    from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
+    from transformers import AutoTokenizer
+
+    folder = resolve_checkpoint(path_or_id)
+    transformer = Cosmos3OmniTransformer.from_pretrained(folder / "transformer", torch_dtype=dtype or torch.float32)
+    vae = AutoencoderKLWan.from_pretrained(folder / "vae", torch_dtype=dtype or torch.float32)
+    transformer.to(device).eval().requires_grad_(False)
+    vae.to(device).eval().requires_grad_(False)
+    scheduler_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(folder / "text_tokenizer")
+    index = _read_json(folder / "model_index.json")
+    return Cosmos3Components(
+        path=folder,
+        transformer=transformer,
+        vae=vae,
+        scheduler_config=scheduler_config,
+        tokenizer=tokenizer,
+        use_native_flow_schedule=bool(index.get("use_native_flow_schedule", True)),
+        default_use_system_prompt=bool(index.get("default_use_system_prompt", False)),
+        media=_read_json(folder / "worldstep.json"),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,112 @@
+"""The Cosmos3 math of a window, on the diffusers modules' own weights.
+
+Two pathways share each layer. The understanding pathway runs once per prompt (`prefill_text`):
+its per-layer K (after `k_norm_und_for_gen` and RoPE) and V are what generation queries attend to,
+and they never depend on generation tokens, so caching them is exact. The generation pathway
+(`gen_forward`) runs for every denoise step and once more for the commit pass; its queries attend
+through the paged attention backend to `[text | retained committed windows | this window]`.
+No I/O and no cache allocation happen here: the KV view arrives as a `PagedAttentionBatch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ...attention import PagedAttentionBatch, paged_attention
+from .layout import text_positions
+
+
+@dataclass
+class GenOutput:
+    """Final generation hidden states and, for a commit pass, the per-layer K/V of every token."""
+
+    hidden: torch.Tensor  # [N, hidden]
+    keys: torch.Tensor | None = None  # [layers, N, kv_heads, head_dim]
+    values: torch.Tensor | None = None  # [layers, N, kv_heads, head_dim]
+
+
+def rotary(transformer, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin `[N, head_dim]` for `[3, N]` mRoPE positions, via the model's own rotary module."""
+    device = next(transformer.parameters()).device
+    cos, sin = transformer.rotary_emb(positions.to(device).unsqueeze(1), device=device, dtype=dtype)  # [1, N, D]
+    return cos.squeeze(0), sin.squeeze(0)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[N, heads, D]`, cos/sin `[N, D]`."""
+    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
+
+
+@torch.no_grad()
+def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the understanding pathway over a prompt; return the K/V generation queries see.
+
+    Args:
+        input_ids: `[L]` token ids.
+    Returns:
+        keys, values: `[layers, L, kv_heads, head_dim]` (keys normed for generation and rotated).
+    """
+    hidden = transformer.embed_tokens(input_ids)  # [L, hidden]
+    cos, sin = rotary(transformer, text_positions(input_ids.shape[0]), hidden.dtype)
+    keys, values = [], []
+    for layer in transformer.layers:
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        q = attn.norm_q(attn.to_q(x).view(-1, attn.num_attention_heads, attn.head_dim))  # [L, H, D]
+        k = attn.norm_k(attn.to_k(x).view(-1, attn.num_key_value_heads, attn.head_dim))  # [L, Hkv, D]
+        v = attn.to_v(x).view(-1, attn.num_key_value_heads, attn.head_dim)  # [L, Hkv, D]
+        k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        keys.append(apply_rotary(k_for_gen, cos, sin))
+        values.append(v)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+        )  # [H, L, D]
+        hidden = hidden + attn.to_out(out.transpose(0, 1).flatten(-2))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return torch.stack(keys), torch.stack(values)
+
+
+@torch.no_grad()
+def gen_forward(
+    transformer,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    batch: PagedAttentionBatch,
+    collect_kv: bool = False,
+) -> GenOutput:
+    """Run every generation layer over packed window tokens of several streams.
+
+    Args:
+        hidden: `[N, hidden]` tokens of all rows, packed in `batch` order.
+        cos, sin: `[N, head_dim]` rotary tables of those tokens.
+        batch: each row's committed context and its number of fresh tokens.
+        collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
+    """
+    keys, values = [], []
+    for index, layer in enumerate(transformer.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm_moe_gen(hidden)
+        q = attn.norm_added_q(attn.add_q_proj(x).view(-1, attn.num_attention_heads, attn.head_dim))  # [N, H, D]
+        k = attn.norm_added_k(attn.add_k_proj(x).view(-1, attn.num_key_value_heads, attn.head_dim))  # [N, Hkv, D]
+        v = attn.add_v_proj(x).view(-1, attn.num_key_value_heads, attn.head_dim)  # [N, Hkv, D]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if collect_kv:
+            keys.append(k)
+            values.append(v)
+        out = paged_attention(q, k, v, batch, index)  # [N, H, D]
+        hidden = hidden + attn.to_add_out(out.flatten(-2))
+        hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
+    hidden = transformer.norm_moe_gen(hidden)
+    if not collect_kv:
+        return GenOutput(hidden)
+    return GenOutput(hidden, torch.stack(keys), torch.stack(values))
