@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import torch
@@ -16,7 +19,7 @@ from .loader import Cosmos3Components, load_components
 from .prompt import tokenize_action_prompt
 from .runner import prefill_text
 from .session import RolloutSession, new_session_id
-from .spec import ModelSpec, RolloutKnobs, WindowResult
+from .spec import ModelSpec, PhaseTimings, RolloutKnobs, WindowResult
 from .tokens import tokens_per_frame
 from .validation import check_domain_id, check_image, check_prompt
 from .window import run_window
@@ -231,6 +234,50 @@ class Cosmos3WorldModel:
             for i, result in zip(members, out):
                 results[i] = result
         return results
+
+    def rollout(self, session: RolloutSession, action_chunks: Iterable, pipelined: bool = True) -> Iterator[WindowResult]:
+        """Open-loop rollout over a known action sequence; windows come out in order.
+
+        With `pipelined=True` window k is decoded on a worker thread while window k+1 denoises.
+        """
+        if not pipelined:
+            for actions in action_chunks:
+                yield self.step_batch([session], [actions])[0]
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="worldstep-decode") as pool:
+            pending = None
+            try:
+                for actions in action_chunks:
+                    result = self._generate(session, actions)
+                    future = pool.submit(self._decode_result, session, result)
+                    if pending is not None:
+                        yield pending.result()
+                    pending = future
+                if pending is not None:
+                    yield pending.result()
+                    pending = None
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()
+                    wait([pending])
+                session.close()
+                raise
+
+    def _generate(self, session: RolloutSession, actions) -> WindowResult:
+        checked = session.check_actions(actions)
+        self._admit([session])
+        try:
+            return run_window(self, [session], [checked], decode=False)[0]
+        except BaseException:
+            session.close()
+            raise
+
+    def _decode_result(self, session: RolloutSession, result: WindowResult) -> WindowResult:
+        start = time.perf_counter()
+        result.frames = self.decode_windows([session], [result.latents.to(self.device)])[0]
+        timings = result.timings
+        result.timings = PhaseTimings(timings.denoise_s, timings.commit_s, time.perf_counter() - start)
+        return result
 
     def _admit(self, sessions: list[RolloutSession]) -> None:
         """Raise KVPoolExhausted before any work when the commit of this window could not fit."""

@@ -125,8 +125,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_window(model, sessions: list[RolloutSession], actions: list[np.ndarray]) -> list[WindowResult]:
-    """Generate the next window of every session in one batched pass (sessions share step count and shift)."""
+def run_window(
+    model, sessions: list[RolloutSession], actions: list[np.ndarray], decode: bool = True
+) -> list[WindowResult]:
+    """Generate the next window of every session in one batched pass (sessions share step count and shift).
+
+    With `decode=False` the frames are left to the caller (`model.decode_windows`), which lets a
+    pipelined rollout decode window k while window k+1 denoises.
+    """
     jobs = [_prepare(model, s, a) for s, a in zip(sessions, actions)]
     for job in jobs:
         model.set_window_timesteps(job.session)
@@ -145,7 +151,7 @@ def run_window(model, sessions: list[RolloutSession], actions: list[np.ndarray])
         _sync(model.device)
     t2 = time.perf_counter()
     new_latents = [job.latents[:, job.clean:].float() for job in jobs]  # [C, n, h, w] each
-    frames = model.decode_windows(sessions, new_latents)
+    frames = model.decode_windows(sessions, new_latents) if decode else [None] * len(sessions)
     t3 = time.perf_counter()
     return [_finish(job, latents, window_frames, PhaseTimings(t1 - t0, t2 - t1, t3 - t2))
             for job, latents, window_frames in zip(jobs, new_latents, frames)]

@@ -1,0 +1,217 @@
+"""The Cosmos3 session API: validation before work, determinism, batching, forks, modes, resources."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from worldstep.engine.kv import KVPoolExhausted
+from worldstep.engine.models.cosmos3 import (
+    CheckpointNotFoundError,
+    Cosmos3WorldModel,
+    RolloutKnobs,
+    build_checkpoint,
+    ensure_embedded_checkpoint,
+)
+
+
+@pytest.fixture(scope="module")
+def architecture():
+    return yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, architecture):
+    path = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", architecture, seed=1)
+    return Cosmos3WorldModel.from_pretrained(path, device="cpu", num_pages=256, page_size=16)
+
+
+IMAGE = np.random.RandomState(0).randint(0, 256, (96, 160, 3), dtype=np.uint8)
+
+
+def _open(model, seed=0, **knobs):
+    knobs = RolloutKnobs(**{"chunk_size": 4, "num_steps": 2, **knobs})
+    return model.open_session(IMAGE, "push the block", 8, knobs=knobs, generator=torch.Generator().manual_seed(seed))
+
+
+def _actions(seed, chunk=4, width=10):
+    return np.random.RandomState(seed).uniform(-1, 1, (chunk, width)).astype(np.float32)
+
+
+def test_window_shapes_and_frames(model):
+    with _open(model, context_frames=2) as session:
+        assert session.first_frame.shape == (128, 128, 3) and session.first_frame.dtype == np.uint8
+        result = session.step(_actions(0))
+        assert result.latents.shape == (4, 1, 8, 8)
+        assert result.frames.shape == (4, 128, 128, 3) and result.frames.dtype == np.uint8
+        assert (result.frame_start, result.frame_end, result.window_index) == (1, 5, 0)
+        assert result.kv.protected_tokens > 0 and result.kv.pages_in_use > 0
+        assert result.timings.denoise_s > 0 and result.timings.decode_s > 0
+
+
+def test_same_seed_same_latents_bit_identical(model):
+    runs = []
+    for _ in range(2):
+        with _open(model, seed=3) as session:
+            runs.append([session.step(_actions(i)) for i in range(2)])
+    for a, b in zip(*runs):
+        assert torch.equal(a.latents, b.latents)
+        assert np.array_equal(a.frames, b.frames)
+
+
+@pytest.mark.parametrize("guidance", [1.0, 2.5])
+def test_batched_step_matches_one_by_one(model, guidance):
+    singles = []
+    for seed in (1, 2, 3):
+        with _open(model, seed=seed, guidance_scale=guidance, negative_prompt="bad", decode=False) as session:
+            singles.append([session.step(_actions(seed + w)).latents for w in range(2)])
+    sessions = [_open(model, seed=seed, guidance_scale=guidance, negative_prompt="bad", decode=False)
+                for seed in (1, 2, 3)]
+    for w in range(2):
+        results = model.step_batch(sessions, [_actions(seed + w) for seed in (1, 2, 3)])
+        for i, result in enumerate(results):
+            assert (result.latents - singles[i][w]).abs().max() <= 1e-5
+    for session in sessions:
+        session.close()
+    assert model.kv.num_used_pages == 0
+
+
+def test_fork_shares_pages_and_diverges_independently(model):
+    session = _open(model, context_frames=0)
+    session.step(_actions(0))
+    used_before = model.kv.num_used_pages
+    fork = session.fork(generator=torch.Generator().manual_seed(99))
+    assert model.kv.num_used_pages == used_before  # committed pages shared, not copied
+    same = session.fork()
+    a, b, c = session.step(_actions(1)), fork.step(_actions(2)), same.step(_actions(1))
+    assert torch.equal(a.latents, c.latents)  # same RNG state and actions: same window
+    assert not torch.equal(a.latents, b.latents)
+    fork.close()
+    again = session.step(_actions(3))  # the parent is untouched by the fork's close
+    assert again.window_index == 2
+    session.close(), same.close()
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+
+
+def test_chained_mode_runs_and_differs_from_kv(model):
+    with _open(model, window_mode="chained") as chained, _open(model) as kv:
+        assert torch.equal(chained.step(_actions(0)).latents, kv.step(_actions(0)).latents)  # window 0 is shared
+        x, y = chained.step(_actions(1)), kv.step(_actions(1))
+        assert x.frames.shape == y.frames.shape
+        assert not torch.equal(x.latents, y.latents)
+        assert chained.kv_stats().seq_len == chained.text_lens["main"]  # chained never commits windows
+
+
+def test_open_ended_rollout_keeps_pages_flat(model):
+    with _open(model, context_frames=2, decode=False) as session:
+        pages = [session.step(_actions(w)).kv.pages_in_use for w in range(24)]
+    assert max(pages[6:]) - min(pages[6:]) <= 1
+    assert max(pages) <= pages[2] + 1
+
+
+@pytest.mark.parametrize(
+    "field, kwargs",
+    [
+        ("domain_id", {"domain_id": 32}),
+        ("domain_id", {"domain_id": -1}),
+        ("domain_id", {"domain_id": 1.0}),
+        ("domain_id", {"domain_id": True}),
+        ("prompt", {"prompt": ""}),
+        ("prompt", {"prompt": 5}),
+        ("image", {"image": np.zeros((32, 32), np.uint8)}),
+        ("image", {"image": np.zeros((32, 32, 3), np.int32)}),
+        ("image", {"image": np.full((32, 32, 3), 2.0, np.float32)}),
+    ],
+)
+def test_bad_open_arguments_raise_before_work(model, field, kwargs):
+    args = {"image": IMAGE, "prompt": "go", "domain_id": 8, **kwargs}
+    with pytest.raises(ValueError, match=field):
+        model.open_session(args["image"], args["prompt"], args["domain_id"])
+    assert model.kv.num_used_pages == 0 and model.live_sessions == 0
+
+
+def test_numpy_domain_id_is_accepted(model):
+    session = model.open_session(IMAGE, "go", np.int64(31))
+    assert session.domain_id == 31
+    session.close()
+
+
+@pytest.mark.parametrize(
+    "knob, value",
+    [("chunk_size", 6), ("chunk_size", 0), ("num_steps", 0), ("guidance_scale", 0.5), ("context_frames", -1),
+     ("window_mode", "full"), ("flow_shift", 0.0), ("decode", "false"), ("num_steps", True)],
+)
+def test_bad_knobs_name_the_knob(knob, value):
+    with pytest.raises(ValueError, match=knob):
+        RolloutKnobs(**{knob: value})
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [np.zeros((3, 10), np.float32), np.zeros((4, 17), np.float32), np.full((4, 2), np.nan, np.float32),
+     np.full((4, 2), np.inf, np.float32), np.zeros((4,), np.float32), "left", np.zeros((4, 2), bool)],
+)
+def test_bad_actions_rejected_and_session_stays_usable(model, actions):
+    with _open(model, decode=False) as session:
+        session.step(_actions(0))
+        pages, index = model.kv.num_used_pages, session.window_index
+        with pytest.raises(ValueError, match="actions"):
+            session.step(actions)
+        assert model.kv.num_used_pages == pages and session.window_index == index
+        assert session.step(_actions(1)).window_index == 1
+
+
+def test_pool_exhaustion_is_a_clear_error_and_nothing_is_lost(tmp_path, architecture):
+    path = build_checkpoint(tmp_path / "small", architecture)
+    small = Cosmos3WorldModel.from_pretrained(path, device="cpu", num_pages=20, page_size=16)
+    session = small.open_session(IMAGE, "go", 1, knobs=RolloutKnobs(num_steps=1, decode=False))
+    with pytest.raises(KVPoolExhausted) as info:
+        for w in range(20):
+            session.step(_actions(w))
+    assert info.value.needed > info.value.free
+    committed = session.kv_stats().seq_len
+    assert committed > 0 and not session.closed  # the rejected window lost nothing
+    session.close()
+    assert small.kv.num_used_pages == 0
+
+
+def test_failure_inside_a_window_returns_everything(model, monkeypatch):
+    from worldstep.engine.models.cosmos3 import window
+
+    session = _open(model)
+    session.step(_actions(0))
+    monkeypatch.setattr(window, "_commit", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("injected")))
+    with pytest.raises(RuntimeError, match="injected"):
+        session.step(_actions(1))
+    assert session.closed
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+
+
+def test_pipelined_rollout_equals_sequential(model):
+    actions = [_actions(i) for i in range(5)]
+    outputs = []
+    for pipelined in (False, True):
+        with _open(model, seed=4, context_frames=2) as session:
+            outputs.append(list(model.rollout(session, actions, pipelined=pipelined)))
+    for a, b in zip(*outputs):
+        assert a.window_index == b.window_index
+        assert np.array_equal(a.frames, b.frames)
+
+
+def test_missing_checkpoint_names_where_it_looked(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match=str(tmp_path / "nowhere")):
+        Cosmos3WorldModel.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "partial" / "vae").mkdir(parents=True)
+    with pytest.raises(CheckpointNotFoundError, match="transformer"):
+        Cosmos3WorldModel.from_pretrained(tmp_path / "partial")
+
+
+def test_embedded_checkpoint_is_built_once(tmp_path, architecture):
+    first = ensure_embedded_checkpoint("tiny", architecture, cache_dir=tmp_path)
+    stamp = (first / "transformer" / "config.json").stat().st_mtime_ns
+    again = ensure_embedded_checkpoint("tiny", architecture, cache_dir=tmp_path)
+    assert again == first and (again / "transformer" / "config.json").stat().st_mtime_ns == stamp
