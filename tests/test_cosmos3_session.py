@@ -215,3 +215,34 @@ def test_embedded_checkpoint_is_built_once(tmp_path, architecture):
     stamp = (first / "transformer" / "config.json").stat().st_mtime_ns
     again = ensure_embedded_checkpoint("tiny", architecture, cache_dir=tmp_path)
     assert again == first and (again / "transformer" / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_memory_pressure_offloads_idle_sessions_bit_identically(tmp_path, architecture):
+    path = build_checkpoint(tmp_path / "p", architecture)
+    knobs = RolloutKnobs(num_steps=1, decode=False)
+
+    def run(model, interleave):
+        a = model.open_session(IMAGE, "go", 1, knobs=knobs, generator=torch.Generator().manual_seed(1))
+        b = model.open_session(IMAGE, "stop", 2, knobs=knobs, generator=torch.Generator().manual_seed(2))
+        out, offloaded = [], False
+        for w in range(4):
+            out.append(a.step(_actions(w)).latents)
+            offloaded |= model.kv.is_offloaded(b.session_id)
+            if interleave:
+                b.step(_actions(w + 10))
+        a.close(), b.close()
+        return out, offloaded
+
+    roomy = Cosmos3WorldModel.from_pretrained(path, device="cpu", num_pages=128, page_size=16)
+    expected, _ = run(roomy, interleave=False)
+    tight = Cosmos3WorldModel.from_pretrained(path, device="cpu", num_pages=34, page_size=16, cpu_offload_pages=64)
+    got, offloaded = run(tight, interleave=True)  # two sessions do not fit: steps offload the idle one
+    assert offloaded
+    for x, y in zip(expected, got):
+        assert torch.equal(x, y)
+    assert tight.kv.num_used_pages == 0 and tight.kv.num_free_cpu_pages == 64
+    no_offload = Cosmos3WorldModel.from_pretrained(path, device="cpu", num_pages=34, page_size=16)
+    with pytest.raises(KVPoolExhausted):
+        run(no_offload, interleave=True)
+    no_offload.close()
+    assert no_offload.kv.num_used_pages == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -56,6 +57,7 @@ class Cosmos3WorldModel:
         self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
         self._sessions: dict[str, RolloutSession] = {}
         self._lock = threading.RLock()
+        self._clock = itertools.count(1)  # orders sessions by last use for offload
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike, *, device: str | torch.device = "auto",
@@ -148,8 +150,7 @@ class Cosmos3WorldModel:
         labels = ("main", "uncond") if knobs.uses_cfg else ("main",)
         needed = sum(self._pages_for(len(ids[label]) + self.tokens_per_window(knobs) + spec.tokens_per_frame)
                      for label in labels)
-        if needed > self.kv.num_free_pages:
-            raise KVPoolExhausted(needed, self.kv.num_free_pages)
+        self._make_room(needed, set())
         session_id = new_session_id()
         try:
             for label in labels:
@@ -280,19 +281,43 @@ class Cosmos3WorldModel:
         return result
 
     def _admit(self, sessions: list[RolloutSession]) -> None:
-        """Raise KVPoolExhausted before any work when the commit of this window could not fit."""
-        needed = 0
+        """Make room for this window's commit before any work, or raise KVPoolExhausted.
+
+        Offloaded sessions come back first; when the pool is short and CPU offload is configured,
+        idle sessions (least recently stepped first) move to the CPU pool to make room.
+        """
+        keep = {s.session_id for s in sessions}
         for s in sessions:
             if self.kv.is_offloaded(s.session_id):
+                self._make_room(self._held_pages(s), keep)
                 self.kv.reload(s.session_id)
+        needed = 0
+        for s in sessions:
             if s.knobs.window_mode != "kv":
                 continue
             extra = self.tokens_per_window(s.knobs) + (self.spec.tokens_per_frame if s.window_index == 0 else 0)
             for key in s.keys():
                 table = self.kv.page_table(key)
                 needed += self._pages_for(table.seq_len + extra) - self._pages_for(table.seq_len) + 1
-        if needed > self.kv.num_free_pages:
-            raise KVPoolExhausted(needed, self.kv.num_free_pages)
+        self._make_room(needed, keep)
+        for s in sessions:
+            s.last_used = next(self._clock)
+
+    def _held_pages(self, session: RolloutSession) -> int:
+        return sum(self._pages_for(self.kv.page_table(key).seq_len) for key in session.keys())
+
+    def _make_room(self, needed: int, keep: set[str]) -> None:
+        if needed <= self.kv.num_free_pages:
+            return
+        if self.kv.num_free_cpu_pages > 0:
+            with self._lock:
+                idle = sorted((s for s in self._sessions.values() if s.session_id not in keep),
+                              key=lambda s: s.last_used)
+            for session in idle:
+                if not self.kv.is_offloaded(session.session_id) and self.kv.offload(session.session_id):
+                    if needed <= self.kv.num_free_pages:
+                        return
+        raise KVPoolExhausted(needed, self.kv.num_free_pages)
 
     def decode_windows(self, sessions: list[RolloutSession], latents: list[torch.Tensor]) -> list:
         """Decode each session's new latents `[C, n, h, w]` to uint8 frames (None when decoding is off)."""

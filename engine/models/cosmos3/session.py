@@ -43,6 +43,7 @@ class RolloutSession:
         self.scheduler = model.new_scheduler(knobs)
         self.window_index = 0
         self.last_latents: torch.Tensor | None = None  # [C, t, h, w] of the previous window (chained mode)
+        self.last_used = 0  # model clock tick of the last step (idle sessions offload first)
         self.closed = False
 
     # --- public API -----------------------------------------------------------------------
