@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-
 from worldstep.engine.models.cosmos3.layout import action_positions, media_offset, vision_positions
 from worldstep.engine.models.cosmos3.runner import apply_rotary, prefill_text, rotary
 from worldstep.engine.models.cosmos3.tokens import embed_actions, embed_vision, project_out, unpatchify

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
+
 import numpy as np
 import pytest
 import torch
 import yaml
+from cosmos3_reference import dense_kv_rollout
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
-from importlib.resources import files
-
 from PIL import Image
-
-from cosmos3_reference import dense_kv_rollout
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
 
 DROID = 8  # diffusers' domain id of "droid_lerobot" (10-wide actions)

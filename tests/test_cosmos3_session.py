@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import (
     CheckpointNotFoundError,

@@ -95,7 +95,12 @@ def _randomize_(module: torch.nn.Module, generator: torch.Generator, std: float 
 
 def build_pipeline(architecture: dict[str, Any], seed: int = 0):
     """An in-memory `Cosmos3OmniPipeline` with random weights shaped by an `architecture` block."""
-    from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
+    from diffusers import (
+        AutoencoderKLWan,
+        Cosmos3OmniPipeline,
+        Cosmos3OmniTransformer,
+        UniPCMultistepScheduler,
+    )
 
     generator = torch.Generator().manual_seed(seed)
     transformer_arch = dict(architecture["transformer"])

@@ -296,7 +296,7 @@ class Cosmos3WorldModel:
             if s.knobs.window_mode != "kv":
                 continue
             extra = self.tokens_per_window(s.knobs) + (self.spec.tokens_per_frame if s.window_index == 0 else 0)
-            for key in s.keys():
+            for key in s.stream_keys():
                 table = self.kv.page_table(key)
                 needed += self._pages_for(table.seq_len + extra) - self._pages_for(table.seq_len) + 1
         self._make_room(needed, keep)
@@ -304,7 +304,7 @@ class Cosmos3WorldModel:
             s.last_used = next(self._clock)
 
     def _held_pages(self, session: RolloutSession) -> int:
-        return sum(self._pages_for(self.kv.page_table(key).seq_len) for key in session.keys())
+        return sum(self._pages_for(self.kv.page_table(key).seq_len) for key in session.stream_keys())
 
     def _make_room(self, needed: int, keep: set[str]) -> None:
         if needed <= self.kv.num_free_pages:
@@ -314,9 +314,9 @@ class Cosmos3WorldModel:
                 idle = sorted((s for s in self._sessions.values() if s.session_id not in keep),
                               key=lambda s: s.last_used)
             for session in idle:
-                if not self.kv.is_offloaded(session.session_id) and self.kv.offload(session.session_id):
-                    if needed <= self.kv.num_free_pages:
-                        return
+                moved = not self.kv.is_offloaded(session.session_id) and self.kv.offload(session.session_id)
+                if moved and needed <= self.kv.num_free_pages:
+                    return
         raise KVPoolExhausted(needed, self.kv.num_free_pages)
 
     def decode_windows(self, sessions: list[RolloutSession], latents: list[torch.Tensor]) -> list:

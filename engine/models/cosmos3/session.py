@@ -52,7 +52,7 @@ class RolloutSession:
     def labels(self) -> tuple[str, ...]:
         return ("main", "uncond") if self.knobs.uses_cfg else ("main",)
 
-    def keys(self) -> list[tuple[str, str]]:
+    def stream_keys(self) -> list[tuple[str, str]]:
         return [(self.session_id, label) for label in self.labels]
 
     def step(self, actions) -> WindowResult:

@@ -112,7 +112,7 @@ def _commit(model, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> No
     for job in jobs:
         session = job.session
         schedule = WindowSchedule(None, session.knobs.latents_per_window, context_units=session.knobs.context_frames)
-        for key in session.keys():
+        for key in session.stream_keys():
             end = offset + job.num_tokens
             model.kv.append(key, out.keys[:, offset:end], out.values[:, offset:end])
             policy = schedule.retention(model.spec.tokens_per_frame + 4, session.text_lens[key[1]])
