@@ -245,3 +245,45 @@ def test_memory_pressure_offloads_idle_sessions_bit_identically(tmp_path, archit
         run(no_offload, interleave=True)
     no_offload.close()
     assert no_offload.kv.num_used_pages == 0
+
+
+def test_close_from_another_thread_stops_the_window_and_returns_everything(model, monkeypatch):
+    import threading
+
+    from worldstep.engine.models.cosmos3 import window
+    from worldstep.engine.models.cosmos3.session import SessionClosedError
+
+    session = _open(model, num_steps=3, decode=False)
+    other = _open(model, seed=5, num_steps=3, decode=False)
+    session.step(_actions(0))
+    started, closer_done = threading.Event(), threading.Event()
+    real = window.gen_forward
+
+    def slow_forward(*args, **kwargs):
+        started.set()
+        closer_done.wait(timeout=0.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(window, "gen_forward", slow_forward)
+    closer = threading.Thread(target=lambda: (started.wait(5), session.close(), closer_done.set()))
+    closer.start()
+    state = other.generator.get_state()
+    with pytest.raises(SessionClosedError):
+        model.step_batch([session, other], [_actions(1), _actions(2)])
+    closer.join(5)
+    assert session.closed and not other.closed
+    assert torch.equal(other.generator.get_state(), state)  # the survivor was rolled back, not advanced
+    monkeypatch.setattr(window, "gen_forward", real)
+    assert other.step(_actions(2)).window_index == 0
+    other.close()
+    assert model.kv.num_used_pages == 0 and model.live_sessions == 0
+
+
+def test_keyboard_interrupt_mid_window_returns_everything(model, monkeypatch):
+    from worldstep.engine.models.cosmos3 import window
+
+    session = _open(model)
+    monkeypatch.setattr(window, "_denoise", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        session.step(_actions(0))
+    assert session.closed and model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from ...vae import DecoderOptions, WarmWanDecoder, encode_first_frame
 from .loader import Cosmos3Components, load_components
 from .prompt import tokenize_action_prompt
 from .runner import prefill_text
-from .session import RolloutSession, new_session_id
+from .session import RolloutSession, SessionClosedError, new_session_id
 from .spec import ModelSpec, PhaseTimings, RolloutKnobs, WindowResult
 from .tokens import tokens_per_frame
 from .validation import check_domain_id, check_image, check_prompt
@@ -219,22 +220,48 @@ class Cosmos3WorldModel:
         if len({id(s) for s in sessions}) != len(sessions):
             raise ValueError("sessions contains the same session twice; allowed: distinct sessions")
         checked = [session.check_actions(a) for session, a in zip(sessions, actions)]
-        self._admit(sessions)
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, s in enumerate(sessions):
-            groups[(s.knobs.num_steps, s.knobs.flow_shift, s.knobs.window_mode)].append(i)
-        results: list[WindowResult | None] = [None] * len(sessions)
-        for members in groups.values():
-            group = [sessions[i] for i in members]
-            try:
-                out = run_window(self, group, [checked[i] for i in members])
-            except BaseException:
-                for s in group:  # a failed window never leaves half-committed state behind
-                    s.close()
-                raise
-            for i, result in zip(members, out):
-                results[i] = result
+        with self._busy(sessions):
+            for s in sessions:
+                s._check_open()  # closed by another thread while we waited
+            self._admit(sessions)
+            groups: dict[tuple, list[int]] = defaultdict(list)
+            for i, s in enumerate(sessions):
+                groups[(s.knobs.num_steps, s.knobs.flow_shift, s.knobs.window_mode)].append(i)
+            results: list[WindowResult | None] = [None] * len(sessions)
+            for members in groups.values():
+                group = [sessions[i] for i in members]
+                for i, result in zip(members, self._run_group(group, [checked[i] for i in members])):
+                    results[i] = result
         return results
+
+    @contextmanager
+    def _busy(self, sessions: list[RolloutSession]):
+        """Hold every session's window lock (in a fixed order, so concurrent batches cannot deadlock)."""
+        ordered = sorted(sessions, key=lambda s: s.session_id)
+        with ExitStack() as stack:
+            for s in ordered:
+                stack.enter_context(s.busy)
+            yield
+
+    def _run_group(self, group: list[RolloutSession], actions: list, decode: bool = True) -> list[WindowResult]:
+        rng_states = [s.generator.get_state() for s in group]
+        try:
+            return run_window(self, group, actions, decode=decode)
+        except SessionClosedError:
+            for s, state in zip(group, rng_states):  # untouched sessions can simply step again
+                s.generator.set_state(state)
+            raise
+        except BaseException:
+            for s in group:  # a failed window never leaves half-committed state behind
+                self._close_locked(s)
+            raise
+
+    def _close_locked(self, session: RolloutSession) -> None:
+        """Close a session whose window lock the caller holds."""
+        session.abort.set()
+        if not session.closed:
+            session.closed = True
+            self.release_session(session)
 
     def rollout(self, session: RolloutSession, action_chunks: Iterable, pipelined: bool = True) -> Iterator[WindowResult]:
         """Open-loop rollout over a known action sequence; windows come out in order.
@@ -266,12 +293,10 @@ class Cosmos3WorldModel:
 
     def _generate(self, session: RolloutSession, actions) -> WindowResult:
         checked = session.check_actions(actions)
-        self._admit([session])
-        try:
-            return run_window(self, [session], [checked], decode=False)[0]
-        except BaseException:
-            session.close()
-            raise
+        with self._busy([session]):
+            session._check_open()
+            self._admit([session])
+            return self._run_group([session], [checked], decode=False)[0]
 
     def _decode_result(self, session: RolloutSession, result: WindowResult) -> WindowResult:
         start = time.perf_counter()

@@ -16,6 +16,11 @@ import torch
 from .spec import KVStats, RolloutKnobs, WindowResult
 from .validation import check_actions
 
+
+class SessionClosedError(RuntimeError):
+    """The session was closed (possibly from another thread) before or while a window ran."""
+
+
 _ids = itertools.count()
 _ids_lock = threading.Lock()
 
@@ -45,6 +50,8 @@ class RolloutSession:
         self.last_latents: torch.Tensor | None = None  # [C, t, h, w] of the previous window (chained mode)
         self.last_used = 0  # model clock tick of the last step (idle sessions offload first)
         self.closed = False
+        self.busy = threading.Lock()  # held while a window of this session runs
+        self.abort = threading.Event()  # set by close(); a running window stops before its commit
 
     # --- public API -----------------------------------------------------------------------
 
@@ -81,11 +88,17 @@ class RolloutSession:
         )
 
     def close(self) -> None:
-        """Return every page and decoder cache; idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        self.model.release_session(self)
+        """Return every page and decoder cache; idempotent and safe from another thread.
+
+        A window running in another thread stops at its next denoise step (nothing committed) or,
+        once committing, finishes; close waits for it, then frees everything.
+        """
+        self.abort.set()
+        with self.busy:
+            if self.closed:
+                return
+            self.closed = True
+            self.model.release_session(self)
 
     def __enter__(self) -> RolloutSession:
         return self
@@ -95,7 +108,7 @@ class RolloutSession:
 
     def __del__(self) -> None:  # a dropped session must not leak pages
         try:
-            if not self.closed:
+            if not self.closed and not self.busy.locked():
                 self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
@@ -117,5 +130,5 @@ class RolloutSession:
         return self.window_index * chunk, (self.window_index + 1) * chunk
 
     def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(f"session {self.session_id} is closed; open a new one (env.reset)")
+        if self.closed or self.abort.is_set():
+            raise SessionClosedError(f"session {self.session_id} is closed; open a new one (env.reset)")

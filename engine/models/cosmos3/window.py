@@ -17,7 +17,7 @@ from ...attention import PagedAttentionBatch
 from ...windowing import WindowSchedule
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
-from .session import RolloutSession
+from .session import RolloutSession, SessionClosedError
 from .spec import PhaseTimings, WindowResult
 from .tokens import embed_actions, embed_vision, project_out, unpatchify
 
@@ -100,6 +100,9 @@ def _denoise(model, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> N
                 velocity = velocities[1] + job.session.knobs.guidance_scale * (velocities[0] - velocities[1])
             step = job.session.scheduler.step(velocity.unsqueeze(0), t, job.latents.unsqueeze(0), return_dict=False)
             job.latents = step[0].squeeze(0)
+        closed = [job.session.session_id for job in jobs if job.session.abort.is_set()]
+        if closed:  # stop before the commit: nothing of this window reached any stream
+            raise SessionClosedError(f"session(s) {', '.join(closed)} closed while a window was running")
 
 
 def _commit(model, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
