@@ -1,1 +1,43 @@
-"""worldstep: drive an action-conditioned video world model like a simulator."""
+"""worldstep: drive an action-conditioned video world model like a simulator.
+
+```python
+import gymnasium as gym, worldstep
+env = gym.make("worldstep/Tiny-v0")
+obs, info = env.reset(seed=0, options={"prompt": "pick up the red cube", "domain_id": 8})
+obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+```
+"""
+
+from worldstep.envs.registration import register_envs
+
+from .config import (
+    CacheConfig,
+    ConfigError,
+    DecoderConfig,
+    EnvConfig,
+    ModelConfig,
+    RolloutConfig,
+    WorldstepConfig,
+    load_config,
+)
+from .evaluate import EpisodeConfig, evaluate
+from .world import load, make_env
+
+register_envs()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheConfig",
+    "ConfigError",
+    "DecoderConfig",
+    "EnvConfig",
+    "EpisodeConfig",
+    "ModelConfig",
+    "RolloutConfig",
+    "WorldstepConfig",
+    "evaluate",
+    "load",
+    "load_config",
+    "make_env",
+]

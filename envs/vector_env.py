@@ -1,0 +1,169 @@
+"""N world-model episodes stepped through one batched engine call per step."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+from worldstep.engine.kv import KVPoolExhausted
+
+from .checks import check_actions, is_int
+from .world_model_env import RESET_OPTION_KEYS, WorldModelEnv
+
+
+class WorldModelVectorEnv(VectorEnv):
+    """``num_envs`` independent episodes of one loaded world model, batched per step.
+
+    Each sub-environment is a :class:`WorldModelEnv` holding its own rollout session and RNG; they share
+    the model's weights and KV page pool. ``step`` sends every live session through ONE
+    ``model.step_batch`` call (one batched forward per denoising step), so sub-environment ``i`` reset
+    with seed ``s`` produces the same frames as a single ``WorldModelEnv`` reset with seed ``s``.
+
+    Autoreset is ``AutoresetMode.NEXT_STEP``: the step after a sub-environment terminates or truncates
+    resets it (with the options of its last reset, a fresh draw from its RNG) and ignores its action;
+    that step returns the reset observation with reward 0 and neither flag set.
+
+    ``reset(seed=s)`` seeds sub-environment ``i`` with ``s + i`` (or ``seed[i]`` for a list). Each
+    ``options`` key (``image``, ``prompt``, ``domain_id``) takes one value for every sub-environment or a
+    list/tuple of ``num_envs`` values. Infos are arrays with ``_key`` masks; ``timings`` holds float
+    arrays ``denoise_s``, ``commit_s``, ``decode_s``.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 24, "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(self, model, num_envs: int, knobs=None, **env_kwargs: Any) -> None:
+        if not is_int(num_envs) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r} is invalid; allowed: an int >= 1")
+        self.num_envs = int(num_envs)
+        self.envs = [WorldModelEnv(model, knobs, **env_kwargs) for _ in range(self.num_envs)]
+        self.model = model
+        first = self.envs[0]
+        self.render_mode = first.render_mode
+        self.metadata = {**type(self).metadata, "render_fps": first.metadata["render_fps"]}
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+        self._options: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+
+    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
+        seeds = self._split_seed(seed)
+        per_env = self._split_options(options)
+        for env, opts in zip(self.envs, per_env):  # every check before any session opens
+            env._check_options(opts)
+        super().reset(seed=seeds[0])
+        results = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, per_env)]
+        self._options = per_env
+        self._autoreset[:] = False
+        infos: dict[str, Any] = {}
+        for i, (_, info) in enumerate(results):
+            infos = self._add_info(infos, info, i)
+        return self._stack([obs for obs, _ in results]), infos
+
+    def step(self, actions: np.ndarray):
+        actions = check_actions(actions, self.action_space.shape)
+        for i, env in enumerate(self.envs):
+            if not self._autoreset[i]:
+                env._begin_step(actions[i])  # raises ResetNeeded before any engine work
+        live = [i for i in range(self.num_envs) if not self._autoreset[i]]
+        outcomes: dict[int, tuple] = {}
+        for i in np.flatnonzero(self._autoreset):
+            obs, info = self.envs[i].reset(options=self._options[i])
+            outcomes[i] = (obs, 0.0, False, False, info)
+        outcomes.update(self._step_live(live, actions))
+
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminations = np.zeros(self.num_envs, dtype=np.bool_)
+        truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        infos: dict[str, Any] = {}
+        observations = []
+        for i in range(self.num_envs):
+            obs, rewards[i], terminations[i], truncations[i], info = outcomes[i]
+            observations.append(obs)
+            infos = self._add_info(infos, _flat_timings(info), i)
+        self._autoreset = terminations | truncations
+        return self._stack(observations), rewards, terminations, truncations, infos
+
+    def render(self) -> tuple[np.ndarray | None, ...] | None:
+        if self.render_mode is None:
+            gym.logger.warn("You are calling render method without specifying any render mode.")
+            return None
+        return tuple(env.render() for env in self.envs)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _step_live(self, live: list[int], actions: np.ndarray) -> dict[int, tuple]:
+        """One batched engine call for the live sub-environments.
+
+        When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
+        only those that do not fit end by truncation.
+        """
+        if not live:
+            return {}
+        sessions = [self.envs[i]._session for i in live]
+        try:
+            results = self.model.step_batch(sessions, [actions[i] for i in live])
+        except KVPoolExhausted:
+            return {i: self._step_alone(self.envs[i], actions[i]) for i in live}
+        return {i: self.envs[i]._finish_step(r, actions[i]) for i, r in zip(live, results)}
+
+    @staticmethod
+    def _step_alone(env: WorldModelEnv, actions: np.ndarray) -> tuple:
+        if env._session.closed:  # the failed batch closed it
+            return env._exhausted_step()
+        return env.step(actions)
+
+    def _split_seed(self, seed) -> list[int | None]:
+        if seed is None:
+            return [None] * self.num_envs
+        if is_int(seed):
+            return [int(seed) + i for i in range(self.num_envs)]
+        if isinstance(seed, (list, tuple)) and len(seed) == self.num_envs and all(
+            s is None or is_int(s) for s in seed
+        ):
+            return list(seed)
+        raise ValueError(f"seed={seed!r} is invalid; allowed: None, an int, or a list of {self.num_envs} ints")
+
+    def _split_options(self, options: dict[str, Any] | None) -> list[dict[str, Any]]:
+        if options is None:
+            return [{} for _ in range(self.num_envs)]
+        if not isinstance(options, dict):
+            raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
+        per_env: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for key in RESET_OPTION_KEYS:
+            if key not in options:
+                continue
+            value = options[key]
+            if isinstance(value, (list, tuple)):
+                if len(value) != self.num_envs:
+                    raise ValueError(
+                        f"options[{key!r}] has {len(value)} values; allowed: one value or {self.num_envs} values"
+                    )
+                for opts, v in zip(per_env, value):
+                    if v is not None:  # None: that sub-environment's default
+                        opts[key] = v
+            else:
+                for opts in per_env:
+                    opts[key] = value
+        return per_env
+
+    def _stack(self, observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        out = create_empty_array(self.single_observation_space, self.num_envs)
+        return concatenate(self.single_observation_space, observations, out)
+
+
+def _flat_timings(info: dict[str, Any]) -> dict[str, Any]:
+    """``WindowTimings`` as a dict of floats, so vector infos hold float arrays."""
+    if "timings" not in info:
+        return info
+    return {**info, "timings": dataclasses.asdict(info["timings"])}

@@ -1,0 +1,107 @@
+"""mp4 writing with PyAV: H.264 (libx264) when the installed av has it, else MPEG-4 Part 2."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+CODECS = ("libx264", "mpeg4")
+
+
+def pick_codec() -> str:
+    """The first of ``CODECS`` the installed av can encode with."""
+    import av
+
+    for name in CODECS:
+        try:
+            av.codec.Codec(name, "w")
+        except Exception:  # noqa: BLE001 - av raises UnknownCodecError or ValueError by version
+            continue
+        return name
+    raise RuntimeError(f"none of the mp4 encoders {CODECS} is available in av {av.__version__}")
+
+
+class Mp4Writer:
+    """Stream uint8 RGB frames into an mp4 file at ``fps``.
+
+    ``yuv420p`` needs even sizes: odd heights or widths are padded by repeating the last row/column.
+    Use as a context manager, or call ``close()`` (idempotent) to finish the file.
+    """
+
+    def __init__(self, path: str | os.PathLike, fps: float, codec: str | None = None, crf: int = 18) -> None:
+        import av
+
+        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
+            raise ValueError(f"fps={fps!r} is invalid; allowed: a number > 0")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fps = fps
+        self.codec = codec or pick_codec()
+        self.frames_written = 0
+        self._container = av.open(str(self.path), mode="w")
+        self._stream = self._container.add_stream(self.codec, rate=Fraction(fps).limit_denominator(1001))
+        self._stream.pix_fmt = "yuv420p"
+        if self.codec == "libx264":
+            self._stream.options = {"crf": str(crf)}
+        self._size: tuple[int, int] | None = None
+        self.closed = False
+
+    def write(self, frames: np.ndarray) -> None:
+        """Append one ``(H, W, 3)`` frame or a ``(T, H, W, 3)`` batch of uint8 frames."""
+        import av
+
+        if self.closed:
+            raise ValueError(f"Mp4Writer for {str(self.path)!r} is closed")
+        frames = np.asarray(frames)
+        if frames.ndim == 3:
+            frames = frames[None]
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+            raise ValueError(f"frames {frames.dtype}{tuple(frames.shape)} are invalid; allowed: uint8 (T, H, W, 3)")
+        size = frames.shape[1:3]
+        if self._size is None:
+            self._size = size
+            self._stream.height, self._stream.width = (s + s % 2 for s in size)
+        elif size != self._size:
+            raise ValueError(f"frame size {size} differs from the first frame's {self._size}")
+        pad = ((0, 0), (0, size[0] % 2), (0, size[1] % 2), (0, 0))
+        for frame in np.pad(frames, pad, mode="edge") if any(p[1] for p in pad) else frames:
+            video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+            self._container.mux(self._stream.encode(video_frame))
+            self.frames_written += 1
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self._size is not None:
+                self._container.mux(self._stream.encode(None))  # flush the encoder
+        finally:
+            self._container.close()
+
+    def __enter__(self) -> Mp4Writer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float, codec: str | None = None) -> Path:
+    """Write ``(T, H, W, 3)`` uint8 frames to ``path`` as mp4; returns the path."""
+    with Mp4Writer(path, fps, codec) as writer:
+        writer.write(frames)
+    return writer.path
+
+
+def read_video(path: str | os.PathLike) -> np.ndarray:
+    """Every frame of a video file as ``(T, H, W, 3)`` uint8 RGB."""
+    import av
+
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    if not frames:
+        return np.zeros((0, 0, 0, 3), np.uint8)
+    return np.stack(frames)

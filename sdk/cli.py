@@ -1,0 +1,275 @@
+"""``worldstep`` command line: ``rollout``, ``eval``, ``info`` and ``bench``.
+
+Every command parses its flags into config overrides and calls the SDK; bad values come back as the
+SDK's errors (``ConfigError``/``ValueError`` naming the key, value and allowed range) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from worldstep.envs.registration import ENV_IDS
+
+DEFAULT_ENV = "worldstep/Tiny-v0"
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, values read as YAML scalars (``num_steps=2``, ``warm_cache=false``)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE, e.g. --set num_steps=2")
+        overrides[key] = yaml.safe_load(value) if value else ""
+    return overrides
+
+
+def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, dict[str, Any]]:
+    model = args.config or ENV_IDS[args.env][0]
+    overrides = _parse_set(args.set)
+    for key in ("device", "prompt", "domain_id", "image", "context_frames"):
+        value = getattr(args, key, None)
+        if value is not None:
+            overrides[key] = value
+    overrides.update({k: v for k, v in extra.items() if v is not None})
+    return model, overrides
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(ENV_IDS),
+                       help=f"registered env id whose config to use (default {DEFAULT_ENV})")
+    group.add_argument("--config", help="config name (tiny, cosmos3_edge), .yaml path, checkpoint folder or hub id")
+    parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the config's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set num_steps=2 --set num_pages=64 (repeatable)")
+
+
+# --- dataclass flags (examples) ------------------------------------------------------------------
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass body (cleanrl's ``Args`` style)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body, docs = tree.body[0].body, {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = after.value.value
+    return docs
+
+
+def parse_dataclass_args(cls: type, argv: list[str] | None = None):
+    """Parse ``--flag value`` pairs into dataclass ``cls``; each field's docstring is its ``--help``.
+
+    ``bool`` fields get ``--flag/--no-flag``; ``X | None`` fields take an ``X`` and default to None.
+    """
+    parser = argparse.ArgumentParser(description=(cls.__doc__ or "").strip())
+    docs, hints = _field_docs(cls), typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        kind = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = docs.get(f.name, "") + ("" if default is None else f" (default: {default})")
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
+    return cls(**vars(parser.parse_args(argv)))
+
+
+# --- rollout --------------------------------------------------------------------------------------
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from .evaluate import rollout
+    from .policies import make_policy
+    from .world import make_env
+
+    model, overrides = _model_and_overrides(args, max_windows=args.windows)
+    env = make_env(model, **overrides)
+    try:
+        policy = make_policy(args.policy, env.action_space, seed=args.seed)
+        result = rollout(env, policy, seed=args.seed, max_windows=args.windows, video_path=args.out,
+                         progress=not args.quiet)
+    finally:
+        env.close()
+    summary = {"env": args.env if args.config is None else None, "config": model, "policy": args.policy,
+               **vars(result)}
+    summary_path = Path(args.summary) if args.summary else Path(args.out).with_suffix(".json")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
+          f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
+          f"success {result.success}; summary {summary_path}")
+    return 0
+
+
+# --- eval -----------------------------------------------------------------------------------------
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate
+    from .policies import make_policy
+    from .world import load
+
+    data = yaml.safe_load(Path(args.episodes).read_text())
+    episodes = data.get("episodes") if isinstance(data, dict) else data
+    model, overrides = _model_and_overrides(args)
+    world = load(model, **overrides)
+    policy = make_policy(args.policy, world.action_shape, seed=args.seed)
+    report = evaluate(world, policy, episodes, out_dir=args.out_dir, batched=args.batched,
+                      batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
+                      progress=not args.quiet)
+    print(f"{len(report.episodes)} episodes: success rate {report.success_rate:.2f}, "
+          f"mean return {report.mean_return:g}; report {Path(args.out_dir) / 'report.json'}")
+    return 0
+
+
+# --- info -----------------------------------------------------------------------------------------
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from worldstep.engine.models.cosmos3 import CheckpointNotFoundError
+
+    from .memory import plan, plan_for_world
+    from .world import load, resolve_config
+
+    model, overrides = _model_and_overrides(args)
+    config = resolve_config(model).with_overrides(**overrides)
+    out: dict[str, Any] = {"model": config.model.name, "checkpoint": config.model.checkpoint}
+    try:
+        world = load(config)
+    except CheckpointNotFoundError as err:
+        out["loaded"] = False
+        out["note"] = f"checkpoint not loaded, plan from model.architecture: {err}"
+        memory = plan(config, windows=args.windows, text_tokens=args.text_tokens)
+    else:
+        spec = world.spec
+        out.update(loaded=True, device=str(world.model.device), dtype=str(world.model.dtype).removeprefix("torch."),
+                   frame=f"{spec.height}x{spec.width} @ {spec.fps:g} fps", action_dim=spec.action_dim,
+                   num_domains=spec.num_domains, chunk_size=config.rollout.chunk_size)
+        memory = plan_for_world(world, windows=args.windows)
+    out["memory"] = memory.to_dict()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    for key, value in out.items():
+        if key != "memory":
+            print(f"{key:>12}: {value}")
+    text = "measured" if memory.text_tokens_measured else "estimated, --text-tokens"
+    cfg = "CFG, 2 streams" if memory.streams == 2 else "1 stream"
+    context = f"{memory.context_frames} latent frames" if memory.context_frames else "unbounded"
+    print("memory plan:")
+    print(f"  KV bytes per token      {memory.kv_bytes_per_token} ({_bytes(memory.kv_bytes_per_token)})")
+    print(f"  page size               {memory.page_size} tokens = {_bytes(memory.page_bytes)}")
+    print(f"  pages                   {memory.num_pages} = {_bytes(memory.pool_bytes)}")
+    print(f"  prompt tokens           {memory.text_tokens} ({text})")
+    print(f"  tokens per window       {memory.tokens_per_window} ({memory.tokens_per_frame} per latent frame + actions)")
+    print(f"  context                 {context}, {cfg}")
+    print(f"  pages per episode       {memory.peak_pages_per_episode} at peak over {memory.windows} windows "
+          f"({_bytes(memory.peak_pages_per_episode * memory.page_bytes)})")
+    print(f"  episodes per pool       {memory.episodes_per_pool}")
+    return 0
+
+
+# --- bench ----------------------------------------------------------------------------------------
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """``worldstep bench`` lives in ``sdk/bench.py`` (``add_parser(subparsers)``); a stub until it lands."""
+    if importlib.util.find_spec("worldstep.bench") is not None:
+        importlib.import_module("worldstep.bench").add_parser(sub)
+        return
+    bench = sub.add_parser("bench", help="benchmarks (not available yet)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=lambda args: _unavailable("bench"))
+
+
+def _unavailable(name: str) -> int:
+    print(f"worldstep {name} is not available yet in this version (sdk/bench.py has not landed).", file=sys.stderr)
+    return 2
+
+
+# --- parser ---------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="worldstep", description="Drive a video world model like a simulator.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("rollout", help="closed-loop rollout with a policy; writes an mp4 and a JSON summary")
+    _add_model_flags(p)
+    p.add_argument("--policy", default="sine", help="sine, random or replay:PATH.npy (default sine)")
+    p.add_argument("--windows", type=int, default=8, help="windows to generate (default 8)")
+    p.add_argument("--out", default="rollout.mp4", help="mp4 path (default rollout.mp4)")
+    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
+    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    p.add_argument("--prompt", help="text prompt (default: the config's)")
+    p.add_argument("--domain-id", dest="domain_id", type=int, help="embodiment domain (default: the config's)")
+    p.add_argument("--image", help="first frame image path (default: a drawn tabletop scene)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_rollout)
+
+    p = sub.add_parser("eval", help="evaluate a policy on episodes from a YAML file; writes report.json and mp4s")
+    p.add_argument("episodes", help="YAML: a list of episodes (seed, prompt, domain_id, image, max_windows) "
+                                    "or a mapping with an 'episodes' list")
+    _add_model_flags(p)
+    p.add_argument("--policy", default="sine", help="sine, random or replay:PATH.npy (default sine)")
+    p.add_argument("--out-dir", default="runs/eval", help="report and video folder (default runs/eval)")
+    p.add_argument("--batched", action="store_true", help="step episodes together in one vector env")
+    p.add_argument("--batch-size", type=int, help="episodes per batch (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of episodes without one: seed + index")
+    p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("info", help="model, device and KV memory plan")
+    _add_model_flags(p)
+    p.add_argument("--windows", type=int, default=32, help="episode length for the plan (default 32)")
+    p.add_argument("--context-frames", dest="context_frames", type=int,
+                   help="committed latent frames kept in context (default: the config's)")
+    p.add_argument("--text-tokens", type=int, default=256,
+                   help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, IndexError) as err:
+        print(f"worldstep {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""KV memory plan of a config: bytes per token, pages, and the pages one episode holds at its peak."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .config import WorldstepConfig
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The paged KV cache of one model and what one episode of ``windows`` windows needs from it.
+
+    ``peak_pages_per_episode`` replays the cache's own arithmetic (text prefix protected, each window's
+    commit appended, pages past ``context_frames`` latent frames released page-floored), per CFG stream.
+    """
+
+    kv_bytes_per_token: int
+    page_size: int
+    num_pages: int
+    text_tokens: int
+    text_tokens_measured: bool
+    streams: int
+    tokens_per_frame: int
+    tokens_per_window: int
+    context_frames: int
+    windows: int
+    peak_pages_per_episode: int
+
+    @property
+    def page_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.page_size
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.page_bytes * self.num_pages
+
+    @property
+    def episodes_per_pool(self) -> int:
+        """Concurrent episodes the pool holds at their peak."""
+        return self.num_pages // max(1, self.peak_pages_per_episode)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "page_bytes": self.page_bytes, "pool_bytes": self.pool_bytes,
+                "episodes_per_pool": self.episodes_per_pool}
+
+
+def peak_pages(text_tokens: int, tokens_per_frame: int, latents_per_window: int, windows: int,
+               context_frames: int, page_size: int) -> int:
+    """Peak pages of one KV stream over ``windows`` windows (the cache's commit and release rules)."""
+    unit = tokens_per_frame + 4  # a latent frame's vision tokens plus its 4 action tokens
+    held = text_tokens
+    first_free = _ceil(text_tokens, page_size)  # the page shared with the text is never released
+    peak = _ceil(held, page_size)
+    for k in range(windows):
+        held += latents_per_window * unit + (tokens_per_frame if k == 0 else 0)
+        peak = max(peak, _ceil(held, page_size))
+        excess = held - text_tokens - context_frames * unit
+        if context_frames > 0 and excess > 0:
+            releasable = max(0, held // page_size - first_free)
+            held -= min(excess // page_size, releasable) * page_size
+    return peak
+
+
+def plan(config: WorldstepConfig, *, windows: int, text_tokens: int, kv_bytes_per_token: int | None = None,
+         tokens_per_frame: int | None = None, text_tokens_measured: bool = False) -> MemoryPlan:
+    """The plan from a config alone (the ``model.architecture`` block), or with a loaded model's facts."""
+    arch = config.model.architecture or {}
+    if kv_bytes_per_token is None or tokens_per_frame is None:
+        if "transformer" not in arch or "vae" not in arch:
+            raise ValueError(f"model.architecture of {config.model.name!r} is needed for a memory plan without "
+                             "loading the model (it has no transformer/vae block)")
+        t, v = arch["transformer"], arch["vae"]
+        itemsize = _ITEMSIZE[config.model.dtype or "bfloat16"]
+        kv_bytes_per_token = t["num_hidden_layers"] * 2 * t["num_key_value_heads"] * t["head_dim"] * itemsize
+        spatial, patch = v["scale_factor_spatial"], t["latent_patch_size"]
+        height = config.model.height or arch["height"]
+        width = config.model.width or arch["width"]
+        tokens_per_frame = _ceil(height // spatial, patch) * _ceil(width // spatial, patch)
+    rollout = config.rollout
+    latents = rollout.chunk_size // 4
+    streams = 2 if rollout.guidance_scale > 1 else 1
+    per_stream = peak_pages(text_tokens, tokens_per_frame, latents, windows, rollout.context_frames,
+                            config.cache.page_size)
+    return MemoryPlan(
+        kv_bytes_per_token=kv_bytes_per_token, page_size=config.cache.page_size,
+        num_pages=config.cache.num_pages, text_tokens=text_tokens, text_tokens_measured=text_tokens_measured,
+        streams=streams, tokens_per_frame=tokens_per_frame, tokens_per_window=latents * (tokens_per_frame + 4),
+        context_frames=rollout.context_frames, windows=windows, peak_pages_per_episode=streams * per_stream,
+    )
+
+
+def plan_for_world(world, *, windows: int) -> MemoryPlan:
+    """The plan of a loaded model, with the prompt's token count measured by opening (and closing) a session."""
+    import numpy as np
+
+    spec, env = world.model.spec, world.config.env
+    image = np.zeros((spec.height, spec.width, 3), np.uint8)
+    session = world.model.open_session(image, env.prompt, env.domain_id, knobs=world.knobs)
+    try:
+        text_tokens = session.kv_stats().protected_tokens
+    finally:
+        session.close()
+    return plan(world.config, windows=windows, text_tokens=text_tokens, text_tokens_measured=True,
+                kv_bytes_per_token=world.model.kv_bytes_per_token, tokens_per_frame=spec.tokens_per_frame)

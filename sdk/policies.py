@@ -1,0 +1,167 @@
+"""Policies: observation in, one window's action chunk ``(chunk_size, action_width)`` out.
+
+A policy is anything with ``__call__(obs) -> actions`` and ``reset(seed=None)`` (:class:`Policy`). The
+adapters here cover the common cases: a per-step function queried ``chunk_size`` times per window
+(:class:`PerStepPolicy`), recorded actions (:class:`ReplayPolicy`), seeded noise (:class:`RandomPolicy`)
+and smooth scripted motion (:class:`SinePolicy`). Build each from the env's action space (a vector
+env's ``single_action_space``) or a ``(chunk_size, action_width)`` tuple.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from gymnasium import spaces
+
+__all__ = ["PerStepPolicy", "Policy", "RandomPolicy", "ReplayPolicy", "SinePolicy", "make_policy"]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Maps an observation (``{"frames": (chunk, H, W, 3) uint8}``) to actions ``(chunk_size, action_width)``."""
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start a new episode (a seeded policy reseeds when ``seed`` is given)."""
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        """The next window's actions, float32 in [-1, 1]."""
+
+
+def _chunk_shape(action_space: spaces.Box | tuple[int, int]) -> tuple[int, int]:
+    shape = action_space.shape if isinstance(action_space, spaces.Box) else action_space
+    if not (isinstance(shape, tuple) and len(shape) == 2 and all(isinstance(n, int) and n >= 1 for n in shape)):
+        raise ValueError(f"action_space={action_space!r} is invalid; allowed: a Box or a tuple "
+                         "(chunk_size, action_width) of positive ints")
+    return shape
+
+
+class RandomPolicy:
+    """Uniform actions in [-1, 1] from a seeded generator (``reset(seed)`` reseeds)."""
+
+    def __init__(self, action_space: spaces.Box | tuple[int, int], seed: int | None = None) -> None:
+        self.shape = _chunk_shape(action_space)
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.rng.uniform(-1.0, 1.0, self.shape).astype(np.float32)
+
+
+class SinePolicy:
+    """Smooth scripted motion: dimension ``d`` follows ``amplitude * sin(2 pi (t / period + d / width))``.
+
+    ``t`` counts frames since ``reset()``, so consecutive windows join smoothly.
+    """
+
+    def __init__(self, action_space: spaces.Box | tuple[int, int], period: float = 48.0,
+                 amplitude: float = 0.8) -> None:
+        self.shape = _chunk_shape(action_space)
+        if not period > 0:
+            raise ValueError(f"period={period!r} is invalid; allowed: a number of frames > 0")
+        if not 0 <= amplitude <= 1:
+            raise ValueError(f"amplitude={amplitude!r} is invalid; allowed: [0, 1]")
+        self.period, self.amplitude = float(period), float(amplitude)
+        self.t = 0
+
+    def reset(self, seed: int | None = None) -> None:
+        self.t = 0
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        chunk, width = self.shape
+        frames = self.t + np.arange(chunk)[:, None]
+        phase = np.arange(width)[None, :] / width
+        self.t += chunk
+        return (self.amplitude * np.sin(2 * np.pi * (frames / self.period + phase))).astype(np.float32)
+
+
+class ReplayPolicy:
+    """Recorded actions from a ``.npy`` file (or array): ``(windows, chunk, width)`` or ``(steps, width)``.
+
+    ``steps`` must be a multiple of ``chunk_size`` and ``width`` must equal the env's ``action_width``.
+    Each call returns the next window; ``reset()`` rewinds. Asking past the end raises ``IndexError``.
+    """
+
+    def __init__(self, actions: str | os.PathLike | np.ndarray, action_space: spaces.Box | tuple[int, int]) -> None:
+        chunk, width = self.shape = _chunk_shape(action_space)
+        source = actions
+        if isinstance(actions, (str, os.PathLike)):
+            if not Path(actions).is_file():
+                raise FileNotFoundError(f"replay actions file {str(actions)!r} does not exist")
+            actions = np.load(actions)
+        actions = np.asarray(actions)
+        if actions.dtype.kind not in "fiu":
+            raise ValueError(f"replay actions dtype {actions.dtype} is invalid; allowed: float")
+        if actions.ndim == 2 and actions.shape[0] % chunk == 0 and actions.shape[0]:
+            actions = actions.reshape(-1, chunk, actions.shape[1])
+        if actions.ndim != 3 or actions.shape[1:] != (chunk, width) or not len(actions):
+            raise ValueError(f"replay actions shape {actions.shape} from {source if isinstance(source, str) else 'array'} "
+                             f"is invalid; allowed: (windows, {chunk}, {width}) or (steps, {width}) with steps a "
+                             f"positive multiple of {chunk}")
+        if not np.all(np.isfinite(actions)) or actions.min() < -1 or actions.max() > 1:
+            raise ValueError("replay actions are invalid; allowed: finite values in [-1, 1]")
+        self.actions = actions.astype(np.float32)
+        self.index = 0
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.actions)
+
+    def reset(self, seed: int | None = None) -> None:
+        self.index = 0
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        if self.index >= len(self.actions):
+            raise IndexError(f"ReplayPolicy has {len(self.actions)} windows; window {self.index} was asked for")
+        self.index += 1
+        return self.actions[self.index - 1].copy()
+
+
+class PerStepPolicy:
+    """A per-step policy (LeRobot-style ``select_action``) queried ``chunk_size`` times per window.
+
+    ``fn(frame)`` takes the latest frame ``(H, W, 3)`` uint8 and returns one action ``(action_width,)``.
+    The world model produces a window's frames only after all its actions are chosen, so every query of a
+    window sees the same latest frame (open-loop within a chunk, like action chunking); a stateful ``fn``
+    can still advance per call. ``fn.reset()`` is called on ``reset`` when it exists.
+    """
+
+    def __init__(self, fn: Callable[[np.ndarray], Any], action_space: spaces.Box | tuple[int, int]) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn={fn!r} is invalid; allowed: a callable frame -> action")
+        self.fn = fn
+        self.shape = _chunk_shape(action_space)
+
+    def reset(self, seed: int | None = None) -> None:
+        reset = getattr(self.fn, "reset", None)
+        if callable(reset):
+            reset()
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        chunk, width = self.shape
+        frame = obs["frames"][-1]
+        rows = [np.asarray(self.fn(frame), dtype=np.float32) for _ in range(chunk)]
+        for i, row in enumerate(rows):
+            if row.shape != (width,):
+                raise ValueError(f"PerStepPolicy fn returned shape {row.shape} at step {i}; allowed: ({width},)")
+        return np.stack(rows)
+
+
+POLICY_NAMES = ("sine", "random", "replay:PATH")
+
+
+def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int | None = None) -> Policy:
+    """A policy from a short spec: ``sine``, ``random`` or ``replay:PATH`` (what the CLI's ``--policy`` takes)."""
+    if spec == "sine":
+        return SinePolicy(action_space)
+    if spec == "random":
+        return RandomPolicy(action_space, seed=seed)
+    if spec.startswith("replay:") and len(spec) > len("replay:"):
+        return ReplayPolicy(spec[len("replay:") :], action_space)
+    raise ValueError(f"policy={spec!r} is invalid; allowed: one of {POLICY_NAMES}")

@@ -1,0 +1,189 @@
+"""The front door: ``load`` a world model from a name, YAML, checkpoint folder or hub id; ``make_env``."""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import CONFIG_NAMES, ConfigError, WorldstepConfig, load_config
+
+# Loaded engine models by (model, cache, decoder) sections: envs made from the same config share the
+# weights and the page pool while any of them is alive; the entry goes when the last holder does.
+_LOADED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+_ENV_RUNTIME_KEYS = ("render_mode", "reward_fn", "success_fn")
+
+
+@dataclass(frozen=True, eq=False)
+class World:
+    """A loaded world model and the config it was loaded with.
+
+    ``model`` is the engine's ``Cosmos3WorldModel`` (``spec``, ``kv``, ``decoder``, ``open_session``,
+    ``step_batch``). A World is a handle: copying it (gymnasium deep-copies env kwargs) shares the model.
+    """
+
+    model: Any
+    config: WorldstepConfig
+
+    @property
+    def spec(self):
+        """The engine's ``ModelSpec``: height, width, fps, action_dim, num_domains, ..."""
+        return self.model.spec
+
+    @property
+    def knobs(self):
+        """The engine's ``RolloutKnobs`` for ``config.rollout``."""
+        from worldstep.engine.models.cosmos3 import RolloutKnobs
+
+        return RolloutKnobs(**self.config.rollout.model_dump())
+
+    @property
+    def action_shape(self) -> tuple[int, int]:
+        """``(chunk_size, action_width)`` of this world's envs."""
+        return self.config.rollout.chunk_size, self.config.env.action_width or self.model.spec.action_dim
+
+    def __deepcopy__(self, memo: dict) -> World:
+        return self
+
+    def __repr__(self) -> str:
+        spec = self.model.spec
+        return (f"World(name={self.config.model.name!r}, {spec.height}x{spec.width}@{spec.fps:g}fps, "
+                f"device={self.model.device}, chunk_size={self.config.rollout.chunk_size})")
+
+
+def resolve_config(model: str | os.PathLike | WorldstepConfig | World) -> WorldstepConfig:
+    """The config for a shipped name, a YAML path, a checkpoint folder or a hub id."""
+    if isinstance(model, World):
+        return model.config
+    if isinstance(model, WorldstepConfig):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model={model!r} is invalid; allowed: a config name, a .yaml path, a checkpoint folder, "
+                        "a hub id, a WorldstepConfig or a World")
+    text = str(model)
+    if text.replace("-", "_").lower() in CONFIG_NAMES or text.endswith((".yaml", ".yml")):
+        return load_config(text)
+    local = Path(text).expanduser()
+    is_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not local.exists()
+    if local.is_dir() or is_hub_id:
+        # A real checkpoint: the Cosmos3-Edge run settings, this checkpoint's weights and media size.
+        base = load_config("cosmos3_edge")
+        name = local.name if local.is_dir() else text.split("/")[-1]
+        section = {"name": name, "checkpoint": str(local if local.is_dir() else text), "architecture": None}
+        return base.with_overrides(model=section)
+    raise ConfigError(f"model = {text!r}: must be one of {CONFIG_NAMES}, a .yaml path, a checkpoint folder "
+                      "(transformer/, vae/, scheduler/, text_tokenizer/) or a hub id 'owner/name'")
+
+
+def load(model: str | os.PathLike | WorldstepConfig | World = "tiny", device: str | None = None,
+         dtype: str | None = None, **overrides: Any) -> World:
+    """Load a world model.
+
+    Args:
+        model: ``"tiny"`` (the embedded default: tiny random weights, built on first use into
+            ``$WORLDSTEP_CACHE``), ``"cosmos3_edge"``, a config ``.yaml``, a diffusers-layout checkpoint
+            folder, a hub id available offline, a ``WorldstepConfig`` or a ``World``.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (None: the config's).
+        dtype: ``float32``, ``bfloat16`` or ``float16`` (None: the config's).
+        **overrides: config keys by section (``rollout={"num_steps": 2}``) or by field name
+            (``num_steps=2``, ``num_pages=64``); unknown keys raise ``ConfigError``.
+
+    A model already loaded in this process with the same model, cache and decoder sections is
+    reused (sessions stay independent); rollout and env overrides never reload.
+    """
+    if device is not None:
+        overrides["device"] = device
+    if dtype is not None:
+        overrides["dtype"] = dtype
+    config = resolve_config(model)
+    if overrides:
+        config = config.with_overrides(**overrides)
+    return World(model=_load_model(config), config=config)
+
+
+def _load_model(config: WorldstepConfig):
+    import torch
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, ensure_embedded_checkpoint
+
+    m = config.model
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if m.device == "auto" else m.device
+    key = json.dumps([{**m.model_dump(), "device": device}, config.cache.model_dump(), config.decoder.model_dump()],
+                     sort_keys=True)
+    model = _LOADED.get(key)
+    if model is not None:
+        return model
+    path = m.checkpoint if m.embedded_name is None else ensure_embedded_checkpoint(m.embedded_name, m.architecture)
+    model = Cosmos3WorldModel.from_pretrained(
+        path, device=device, dtype=None if m.dtype is None else getattr(torch, m.dtype),
+        num_pages=config.cache.num_pages, page_size=config.cache.page_size,
+        cpu_offload_pages=config.cache.cpu_offload_pages, attention_backend=m.attention_backend,
+        decoder_options=config.decoder.to_options(), height=m.height, width=m.width, fps=m.fps, name=m.name,
+    )
+    _LOADED[key] = model
+    return model
+
+
+def _split_env_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(env-only kwargs: render_mode, reward_fn, success_fn and an image array, config overrides)."""
+    runtime = {k: kwargs.pop(k) for k in _ENV_RUNTIME_KEYS if k in kwargs}
+    if isinstance(kwargs.get("image"), np.ndarray):
+        runtime["image"] = kwargs.pop("image")
+    return runtime, kwargs
+
+
+def _env_kwargs(world: World, runtime: dict[str, Any]) -> dict[str, Any]:
+    env = world.config.env
+    image = runtime.pop("image", None)
+    if image is None and env.image is not None:
+        image = read_image(env.image)
+    return dict(max_windows=env.max_windows, prompt=env.prompt, domain_id=env.domain_id, image=image,
+                action_width=env.action_width, **runtime)
+
+
+def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwargs: Any):
+    """A :class:`worldstep.envs.WorldModelEnv` for ``model`` (anything :func:`load` takes).
+
+    ``kwargs``: ``render_mode``, ``reward_fn``, ``success_fn``, ``image`` (an ``(H, W, 3)`` uint8 array or a
+    path), and any config key (``max_windows=4``, ``prompt=...``, ``domain_id=8``, ``num_steps=2``, ...).
+    The env is returned without gymnasium's wrappers; ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds them.
+    """
+    from worldstep.envs import WorldModelEnv
+
+    runtime, overrides = _split_env_kwargs(dict(kwargs))
+    world = load(model, **overrides)
+    return WorldModelEnv(world.model, world.knobs, **_env_kwargs(world, runtime))
+
+
+def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", num_envs: int = 1,
+                 max_episode_steps: int | None = None, **kwargs: Any):
+    """A :class:`worldstep.envs.WorldModelVectorEnv` of ``num_envs`` episodes batched through one model.
+
+    ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")`` calls this;
+    ``max_episode_steps`` (from the registration) caps ``max_windows``.
+    """
+    from worldstep.envs import WorldModelVectorEnv
+
+    runtime, overrides = _split_env_kwargs(dict(kwargs))
+    if max_episode_steps is not None and "max_windows" not in overrides:
+        overrides["max_windows"] = max_episode_steps
+    world = load(model, **overrides)
+    return WorldModelVectorEnv(world.model, num_envs, world.knobs, **_env_kwargs(world, runtime))
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """An image file as an ``(H, W, 3)`` uint8 array (PNG, JPEG, ... via Pillow; ``.npy`` via numpy)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image {str(path)!r} does not exist")
+    if path.suffix == ".npy":
+        return np.load(path)
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))

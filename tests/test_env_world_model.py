@@ -1,0 +1,233 @@
+"""WorldModelEnv: gymnasium's checker, determinism, spaces, infos, bad inputs, close, fork, registration."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import worldstep
+from gymnasium.utils.env_checker import check_env
+from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
+from worldstep.engine.models.cosmos3 import CheckpointNotFoundError
+from worldstep.envs import WindowTimings, WorldModelEnv
+
+
+def counts(model) -> tuple[int, int, int]:
+    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+
+
+@pytest.fixture
+def env(world):  # noqa: F811
+    env = worldstep.make_env(world, max_windows=3)
+    yield env
+    env.close()
+
+
+def test_check_env_passes_without_warnings(world):  # noqa: F811
+    env = gym.make("worldstep/Tiny-v0", model=world, max_windows=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env.unwrapped)
+    env.close()
+    assert counts(world.model) == (0, 0, 0)
+
+
+def test_gym_make_default_id_builds_the_embedded_model(world):  # noqa: F811
+    env = gym.make("worldstep/Tiny-v0", **FAST)  # same config as the fixture: the loaded model is reused
+    assert env.unwrapped.model is world.model
+    assert env.spec.max_episode_steps == worldstep.load_config("tiny").env.max_windows
+    obs, info = env.reset(seed=0, options={"prompt": "pick up the red cube", "domain_id": 8})
+    obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+    assert obs["frames"].shape == (4, 32, 32, 3)
+    env.close()
+
+
+def test_spaces_and_metadata(env, world):  # noqa: F811
+    spec = world.spec
+    assert env.action_space == gym.spaces.Box(-1, 1, (4, spec.action_dim), np.float32)
+    frames = env.observation_space["frames"]
+    assert frames.shape == (4, spec.height, spec.width, 3) and frames.dtype == np.uint8
+    assert env.metadata["render_fps"] == spec.fps
+    narrow = worldstep.make_env(world, action_width=2)
+    assert narrow.action_space.shape == (4, 2)
+
+
+def test_reset_frames_repeat_the_decoded_first_frame_and_step_infos(env):
+    obs, info = env.reset(seed=0)
+    assert np.array_equal(obs["frames"], np.repeat(obs["frames"][:1], 4, axis=0))
+    assert info["frame_start"] == 0 and info["frame_end"] == 1 and info["kv"]["protected_tokens"] > 0
+    obs, reward, terminated, truncated, info = env.step(zeros(env.action_space))
+    assert obs in env.observation_space
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert set(info) == {"window_index", "frame_start", "frame_end", "timings", "kv", "is_success", "kv_exhausted"}
+    assert (info["window_index"], info["frame_start"], info["frame_end"]) == (0, 1, 5)
+    assert isinstance(info["timings"], WindowTimings) and info["timings"].denoise_s > 0
+    assert set(info["kv"]) == {"pages_in_use", "protected_tokens", "released_tokens", "seq_len"}
+    assert info["kv"]["pages_in_use"] > 0
+
+
+def test_same_seed_and_actions_give_the_same_frames(env):
+    def run(seed):
+        obs, _ = env.reset(seed=seed)
+        frames = [obs["frames"]]
+        for scale in (0.5, -0.3):
+            frames.append(env.step(ramp(env.action_space, scale))[0]["frames"])
+        return np.concatenate(frames)
+
+    first = run(3)
+    assert np.array_equal(first, run(3))
+    assert not np.array_equal(first, run(4))
+
+
+def test_truncation_at_max_windows_and_success_termination(world):  # noqa: F811
+    env = worldstep.make_env(world, max_windows=2, success_fn=lambda frames: frames.mean() >= 0,
+                             reward_fn=lambda frames, actions: 0.25)
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step(zeros(env.action_space))
+    assert reward == 0.25 and terminated and info["is_success"] and not truncated
+    _, _, _, truncated, _ = env.step(zeros(env.action_space))
+    assert truncated
+    env.close()
+
+
+BAD_ACTIONS = [
+    (np.zeros((3, 16), np.float32), r"actions.shape=\(3, 16\)"),
+    (np.zeros((4, 15), np.float32), r"actions.shape=\(4, 15\)"),
+    (np.full((4, 16), np.nan, np.float32), "NaN or inf"),
+    (np.full((4, 16), 1.5, np.float32), r"\[-1, 1\]"),
+    (np.zeros((4, 16), np.complex64), "actions.dtype=complex64"),
+    (np.zeros((4, 16), bool), "actions.dtype=bool"),
+]
+
+
+@pytest.mark.parametrize(("actions", "match"), BAD_ACTIONS)
+def test_bad_actions_raise_and_env_keeps_working(env, actions, match):
+    env.reset(seed=0)
+    pages = env.model.kv.num_used_pages
+    with pytest.raises(ValueError, match=match):
+        env.step(actions)
+    assert env.model.kv.num_used_pages == pages and env.windows == 0
+
+
+BAD_OPTIONS = [
+    ({"domain_id": 32}, r"options\['domain_id'\]=32 is invalid; allowed: an int in \[0, 32\)"),
+    ({"domain_id": -1}, r"options\['domain_id'\]=-1"),
+    ({"domain_id": True}, r"options\['domain_id'\]=True"),
+    ({"domain_id": 1.0}, r"options\['domain_id'\]=1.0"),
+    ({"prompt": ""}, r"options\['prompt'\]='' is invalid; allowed: a non-empty string"),
+    ({"prompt": 3}, r"options\['prompt'\]=3"),
+    ({"image": np.zeros((32, 32, 3), np.float32)}, r"options\['image'\].dtype=float32"),
+    ({"image": np.zeros((32, 32), np.uint8)}, r"options\['image'\].shape=\(32, 32\)"),
+    ({"image": [[0]]}, r"options\['image'\] of type list"),
+]
+
+
+@pytest.mark.parametrize(("options", "match"), BAD_OPTIONS)
+def test_bad_reset_options_raise_and_episode_continues(env, options, match):
+    env.reset(seed=0)
+    env.step(zeros(env.action_space))
+    with pytest.raises(ValueError, match=match):
+        env.reset(seed=1, options=options)
+    _, _, _, _, info = env.step(zeros(env.action_space))  # the episode is untouched
+    assert info["window_index"] == 1
+
+
+def test_reset_options_image_and_unknown_keys(env, world):  # noqa: F811
+    image = np.full((48, 40, 3), 200, np.uint8)  # any size: the engine resizes
+    obs, _ = env.reset(seed=0, options={"image": image, "camera": "wrist", "prompt": None})
+    assert obs["frames"].shape[1:3] == (world.spec.height, world.spec.width)
+
+
+def test_step_before_reset(world):  # noqa: F811
+    env = worldstep.make_env(world)
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step(zeros(env.action_space))
+
+
+def test_bad_constructor_arguments(world):  # noqa: F811
+    with pytest.raises(ValueError, match="max_windows=0"):
+        WorldModelEnv(world.model, world.knobs, max_windows=0)
+    with pytest.raises(ValueError, match=r"action_width=17 is invalid; allowed: an int in \[1, 17\)"):
+        WorldModelEnv(world.model, world.knobs, action_width=17)
+    with pytest.raises(ValueError, match="render_mode='human'"):
+        WorldModelEnv(world.model, world.knobs, render_mode="human")
+    with pytest.raises(TypeError, match="success_fn"):
+        WorldModelEnv(world.model, world.knobs, success_fn=3)
+    with pytest.raises(TypeError, match="model"):
+        WorldModelEnv("tiny")
+
+
+def test_render_returns_the_latest_frame(world):  # noqa: F811
+    env = worldstep.make_env(world, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0)
+    assert np.array_equal(env.render(), obs["frames"][-1])
+    obs, *_ = env.step(zeros(env.action_space))
+    assert np.array_equal(env.render(), obs["frames"][-1])
+    env.close()
+
+
+def test_close_is_idempotent_and_returns_every_page(world):  # noqa: F811
+    model = world.model
+    assert counts(model) == (0, 0, 0)
+    env = worldstep.make_env(world)
+    env.reset(seed=0)
+    env.step(zeros(env.action_space))
+    assert model.kv.num_used_pages > 0 and model.decoder.live_warm_streams == 1
+    env.reset(seed=1)  # a reset closes the previous session
+    assert model.live_sessions == 1
+    env.close()
+    env.close()
+    assert counts(model) == (0, 0, 0)
+
+
+def test_fork_continues_independently(world):  # noqa: F811
+    env = worldstep.make_env(world)
+    ref = worldstep.make_env(world)
+    a0, a1, b1 = ramp(env.action_space, 0.3), ramp(env.action_space, -0.6), ramp(env.action_space, 0.9)
+    for e in (env, ref):
+        e.reset(seed=5)
+        e.step(a0)
+    twin = env.fork()
+    other = env.fork(seed=123)
+    assert twin.windows == env.windows == 1
+    other.step(b1)  # a different future on the fork leaves the original untouched
+    obs_env = env.step(a1)[0]
+    obs_twin = twin.step(a1)[0]
+    obs_ref = ref.step(a1)[0]
+    assert np.array_equal(obs_env["frames"], obs_ref["frames"])
+    assert np.array_equal(obs_twin["frames"], obs_env["frames"])  # RNG copied: the same future
+    for e in (twin, other, env, ref):
+        e.close()
+    assert counts(world.model) == (0, 0, 0)
+    with pytest.raises(gym.error.ResetNeeded):
+        env.fork()
+
+
+def test_running_out_of_pages_is_truncation(world):  # noqa: F811
+    probe = worldstep.make_env(world)
+    _, info = probe.reset(seed=0)
+    probe.close()
+    pages = info["kv"]["pages_in_use"] + 1  # the prompt and the first window fit, a few windows more do not
+    small = worldstep.load(world.config, num_pages=pages, context_frames=0)
+    env = worldstep.make_env(small, max_windows=50)
+    env.reset(seed=0)
+    for _ in range(50):
+        obs, reward, terminated, truncated, info = env.step(zeros(env.action_space))
+        if truncated:
+            break
+    assert truncated and not terminated and info["kv_exhausted"] and reward == 0.0
+    assert obs in env.observation_space
+    assert small.model.kv.num_used_pages == 0  # the session was closed, its pages returned
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step(zeros(env.action_space))
+    env.reset(seed=0)  # and the env is usable again
+    env.close()
+
+
+def test_cosmos3_edge_names_the_missing_checkpoint(tmp_path):
+    missing = tmp_path / "no-weights-here"
+    with pytest.raises(CheckpointNotFoundError, match="no-weights-here"):
+        gym.make("worldstep/Cosmos3Edge-v0", checkpoint=str(missing))
+    assert gym.spec("worldstep/Cosmos3Edge-v0").max_episode_steps == worldstep.load_config("cosmos3_edge").env.max_windows

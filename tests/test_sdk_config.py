@@ -1,0 +1,174 @@
+"""Config models: YAML round trip, unknown keys, strict types, ranges, overrides and name resolution."""
+
+from __future__ import annotations
+
+import pytest
+import worldstep
+import yaml
+from worldstep import (
+    CacheConfig,
+    ConfigError,
+    DecoderConfig,
+    EnvConfig,
+    ModelConfig,
+    RolloutConfig,
+    WorldstepConfig,
+    load_config,
+)
+from worldstep.world import resolve_config
+
+
+def test_public_api():
+    assert {"load", "make_env", "evaluate", "WorldstepConfig", "ModelConfig", "RolloutConfig", "CacheConfig",
+            "DecoderConfig", "EnvConfig"} <= set(worldstep.__all__)
+    for name in worldstep.__all__:
+        assert hasattr(worldstep, name)
+
+
+@pytest.mark.parametrize("name", ["tiny", "cosmos3_edge", "cosmos3-edge"])
+def test_shipped_configs_load_and_round_trip(name, tmp_path):
+    config = load_config(name)
+    path = tmp_path / "c.yaml"
+    config.to_yaml(path)
+    assert WorldstepConfig.from_yaml(path) == config
+    assert yaml.safe_load(path.read_text())["model"]["architecture"] == config.model.architecture
+
+
+def test_tiny_values():
+    config = load_config("tiny")
+    assert config.model.embedded_name == "tiny"
+    assert config.rollout.chunk_size == 4 and config.env.domain_id == 8
+
+
+def write(tmp_path, data) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def base() -> dict:
+    return {"model": {"name": "x", "checkpoint": "/ckpt"}}
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "expect"),
+    [
+        ("rollout", "chunk_size", 6, "rollout.chunk_size = 6: must be a multiple of 4"),
+        ("rollout", "chunk_size", 0, "rollout.chunk_size = 0"),
+        ("rollout", "num_steps", 0, "rollout.num_steps = 0: must be >= 1"),
+        ("rollout", "guidance_scale", 0.5, "rollout.guidance_scale = 0.5: must be >= 1"),
+        ("rollout", "context_frames", -1, "rollout.context_frames = -1: must be >= 0"),
+        ("rollout", "window_mode", "sliding", "rollout.window_mode = 'sliding': must be one of 'kv' or 'chained'"),
+        ("rollout", "flow_shift", 0, "rollout.flow_shift = 0: must be > 0"),
+        ("cache", "page_size", 0, "cache.page_size = 0: must be >= 1"),
+        ("cache", "num_pages", 0, "cache.num_pages = 0"),
+        ("cache", "cpu_offload_pages", -2, "cache.cpu_offload_pages = -2"),
+        ("env", "max_windows", 0, "env.max_windows = 0: must be >= 1"),
+        ("env", "prompt", "  ", "env.prompt = '  ': must be a non-empty string"),
+        ("model", "device", "gpu", "model.device = 'gpu': must be one of 'auto', 'cpu', 'cuda', 'cuda:N'"),
+        ("model", "attention_backend", "xformers", "model.attention_backend = 'xformers'"),
+        ("model", "dtype", "float64", "model.dtype = 'float64'"),
+    ],
+)
+def test_bad_ranges_name_key_value_and_range(tmp_path, section, key, value, expect):
+    data = base()
+    data.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match="^" + expect.replace("(", r"\(").replace(".", r"\.")):
+        WorldstepConfig.from_yaml(write(tmp_path, data))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("decoder", "warm_cache", "true"), ("decoder", "channels_last", "no"), ("decoder", "warm_cache", 1)],
+)
+def test_yaml_strings_for_booleans_are_errors(tmp_path, section, key, value):
+    data = base()
+    data[section] = {key: value}
+    with pytest.raises(ConfigError, match=f"{section}.{key} = .*: must be a boolean"):
+        WorldstepConfig.from_yaml(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "4"])
+def test_strict_ints(tmp_path, value):
+    data = base()
+    data["rollout"] = {"num_steps": value}
+    with pytest.raises(ConfigError, match="rollout.num_steps = .*: must be an integer"):
+        WorldstepConfig.from_yaml(write(tmp_path, data))
+
+
+def test_float_knobs_accept_ints():
+    assert RolloutConfig(guidance_scale=2, flow_shift=3).guidance_scale == 2.0
+
+
+@pytest.mark.parametrize("where", ["top", "rollout", "model"])
+def test_unknown_keys_are_named(tmp_path, where):
+    data = base()
+    if where == "top":
+        data["rollot"] = {}
+    else:
+        data.setdefault(where, {})["bogus"] = 1
+    key = "rollot" if where == "top" else f"{where}.bogus"
+    with pytest.raises(ConfigError, match=f"^{key}: unknown key"):
+        WorldstepConfig.from_yaml(write(tmp_path, data))
+
+
+def test_several_errors_reported_together(tmp_path):
+    data = base()
+    data["rollout"] = {"num_steps": 0, "chunk_size": 5}
+    with pytest.raises(ConfigError) as err:
+        WorldstepConfig.from_yaml(write(tmp_path, data))
+    assert "rollout.num_steps" in str(err.value) and "rollout.chunk_size" in str(err.value)
+
+
+def test_embedded_checkpoint_needs_architecture():
+    with pytest.raises(ConfigError, match="model.architecture: required"):
+        WorldstepConfig(model={"name": "x", "checkpoint": "embedded:x"})
+
+
+def test_missing_model_section():
+    with pytest.raises(ConfigError, match="^model: required key is missing"):
+        WorldstepConfig.from_dict({"rollout": {}})
+
+
+def test_configs_are_frozen():
+    config = load_config("tiny")
+    with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError for frozen instances
+        config.rollout.num_steps = 3
+
+
+def test_each_section_validates_alone():
+    for cls, kwargs in [(RolloutConfig, {"chunk_size": 3}), (CacheConfig, {"page_size": 0}),
+                        (DecoderConfig, {"latents_per_call": -1}), (EnvConfig, {"domain_id": True}),
+                        (ModelConfig, {"name": "", "checkpoint": "x"})]:
+        with pytest.raises(ConfigError):
+            cls(**kwargs)
+
+
+def test_decoder_config_converts_to_engine_options():
+    options = DecoderConfig(latents_per_call=2).to_options()
+    assert options.latents_per_call == 2 and options.warm_cache is True
+
+
+def test_overrides_by_field_and_section():
+    config = load_config("tiny").with_overrides(num_steps=2, cache={"num_pages": 64}, max_windows=3)
+    assert config.rollout.num_steps == 2 and config.cache.num_pages == 64 and config.env.max_windows == 3
+    with pytest.raises(ConfigError, match="^num_stepz: unknown key"):
+        load_config("tiny").with_overrides(num_stepz=2)
+    with pytest.raises(ConfigError, match="rollout.num_steps = 0"):
+        load_config("tiny").with_overrides(num_steps=0)
+
+
+def test_resolve_names_paths_and_checkpoints(tmp_path):
+    assert resolve_config("tiny") == load_config("tiny")
+    path = tmp_path / "mine.yaml"
+    load_config("tiny").with_overrides(num_steps=3).to_yaml(path)
+    assert resolve_config(path).rollout.num_steps == 3
+    ckpt = tmp_path / "my-ckpt"
+    ckpt.mkdir()
+    config = resolve_config(ckpt)
+    assert config.model.checkpoint == str(ckpt) and config.model.name == "my-ckpt"
+    assert resolve_config("nvidia/Cosmos3-Edge").model.checkpoint == "nvidia/Cosmos3-Edge"
+    with pytest.raises(ConfigError, match="model = 'nope'"):
+        resolve_config("nope")
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        load_config(tmp_path / "missing.yaml")
