@@ -1,0 +1,223 @@
+"""Paged attention: sdpa against an explicit dense reference; gather reuse; backend resolution."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from worldstep.engine.attention import (
+    AttentionBackendName,
+    PagedAttentionBatch,
+    paged_attention,
+    resolve_backend,
+)
+from worldstep.engine.kv import PagedAllocationManager, StaleStreamError
+
+L, H, HKV, D, PS = 2, 4, 2, 8, 4
+
+
+def make_cache(dtype=torch.float64) -> PagedAllocationManager:
+    return PagedAllocationManager(num_layers=L, num_pages=64, page_size=PS, num_kv_heads=HKV, head_dim=D, dtype=dtype)
+
+
+def add_stream(cache, key, committed: int, gen: torch.Generator) -> None:
+    cache.create_stream(key)
+    k = torch.randn(L, committed, HKV, D, generator=gen, dtype=cache.kv.dtype)
+    v = torch.randn(L, committed, HKV, D, generator=gen, dtype=cache.kv.dtype)
+    cache.append(key, k, v)
+
+
+def dense_reference(q, k, v):
+    """softmax(q k^T / sqrt(D)) v with GQA by repeat_interleave; q [n, H, D], k/v [S, Hkv, D]."""
+    k = k.repeat_interleave(H // HKV, dim=1)  # [S, H, D]
+    v = v.repeat_interleave(H // HKV, dim=1)
+    scores = torch.einsum("nhd,shd->hns", q, k) / math.sqrt(q.shape[-1])  # [H, n, S]
+    return torch.einsum("hns,shd->nhd", scores.softmax(-1), v)  # [n, H, D]
+
+
+def random_inputs(q_lens, gen, dtype=torch.float64):
+    n = sum(q_lens)
+    return (
+        torch.randn(n, H, D, generator=gen, dtype=dtype),
+        torch.randn(n, HKV, D, generator=gen, dtype=dtype),
+        torch.randn(n, HKV, D, generator=gen, dtype=dtype),
+    )
+
+
+def reference_for(cache, keys, q_lens, q, k_new, v_new, layer):
+    out, start = [], 0
+    for key, n in zip(keys, q_lens):
+        k_ctx, v_ctx = cache.gather(key, layer)
+        sl = slice(start, start + n)
+        out.append(dense_reference(q[sl], torch.cat([k_ctx, k_new[sl]]), torch.cat([v_ctx, v_new[sl]])))
+        start += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sdpa_matches_dense_reference_on_ragged_streams(dtype):
+    gen = torch.Generator().manual_seed(0)
+    cache = make_cache(dtype)
+    committed = [13, 0, 4, 9]  # ragged, one stream with nothing committed, one page-aligned
+    keys = [(f"s{i}", "main") for i in range(len(committed))]
+    for key, n in zip(keys, committed):
+        add_stream(cache, key, n, gen)
+    q_lens = [3, 5, 1, 4]
+    batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
+    assert batch.backend is AttentionBackendName.SDPA
+    q, k_new, v_new = random_inputs(q_lens, gen, dtype)
+    for layer in range(L):
+        out = paged_attention(q, k_new, v_new, batch, layer)
+        expected = reference_for(cache, keys, q_lens, q, k_new, v_new, layer)
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+def test_stream_with_nothing_committed_attends_to_fresh_only():
+    gen = torch.Generator().manual_seed(1)
+    cache = make_cache()
+    cache.create_stream(("s", "main"))
+    q, k_new, v_new = random_inputs([6], gen)
+    batch = PagedAttentionBatch(cache, [cache.page_table(("s", "main"))], [6], "sdpa")
+    torch.testing.assert_close(paged_attention(q, k_new, v_new, batch, 0), dense_reference(q, k_new, v_new))
+
+
+def test_batched_equals_one_by_one_bit_for_bit():
+    gen = torch.Generator().manual_seed(2)
+    cache = make_cache(torch.float32)
+    keys, q_lens = [("a", "main"), ("b", "main"), ("c", "main")], [4, 2, 7]
+    for key, n in zip(keys, [10, 3, 0]):
+        add_stream(cache, key, n, gen)
+    q, k_new, v_new = random_inputs(q_lens, gen, torch.float32)
+    batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
+    together = paged_attention(q, k_new, v_new, batch, 1)
+    start = 0
+    for key, n in zip(keys, q_lens):
+        alone = PagedAttentionBatch(cache, [cache.page_table(key)], [n], "sdpa")
+        sl = slice(start, start + n)
+        assert torch.equal(paged_attention(q[sl], k_new[sl], v_new[sl], alone, 1), together[sl])
+        start += n
+
+
+def test_gather_is_reused_across_steps_and_redone_after_epoch_change(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    cache = make_cache()
+    keys, q_lens = [("a", "main"), ("b", "main")], [3, 2]
+    for key in keys:
+        add_stream(cache, key, 6, gen)
+    calls = []
+    original = cache.gather_table
+
+    def counting(table, layer, **kw):
+        calls.append((table.key, layer))
+        return original(table, layer, **kw)
+
+    monkeypatch.setattr(cache, "gather_table", counting)
+    batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
+    for _step in range(4):  # denoise steps: same committed context, fresh K/V change every step
+        q, k_new, v_new = random_inputs(q_lens, gen)
+        for layer in range(L):
+            out = paged_attention(q, k_new, v_new, batch, layer)
+            torch.testing.assert_close(out, reference_for(cache, keys, q_lens, q, k_new, v_new, layer))
+    assert sorted(calls) == sorted((k, layer) for k in keys for layer in range(L))  # once each
+
+    # commit to stream "a": its old table is now stale and must be refused
+    cache.append(keys[0], torch.randn(L, 5, HKV, D, dtype=torch.float64), torch.randn(L, 5, HKV, D, dtype=torch.float64))
+    q, k_new, v_new = random_inputs(q_lens, gen)
+    with pytest.raises(StaleStreamError):
+        paged_attention(q, k_new, v_new, batch, 0)
+
+    # fresh table: "a" is re-gathered (its buffer grows), "b" is not
+    calls.clear()
+    batch.tables[0] = cache.page_table(keys[0])
+    out = paged_attention(q, k_new, v_new, batch, 0)
+    torch.testing.assert_close(out, reference_for(cache, keys, q_lens, q, k_new, v_new, 0))
+    assert calls == [(keys[0], 0)]
+
+
+def test_stale_after_release_and_offload_is_refused():
+    gen = torch.Generator().manual_seed(4)
+    cache = PagedAllocationManager(num_layers=L, num_pages=16, page_size=PS, num_kv_heads=HKV, head_dim=D,
+                                   dtype=torch.float64, cpu_offload_pages=16)
+    add_stream(cache, ("a", "main"), 12, gen)
+    batch = PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [2], "sdpa")
+    q, k_new, v_new = random_inputs([2], gen)
+    paged_attention(q, k_new, v_new, batch, 0)
+    assert cache.offload("a")
+    with pytest.raises(StaleStreamError, match="offloaded"):
+        paged_attention(q, k_new, v_new, batch, 0)
+    cache.reload("a")
+    with pytest.raises(StaleStreamError):
+        paged_attention(q, k_new, v_new, batch, 0)
+    batch.tables[0] = cache.page_table(("a", "main"))
+    cache.release_oldest(("a", "main"), 4)
+    with pytest.raises(StaleStreamError, match="compacted"):
+        paged_attention(q, k_new, v_new, batch, 1)
+
+
+def test_gradients_flow_through_fresh_kv():
+    gen = torch.Generator().manual_seed(5)
+    cache = make_cache()
+    add_stream(cache, ("a", "main"), 5, gen)
+    batch = PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [3], "sdpa")
+    q, k_new, v_new = (t.requires_grad_() for t in random_inputs([3], gen))
+    paged_attention(q, k_new, v_new, batch, 0).sum().backward()
+    paged_attention(q, k_new, v_new, batch, 0).sum().backward()  # second graph over the same buffers
+    assert k_new.grad is not None and torch.isfinite(v_new.grad).all()
+
+
+def test_input_validation_names_the_argument():
+    cache = make_cache()
+    cache.create_stream(("a", "main"))
+    batch = PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [2], "sdpa")
+    q, k_new, v_new = random_inputs([2], torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="q must be"):
+        paged_attention(q[:1], k_new, v_new, batch, 0)
+    with pytest.raises(ValueError, match="k_new"):
+        paged_attention(q, k_new[:, :1], v_new, batch, 0)
+    with pytest.raises(ValueError, match="v_new must be torch.float64"):
+        paged_attention(q, k_new, v_new.float(), batch, 0)
+    with pytest.raises(ValueError, match="multiple"):
+        paged_attention(q[:, :3], k_new, v_new, batch, 0)
+    with pytest.raises(ValueError, match="q_lens"):
+        PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [0], "sdpa")
+    with pytest.raises(ValueError, match="equal length"):
+        PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [1, 2], "sdpa")
+
+
+def test_resolve_backend_on_cpu():
+    assert resolve_backend("auto", "cpu") is AttentionBackendName.SDPA
+    assert resolve_backend(AttentionBackendName.SDPA, torch.device("cpu")) is AttentionBackendName.SDPA
+    with pytest.raises(ValueError, match="attention_backend='flashinfer'.*CUDA"):
+        resolve_backend("flashinfer", "cpu")
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        resolve_backend("flash", "cpu")
+    # auto never picks kernels that cannot take the cache's dtype or head_dim
+    assert resolve_backend("auto", "cuda", dtype=torch.float32) is AttentionBackendName.SDPA
+    assert resolve_backend("auto", "cuda", dtype=torch.bfloat16, head_dim=16) is AttentionBackendName.SDPA
+
+
+def test_flashinfer_is_never_imported_on_cpu():
+    code = (
+        "import sys, torch\n"
+        "from worldstep.engine.attention import PagedAttentionBatch, paged_attention\n"
+        "from worldstep.engine.kv import PagedAllocationManager\n"
+        "c = PagedAllocationManager(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=4)\n"
+        "c.create_stream(('a', 'main'))\n"
+        "b = PagedAttentionBatch(c, [c.page_table(('a', 'main'))], [2], 'auto')\n"
+        "paged_attention(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), b, 0)\n"
+        "assert 'flashinfer' not in sys.modules, 'flashinfer imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.gpu
+def test_flashinfer_matches_sdpa_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("flashinfer")
+    script = Path(__file__).parent / "gpu" / "check_attention.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

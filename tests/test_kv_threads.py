@@ -1,0 +1,95 @@
+"""Two threads hammer one pool (grow / release / offload / reload / fork / remove on their own sessions)."""
+
+import random
+import sys
+import threading
+
+import torch
+from worldstep.engine.kv import PagedAllocationManager
+from worldstep.engine.windowing import RetentionPolicy
+
+L, HKV, D, PS = 2, 2, 4, 4
+ROUNDS = 150
+
+
+def tokens(start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.arange(start, start + n, dtype=torch.float32)
+    k = (ids.view(1, n, 1, 1) + 0.25 * torch.arange(L).view(L, 1, 1, 1)).expand(L, n, HKV, D).clone()
+    return k, -k
+
+
+def worker(cache: PagedAllocationManager, name: str, seed: int, errors: list[BaseException]) -> None:
+    rng = random.Random(seed)
+    key, fork_key = (name, "main"), (name + "-fork", "main")
+    held: list[int] = []
+    next_id = seed * 1_000_000
+    try:
+        cache.create_stream(key)
+        cache.append(key, *tokens(next_id, 6))
+        held, next_id = list(range(next_id, next_id + 6)), next_id + 6
+        cache.protect_prefix(key, 6)
+        policy = RetentionPolicy(protected_tokens=6, context_tokens=12)
+        for _ in range(ROUNDS):
+            n = rng.randint(1, 9)
+            cache.append(key, *tokens(next_id, n))
+            held += range(next_id, next_id + n)
+            next_id += n
+            released = cache.apply_retention(key, policy)
+            first = -(-6 // PS) * PS
+            del held[first : first + released]
+            op = rng.random()
+            if op < 0.3:
+                assert cache.offload(name)
+                assert cache.pages_in_use(name) == 0
+                cache.reload(name)
+            elif op < 0.45 and not cache.has_stream(fork_key):
+                cache.fork(key, fork_key)
+            elif op < 0.6 and cache.has_stream(fork_key):
+                cache.remove(fork_key)
+            k, v = cache.gather(key, rng.randrange(L))
+            ids = (k[:, 0, 0] - k[0, 0, 0] + held[0]).round().long().tolist()
+            assert ids == held, f"{name}: stream content diverged"
+            assert torch.equal(v, -k)
+    except BaseException as exc:  # surface in the main thread
+        errors.append(exc)
+
+
+def auditor(cache: PagedAllocationManager, done: threading.Event, errors: list[BaseException]) -> None:
+    """Reads the whole pool while the workers write: every read must see a consistent state."""
+    try:
+        while not done.is_set():
+            cache.check_invariants()
+            assert cache.num_free_pages + cache.num_used_pages == 64
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def test_two_threads_keep_pool_consistent():
+    cache = PagedAllocationManager(
+        num_layers=L, num_pages=64, page_size=PS, num_kv_heads=HKV, head_dim=D, cpu_offload_pages=64
+    )
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=worker, args=(cache, f"s{i}", i + 1, errors)) for i in range(2)]
+    done = threading.Event()
+    audit = threading.Thread(target=auditor, args=(cache, done, errors))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads between almost every bytecode, so races show up
+    try:
+        audit.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        done.set()
+        audit.join(timeout=60)
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in [*threads, audit])
+    assert not errors, errors
+    cache.check_invariants()
+    for name in ("s0", "s1"):
+        assert cache.page_table((name, "main")).protected_prefix_tokens == 6
+        cache.remove_session(name)
+        cache.remove_session(name + "-fork")
+    assert cache.num_free_pages == 64 and cache.num_used_pages == 0
+    assert cache.num_free_cpu_pages == 64
