@@ -9,12 +9,11 @@ and stay flat once the horizon is reached: a rollout's memory does not grow with
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+from worldstep.cli import parse_dataclass_args
 from worldstep.engine.attention import PagedAttentionBatch, paged_attention
 from worldstep.engine.kv import PagedAllocationManager
 from worldstep.engine.windowing import WindowSchedule
@@ -22,25 +21,32 @@ from worldstep.engine.windowing import WindowSchedule
 
 @dataclass
 class Args:
-    seed: int = field(default=0, metadata={"help": "seed of the random K/V and queries"})
-    windows: int = field(default=100, metadata={"help": "the number of windows to roll out"})
-    window_units: int = field(default=2, metadata={"help": "latent frames generated per window"})
-    context_units: int = field(default=6, metadata={"help": "latent frames of history kept behind the frontier"})
-    tokens_per_unit: int = field(default=16, metadata={"help": "cache tokens per latent frame"})
-    prefix_tokens: int = field(default=20, metadata={"help": "protected prompt tokens at the head of the stream"})
-    page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
-    num_pages: int = field(default=64, metadata={"help": "pages in the pool"})
-    num_layers: int = field(default=2, metadata={"help": "transformer layers"})
-    num_heads: int = field(default=4, metadata={"help": "query heads"})
-    num_kv_heads: int = field(default=2, metadata={"help": "key/value heads (GQA)"})
-    head_dim: int = field(default=16, metadata={"help": "channels per head"})
+    """Roll one sliding KV stream through the engine and print its pages in use per window."""
 
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Args):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=f.default, help=f.metadata["help"])
-    return Args(**vars(parser.parse_args()))
+    seed: int = 0
+    """seed of the random K/V and queries"""
+    windows: int = 100
+    """the number of windows to roll out"""
+    window_units: int = 2
+    """latent frames generated per window"""
+    context_units: int = 6
+    """latent frames of history kept behind the commit frontier"""
+    tokens_per_unit: int = 16
+    """cache tokens per latent frame"""
+    prefix_tokens: int = 20
+    """protected prompt tokens at the head of the stream"""
+    page_size: int = 16
+    """tokens per KV page"""
+    num_pages: int = 64
+    """pages in the pool"""
+    num_layers: int = 2
+    """transformer layers"""
+    num_heads: int = 4
+    """query heads"""
+    num_kv_heads: int = 2
+    """key/value heads (GQA)"""
+    head_dim: int = 16
+    """channels per head"""
 
 
 def random_kv(args: Args, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,9 +55,9 @@ def random_kv(args: Args, n: int, gen: torch.Generator) -> tuple[torch.Tensor, t
 
 
 if __name__ == "__main__":
-    args = parse_args()
+    args = parse_dataclass_args(Args)
 
-    # seeding
+    # TRY NOT TO MODIFY: seeding
     gen = torch.Generator().manual_seed(args.seed)
 
     # engine: one page pool, one stream, one schedule

@@ -189,9 +189,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         record_video: write the mp4 files.
         progress: show a progress bar over windows.
     """
-    from worldstep.envs import WorldModelVectorEnv
-
-    from .world import World, load
+    from .world import World, load, make_env, make_vec_env
 
     eps = _episodes(episodes, seed)
     out_dir = Path(out_dir)
@@ -203,8 +201,8 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
     world = None if is_env else (env_or_model if isinstance(env_or_model, World) else load(env_or_model))
     if isinstance(env_or_model, gym.Env) and batched:
         raise ValueError("batched=True needs a model or a WorldModelVectorEnv, not a single env")
-    model_name = world.config.model.name if world is not None else str(getattr(env_or_model, "spec", None) and
-                                                                         env_or_model.spec.id)
+    spec = getattr(env_or_model, "spec", None)
+    model_name = world.config.model.name if world is not None else (spec.id if spec else type(env_or_model).__name__)
     report = EvalReport(model=model_name, policy=type(policy).__name__, batched=batched)
     videos = [out_dir / f"episode-{i:03d}.mp4" if record_video else None for i in range(len(eps))]
     longest = max(ep.max_windows for ep in eps)
@@ -212,7 +210,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
     bar = tqdm(total=sum(ep.max_windows for ep in eps), desc="evaluate", unit="window", disable=not progress)
     try:
         if not batched:
-            env = env_or_model if is_env else _make_env(world, env_kwargs)
+            env = env_or_model if is_env else make_env(world, **env_kwargs)
             try:
                 for i, ep in enumerate(eps):
                     result = rollout(env, policy, seed=ep.seed, max_windows=ep.max_windows,
@@ -227,8 +225,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
             size = batch_size or (env_or_model.num_envs if is_env else len(eps))
             for start in range(0, len(eps), size):
                 group = list(range(start, min(start + size, len(eps))))
-                vec = env_or_model if is_env else WorldModelVectorEnv(world.model, len(group), world.knobs,
-                                                                      **_vec_kwargs(world, env_kwargs))
+                vec = env_or_model if is_env else make_vec_env(world, num_envs=len(group), **env_kwargs)
                 try:
                     report.episodes += _run_batch(vec, policy, [eps[i] for i in group], group,
                                                   [videos[i] for i in group], bar)
@@ -239,20 +236,6 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         bar.close()
     (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
     return report
-
-
-def _make_env(world, env_kwargs: dict[str, Any]):
-    from .world import make_env
-
-    return make_env(world, **env_kwargs)
-
-
-def _vec_kwargs(world, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    from .world import _env_kwargs
-
-    kwargs = _env_kwargs(world, {"success_fn": env_kwargs["success_fn"]})
-    kwargs["max_windows"] = env_kwargs["max_windows"]
-    return kwargs
 
 
 def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int], videos: list, bar) -> list:
