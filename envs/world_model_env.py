@@ -166,8 +166,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if image is None:
             image = draw_tabletop(self.model.spec.height, self.model.spec.width, self.np_random)
         generator = torch.Generator().manual_seed(int(self.np_random.integers(2**63)))
+        self._close_session()  # options are valid: free the old episode's pages before opening the new one
         session = self.model.open_session(image, prompt, domain_id, knobs=self.knobs, generator=generator)
-        self._close_session()
         self._session, self._windows = session, 0
         self._frames = np.repeat(session.first_frame[None], self.knobs.chunk_size, axis=0)
         info = {"frame_start": 0, "frame_end": 1, "kv": _kv_dict(session.kv_stats())}

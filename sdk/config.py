@@ -130,7 +130,7 @@ class ModelConfig(_Config):
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """weights and activations dtype (None: float32 on CPU, bfloat16 on CUDA, the engine's choice)"""
+    """weights and activations dtype (None: float32, the engine's default)"""
     attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
     """``sdpa`` runs anywhere, ``flashinfer`` uses paged kernels on CUDA, ``auto`` picks"""
 

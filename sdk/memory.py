@@ -78,7 +78,7 @@ def plan(config: WorldstepConfig, *, windows: int, text_tokens: int, kv_bytes_pe
             raise ValueError(f"model.architecture of {config.model.name!r} is needed for a memory plan without "
                              "loading the model (it has no transformer/vae block)")
         t, v = arch["transformer"], arch["vae"]
-        itemsize = _ITEMSIZE[config.model.dtype or "bfloat16"]
+        itemsize = _ITEMSIZE[config.model.dtype or "float32"]  # None loads float32
         kv_bytes_per_token = t["num_hidden_layers"] * 2 * t["num_key_value_heads"] * t["head_dim"] * itemsize
         spatial, patch = v["scale_factor_spatial"], t["latent_patch_size"]
         height = config.model.height or arch["height"]
