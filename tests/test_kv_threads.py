@@ -58,8 +58,7 @@ def auditor(cache: PagedAllocationManager, done: threading.Event, errors: list[B
     """Reads the whole pool while the workers write: every read must see a consistent state."""
     try:
         while not done.is_set():
-            cache.check_invariants()
-            assert cache.num_free_pages + cache.num_used_pages == 64
+            cache.check_invariants()  # one locked read of pools and streams together
     except BaseException as exc:
         errors.append(exc)
 
