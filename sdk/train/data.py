@@ -1,0 +1,84 @@
+"""Seeded simulator clips for training: start states and action sequences, rendered on demand.
+
+Clips are stored as states + actions (a few KB each) rather than frames (~800 KB for 65 frames), and
+rendered when a batch needs pixels; rendering is exact and cheap, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from worldstep.envs.push_sim import PushSimEnv, PushState, physics_step, push_oracle, render_state
+
+
+@dataclass(frozen=True)
+class ClipSet:
+    """`starts` `[N, 3, 2]` (effector, block, goal) and `actions` `[N, A, 2]` float32 in [-1, 1]."""
+
+    starts: np.ndarray
+    actions: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+def smooth_random_actions(rng: np.random.Generator, steps: int) -> np.ndarray:
+    """Random smooth velocities: an Ornstein-Uhlenbeck walk with a random time scale, clipped to [-1, 1]."""
+    theta = rng.uniform(0.05, 0.6)
+    scale = rng.uniform(0.3, 1.0)
+    a = rng.uniform(-1, 1, size=2)
+    out = np.empty((steps, 2), dtype=np.float32)
+    for i in range(steps):
+        a = a + theta * (-a) + scale * np.sqrt(2 * theta) * rng.normal(size=2)
+        out[i] = np.clip(a, -1, 1)
+    return out
+
+
+def steered_actions(rng: np.random.Generator, start: PushState, steps: int) -> np.ndarray:
+    """A noisy oracle (noise level drawn per clip) that pushes the block toward the goal."""
+    noise = rng.choice([0.0, 0.2, 0.5, 1.0])
+    state, out = start, np.empty((steps, 2), dtype=np.float32)
+    for i in range(steps):
+        a = np.clip(push_oracle(state) + noise * rng.normal(size=2), -1, 1)
+        out[i] = a
+        state = physics_step(state, a)
+    return out
+
+
+def generate_clips(num_clips: int, steps: int, seed: int, steer_share: float = 0.6) -> ClipSet:
+    """`num_clips` clips of `steps` actions: start states from `PushSimEnv.reset`, a share steered."""
+    rng = np.random.default_rng(seed)
+    env = PushSimEnv(chunk_size=4)
+    starts = np.empty((num_clips, 3, 2), dtype=np.float64)
+    actions = np.empty((num_clips, steps, 2), dtype=np.float32)
+    for i in range(num_clips):
+        env.reset(seed=int(rng.integers(2**31)))
+        state = env.state
+        starts[i] = np.stack([state.effector, state.block, state.goal])
+        steer = rng.random() < steer_share
+        actions[i] = steered_actions(rng, state, steps) if steer else smooth_random_actions(rng, steps)
+    return ClipSet(starts, actions)
+
+
+def rollout_states(start: np.ndarray, actions: np.ndarray) -> list[PushState]:
+    """The `len(actions) + 1` states of a clip (frame 0 is the start)."""
+    state = PushState(start[0].copy(), start[1].copy(), start[2].copy())
+    states = [state]
+    for a in actions:
+        state = physics_step(state, a)
+        states.append(state)
+    return states
+
+
+def render_clip(start: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """`[len(actions) + 1, 64, 64, 3]` uint8 frames of one clip."""
+    return np.stack([render_state(s) for s in rollout_states(start, actions)])
+
+
+def to_video_tensor(frames: np.ndarray):
+    """uint8 `[B, T, H, W, 3]` -> float `[B, 3, T, H, W]` in [-1, 1] (the VAE's input range)."""
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(frames)).float() / 127.5 - 1.0
+    return x.permute(0, 4, 1, 2, 3).contiguous()  # [B, 3, T, H, W]

@@ -1,0 +1,377 @@
+"""`python -m worldstep.train`: simulator clips -> VAE -> latents -> forward dynamics -> diffusers checkpoint.
+
+Every phase checkpoints into `--out` and `--resume` continues where a run stopped. Step counts are
+fixed from the measured speed of the first steps and the phase's share of `--budget-minutes`, then
+stored, so a resumed run keeps the schedule it started with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .data import generate_clips, render_clip, to_video_tensor
+from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, sample_sigmas
+from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, psnr, sample_vae_batch, vae_loss
+
+TRANSFORMER_ARCH: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "head_dim": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "latent_channel": 16,
+    "latent_patch_size": 1,
+    "patch_latent_dim": 16,
+    "vocab_size": 256,
+    "rope_axes_dim": [8, 4, 4],
+    "hidden_act": "relu2",
+    "qk_norm_for_text": False,
+    "use_und_k_norm_for_gen": True,
+    "action_gen": True,
+    "action_dim": 8,
+    "num_embodiment_domains": 4,
+    "base_fps": 24,
+    "dtype": "float32",
+}
+PROMPT = "A robot pushes a block to the goal."
+DOMAIN_ID = 0
+FPS = 24.0
+SIZE = 64
+
+
+@dataclass
+class TrainArgs:
+    out: str = "runs/pusher"
+    budget_minutes: float = 90.0
+    seed: int = 0
+    resume: bool = False
+    num_clips: int = 2400
+    windows: int = 8
+    chunk: int = 4
+    context_frames: int = 4
+    vae_share: float = 0.35
+    vae_batch: int = 4
+    vae_lr: float = 2e-3
+    dyn_batch: int = 8
+    dyn_lr: float = 1e-3
+    context_noise: float = 0.03
+    ckpt_every: int = 100
+    threads: int = 2
+    small: bool = False
+
+
+def parse_args(argv: list[str] | None) -> TrainArgs:
+    parser = argparse.ArgumentParser(prog="python -m worldstep.train", description=__doc__)
+    defaults = TrainArgs()
+    parser.add_argument("--out", default=defaults.out, help="run folder (logs, phase checkpoints, checkpoint/)")
+    parser.add_argument("--budget-minutes", type=float, default=defaults.budget_minutes, help="total wall budget")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds data, init and noise")
+    parser.add_argument("--resume", action="store_true", help="continue from the phase checkpoints in --out")
+    parser.add_argument("--num-clips", type=int, default=defaults.num_clips, help="simulator clips")
+    parser.add_argument("--windows", type=int, default=defaults.windows, help="windows per training clip")
+    parser.add_argument("--context-frames", type=int, default=defaults.context_frames,
+                        help="latent frames of committed context a window sees (the rollout's context_frames; 0 = all)")
+    parser.add_argument("--chunk", type=int, default=defaults.chunk, help="actions per window (4 or 8)")
+    parser.add_argument("--vae-share", type=float, default=defaults.vae_share, help="budget share of the VAE")
+    parser.add_argument("--vae-batch", type=int, default=defaults.vae_batch)
+    parser.add_argument("--vae-lr", type=float, default=defaults.vae_lr)
+    parser.add_argument("--dyn-batch", type=int, default=defaults.dyn_batch)
+    parser.add_argument("--dyn-lr", type=float, default=defaults.dyn_lr)
+    parser.add_argument("--context-noise", type=float, default=defaults.context_noise,
+                        help="max std of noise on clean context latents (robustness to own errors)")
+    parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints")
+    parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--small", action="store_true", help="tiny models and data (smoke tests)")
+    ns = parser.parse_args(argv)
+    args = TrainArgs(**{k: getattr(ns, k) for k in asdict(defaults)})
+    if args.chunk not in (4, 8):
+        raise ValueError(f"chunk={args.chunk} is invalid; allowed: 4 or 8")
+    if args.windows < 1 or args.budget_minutes <= 0 or not 0 < args.vae_share < 1:
+        raise ValueError("windows >= 1, budget-minutes > 0 and 0 < vae-share < 1 are required")
+    return args
+
+
+def architectures(small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(transformer, vae) constructor kwargs; `small` shrinks both for smoke tests."""
+    t, v = dict(TRANSFORMER_ARCH), dict(VAE_ARCH)
+    if small:
+        t.update(hidden_size=32, intermediate_size=64, head_dim=16, num_hidden_layers=1, latent_channel=4,
+                 patch_latent_dim=4, rope_axes_dim=[4, 2, 2])
+        v.update(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1])
+    return t, v
+
+
+class RunLog:
+    """Append-only JSONL loss log plus wall-clock accounting per phase."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, **record: Any) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def cosine_lr(base: float, step: int, total: int, warmup: int = 50) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def _save(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _fit_steps(step_fn, budget_s: float, probe: int = 3) -> tuple[int, float]:
+    """Run `probe` steps, return (total steps that fit `budget_s`, seconds per step)."""
+    start = time.perf_counter()
+    for i in range(probe):
+        step_fn(i, probe * 10)
+    per = (time.perf_counter() - start) / probe
+    return max(probe + 1, int(budget_s / per)), per
+
+
+# --- VAE ---------------------------------------------------------------------------------------
+
+
+def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float):
+    state_path = out / "vae_state.pt"
+    vae = make_vae(vae_arch, args.seed)
+    opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
+    rng = np.random.default_rng(args.seed + 1)
+    step, total = 0, None
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        vae.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        rng.bit_generator.state = st["rng"]
+        step, total = st["step"], st["total"]
+        if st.get("done"):
+            vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
+            return vae.eval()
+    frames = 9
+    vae.train()
+
+    def one(i: int, tot: int) -> float:
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(args.vae_lr, i, tot)
+        loss, _ = vae_loss(vae, sample_vae_batch(clips, rng, args.vae_batch, frames))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        return loss.item()
+
+    if total is None:
+        total, per = _fit_steps(one, budget_s)
+        step = 3
+        log.write(phase="vae", event="plan", total_steps=total, sec_per_step=per)
+    bar = tqdm(range(step, total), desc="vae", initial=step, total=total, mininterval=5)
+    for step in bar:
+        loss = one(step, total)
+        if step % 10 == 0:
+            log.write(phase="vae", step=step, loss=loss, time=time.time())
+            bar.set_postfix(loss=f"{loss:.4f}")
+        if (step + 1) % args.ckpt_every == 0:
+            _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                               "step": step + 1, "total": total})
+    vae.eval()
+    mean, std = latent_stats(vae, clips)
+    vae.register_to_config(latents_mean=mean, latents_std=std)
+    with torch.no_grad():
+        video = to_video_tensor(np.stack([render_clip(held.starts[i], held.actions[i, :16])
+                                          for i in range(min(8, len(held)))]))
+        held_psnr = psnr(vae.decode(vae.encode(video).latent_dist.mean).sample, video)
+    log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, latents_mean=mean, latents_std=std)
+    _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
+                       "step": total, "total": total, "done": True, "config": dict(vae.config)})
+    return vae
+
+
+# --- dynamics ----------------------------------------------------------------------------------
+
+
+def text_ids(tokenizer, chunk: int) -> torch.Tensor:
+    """The prompt ids a worldstep session prefills for this model (same caption, same template)."""
+    from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
+
+    tokens = tokenize_action_prompt(tokenizer, PROMPT, "", view_point="ego_view", num_frames=chunk + 1, fps=FPS,
+                                    height=SIZE, width=SIZE)
+    return torch.tensor(tokens.cond, dtype=torch.long)
+
+
+def make_transformer(arch: dict[str, Any], seed: int):
+    from diffusers import Cosmos3OmniTransformer
+
+    torch.manual_seed(seed)
+    return Cosmos3OmniTransformer(**arch)
+
+
+def dyn_batch(latents: torch.Tensor, actions: np.ndarray, idx: np.ndarray, action_dim: int,
+              gen: torch.Generator, windows: int) -> DynamicsBatch:
+    z = latents[idx]
+    a = torch.zeros(len(idx), actions.shape[1], action_dim)
+    a[:, :, :2] = torch.from_numpy(actions[idx])
+    return DynamicsBatch(z, a, sample_sigmas(gen, (len(idx), windows)), torch.randn(z.shape, generator=gen))
+
+
+def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, held_latents: torch.Tensor,
+                   held_actions: np.ndarray, t_arch, tokenizer, log: RunLog, out: Path, budget_s: float):
+    state_path = out / "dyn_state.pt"
+    tr = make_transformer(t_arch, args.seed + 2)
+    ema = copy.deepcopy(tr).requires_grad_(False)
+    per_frame = latents.shape[-1] * latents.shape[-2] // t_arch["latent_patch_size"] ** 2
+    horizon = args.context_frames * (per_frame + 4) if args.context_frames > 0 else None
+    lay = ClipLayout(args.windows, args.chunk // 4, args.chunk, per_frame, horizon)
+    model = DynamicsModel(tr, lay, text_ids(tokenizer, args.chunk), DOMAIN_ID, tuple(latents.shape[-2:]), FPS)
+    opt = torch.optim.AdamW(tr.parameters(), lr=args.dyn_lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(args.seed + 3)
+    rng = np.random.default_rng(args.seed + 4)
+    step, total = 0, None
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        tr.load_state_dict(st["model"])
+        ema.load_state_dict(st["ema"])
+        opt.load_state_dict(st["opt"])
+        gen.set_state(st["gen"])
+        rng.bit_generator.state = st["rng"]
+        step, total = st["step"], st["total"]
+        if st.get("done"):
+            return ema
+    action_dim = t_arch["action_dim"]
+
+    def one(i: int, tot: int) -> float:
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(args.dyn_lr, i, tot, warmup=100)
+        batch = dyn_batch(latents, actions, rng.integers(len(latents), size=args.dyn_batch), action_dim, gen,
+                          args.windows)
+        ctx = None
+        if args.context_noise > 0:
+            level = torch.rand(batch.latents.shape[0], 1, 1, 1, 1, generator=gen) * args.context_noise
+            ctx = level * torch.randn(batch.latents.shape, generator=gen)
+        loss = model.loss(batch, ctx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tr.parameters(), 1.0)
+        opt.step()
+        decay = min(0.998, (1 + i) / (10 + i))
+        with torch.no_grad():
+            for pe, p in zip(ema.parameters(), tr.parameters()):
+                pe.lerp_(p, 1 - decay)
+        return loss.item()
+
+    def held_loss() -> float:
+        ema_model = DynamicsModel(ema, lay, model.text_ids, DOMAIN_ID, model.latent_hw, FPS)
+        g = torch.Generator().manual_seed(1234)
+        n = min(len(held_latents), 16)
+        with torch.no_grad():
+            b = dyn_batch(held_latents, held_actions, np.arange(n), action_dim, g, args.windows)
+            return ema_model.loss(b).item()
+
+    if total is None:
+        total, per = _fit_steps(one, budget_s)
+        step = 3
+        log.write(phase="dynamics", event="plan", total_steps=total, sec_per_step=per)
+    tr.train()
+    bar = tqdm(range(step, total), desc="dynamics", initial=step, total=total, mininterval=5)
+    for step in bar:
+        loss = one(step, total)
+        if step % 10 == 0:
+            log.write(phase="dynamics", step=step, loss=loss, time=time.time())
+            bar.set_postfix(loss=f"{loss:.4f}")
+        if (step + 1) % args.ckpt_every == 0:
+            _save(state_path, {"model": tr.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+                               "gen": gen.get_state(), "rng": rng.bit_generator.state, "step": step + 1,
+                               "total": total})
+        if (step + 1) % (5 * args.ckpt_every) == 0:
+            log.write(phase="dynamics", step=step + 1, heldout_loss=held_loss(), time=time.time())
+    log.write(phase="dynamics", event="done", heldout_loss=held_loss())
+    _save(state_path, {"model": tr.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+                       "gen": gen.get_state(), "rng": rng.bit_generator.state, "step": total, "total": total,
+                       "done": True})
+    return ema
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
+    """Write the diffusers layout `Cosmos3WorldModel.from_pretrained` reads, plus `worldstep.json`."""
+    from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+    from worldstep.engine.models.cosmos3.checkpoint import _SCHEDULER_CONFIG
+
+    pipeline = Cosmos3OmniPipeline(
+        transformer=transformer, text_tokenizer=tokenizer, vae=vae,
+        scheduler=UniPCMultistepScheduler(**_SCHEDULER_CONFIG), enable_safety_checker=False,
+        default_use_system_prompt=False, use_native_flow_schedule=True,
+    )
+    pipeline.save_pretrained(path, safe_serialization=True)
+    (path / "worldstep.json").write_text(json.dumps({"height": SIZE, "width": SIZE, "fps": FPS,
+                                                     "prompt": PROMPT, "domain_id": DOMAIN_ID}, indent=2))
+    return path
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Run (or resume) the whole pipeline; returns the exported checkpoint folder."""
+    from worldstep.engine.models.cosmos3.checkpoint import build_tokenizer
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = RunLog(out / "log.jsonl")
+    log.write(event="start", args=asdict(args), time=time.time())
+    t_arch, v_arch = architectures(args.small)
+    budget = args.budget_minutes * 60
+    steps = args.windows * args.chunk
+    start = time.perf_counter()
+
+    # data
+    clips = generate_clips(args.num_clips, steps, seed=args.seed)
+    held = generate_clips(max(8, args.num_clips // 20), steps, seed=args.seed + 10_000)
+    log.write(phase="data", clips=len(clips), held=len(held), seconds=time.perf_counter() - start)
+
+    # vae
+    vae = train_vae(args, clips, held, v_arch, log, out, budget * args.vae_share)
+
+    # latents
+    latents_path = out / "latents.pt"
+    if args.resume and latents_path.exists():
+        cached = torch.load(latents_path)
+        latents, held_latents = cached["train"], cached["held"]
+    else:
+        t0 = time.perf_counter()
+        latents, held_latents = encode_clips(vae, clips), encode_clips(vae, held)
+        _save(latents_path, {"train": latents, "held": held_latents})
+        log.write(phase="latents", shape=list(latents.shape), seconds=time.perf_counter() - t0)
+
+    # dynamics
+    tokenizer = build_tokenizer(int(t_arch["vocab_size"]))
+    remaining = budget - (time.perf_counter() - start) - 60  # keep a minute for export
+    if args.resume:
+        remaining = budget * (1 - args.vae_share) - 120
+    transformer = train_dynamics(args, latents, clips.actions, held_latents, held.actions, t_arch, tokenizer, log,
+                                 out, max(remaining, 1.0))
+
+    # export
+    path = export_checkpoint(out / "checkpoint", transformer, vae, tokenizer)
+    log.write(event="exported", path=str(path), seconds=time.perf_counter() - start)
+    return path
