@@ -204,7 +204,8 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     ## Starting State
 
     Goal centre uniform in ``[12, 52]^2``; block uniform in ``[14, 50]^2`` at least 18 px from the
-    goal (Chebyshev); effector uniform in ``[6, 58]^2`` not touching the block; all from ``self.np_random``.
+    goal (Chebyshev); effector uniform in ``[6, 58]^2`` touching neither the block nor the goal ring (so the
+    first frame shows the whole ring); all from ``self.np_random``.
 
     ## Episode End
 
@@ -244,7 +245,8 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         while np.abs(block - goal).max() < 18:
             block = rng.uniform(14, 50, size=2)
         effector = rng.uniform(6, 58, size=2)
-        while np.abs(effector - block).max() < (EFFECTOR + BLOCK) / 2 + 1:
+        while (np.abs(effector - block).max() < (EFFECTOR + BLOCK) / 2 + 1
+               or np.abs(effector - goal).max() < (EFFECTOR + GOAL) / 2 + 1):  # keeps the first frame's ring whole
             effector = rng.uniform(6, 58, size=2)
         return PushState(effector, block, goal)
 
