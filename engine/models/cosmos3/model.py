@@ -54,7 +54,7 @@ class Cosmos3WorldModel:
             num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
             device=device, cpu_offload_pages=cpu_offload_pages,
         )
-        self.backend = resolve_backend(attention_backend, device)
+        self.backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
         self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
         self._sessions: dict[str, RolloutSession] = {}
         self._lock = threading.RLock()
