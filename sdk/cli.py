@@ -132,13 +132,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     data = yaml.safe_load(Path(args.episodes).read_text())
     episodes = data.get("episodes") if isinstance(data, dict) else data
     model, overrides = _model_and_overrides(args)
-    world = load(model, **overrides)
-    policy = make_policy(args.policy, world.action_shape, seed=args.seed)
-    report = evaluate(world, policy, episodes, out_dir=args.out_dir, batched=args.batched,
+    ray = {"backend": "ray", "ray_address": args.ray_address, "num_workers": args.workers} if args.ray else {}
+    if args.ray:  # the actors load the model; the driver needs only its config
+        from .distributed import driver_target
+
+        target, shape = driver_target(model, **overrides)
+    else:
+        target = load(model, **overrides)
+        shape = target.action_shape
+    policy = make_policy(args.policy, shape, seed=args.seed)
+    report = evaluate(target, policy, episodes, out_dir=args.out_dir, batched=args.batched,
                       batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
-                      progress=not args.quiet)
+                      progress=not args.quiet, **ray)
+    failed = sum(e.status == "failed" for e in report.episodes)
     print(f"{len(report.episodes)} episodes: success rate {report.success_rate:.2f}, "
-          f"mean return {report.mean_return:g}; report {Path(args.out_dir) / 'report.json'}")
+          f"mean return {report.mean_return:g}" + (f", {failed} failed" if failed else "")
+          + f"; report {Path(args.out_dir) / 'report.json'}")
     return 0
 
 
@@ -246,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of episodes without one: seed + index")
     p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--ray", action="store_true",
+                   help="shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')")
+    p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
+    p.add_argument("--workers", type=int, default=2, help="Ray actors with --ray (default 2)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("info", help="model, device and KV memory plan")
@@ -266,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, IndexError) as err:
+    except (ValueError, FileNotFoundError, IndexError, ImportError) as err:
         print(f"worldstep {args.command}: error: {err}", file=sys.stderr)
         return 2
 

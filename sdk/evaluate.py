@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +52,15 @@ class EpisodeResult:
     wall_s: float = 0.0
     frames_per_second: float = 0.0
     video: str | None = None
+    status: Literal["ok", "failed"] = "ok"
+    error: str | None = None
+    """why a failed episode stopped (its policy raised, or its Ray worker died past the retries)"""
+
+    def fail(self, err: BaseException | str) -> EpisodeResult:
+        """Mark the episode failed: the report keeps it (with what it did so far) instead of dropping it."""
+        self.status = "failed"
+        self.error = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+        return self
 
     def finish(self, start: float) -> EpisodeResult:
         self.wall_s = time.perf_counter() - start
@@ -84,6 +93,7 @@ class EvalReport:
             "policy": self.policy,
             "batched": self.batched,
             "num_episodes": len(self.episodes),
+            "num_failed": sum(e.status == "failed" for e in self.episodes),
             "success_rate": self.success_rate,
             "mean_return": self.mean_return,
             "mean_windows": float(np.mean([e.windows for e in self.episodes])) if self.episodes else 0.0,
@@ -105,16 +115,25 @@ def _reset_options(episode: EpisodeConfig) -> dict[str, Any]:
 def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: int = 8,
             options: dict[str, Any] | None = None, video_path: str | os.PathLike | None = None,
             progress: bool = False, index: int = 0,
-            on_window: Callable[[], Any] | None = None) -> EpisodeResult:
+            on_window: Callable[[], Any] | None = None,
+            policy_errors: Literal["raise", "record"] = "raise") -> EpisodeResult:
     """One closed-loop episode: reset, then ``policy(obs)`` -> ``env.step`` until it ends or ``max_windows``.
 
     With ``video_path`` every frame (the first frame, then every frame of every window) goes to an mp4
-    at the env's ``render_fps``.
+    at the env's ``render_fps``. With ``policy_errors="record"`` an exception raised by the policy (a
+    remote policy's timeout, say) ends the episode with ``status="failed"`` instead of propagating.
     """
+    if policy_errors not in ("raise", "record"):
+        raise ValueError(f"policy_errors={policy_errors!r} is invalid; allowed: 'raise' or 'record'")
     start = time.perf_counter()
-    policy.reset(seed)
-    obs, _ = env.reset(seed=seed, options=options)
     result = EpisodeResult(index=index, seed=-1 if seed is None else seed)
+    try:
+        policy.reset(seed)
+    except Exception as err:
+        if policy_errors == "raise":
+            raise
+        return result.fail(err).finish(start)
+    obs, _ = env.reset(seed=seed, options=options)
     writer = None if video_path is None else Mp4Writer(video_path, env.metadata["render_fps"])
     bar = tqdm(total=max_windows, desc="rollout", unit="window", disable=not progress)
     try:
@@ -122,7 +141,14 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
             writer.write(obs["frames"][0])
             result.video = str(writer.path)
         for _ in range(max_windows):
-            obs, reward, terminated, truncated, info = env.step(policy(obs))
+            try:
+                actions = policy(obs)
+            except Exception as err:
+                if policy_errors == "raise":
+                    raise
+                result.fail(err)
+                break
+            obs, reward, terminated, truncated, info = env.step(actions)
             _record(result, writer, obs["frames"], reward, terminated, truncated, info)
             bar.update(1)
             if on_window is not None:
@@ -171,8 +197,13 @@ def _episodes(episodes: int | Sequence[dict | EpisodeConfig], seed: int) -> list
 def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | EpisodeConfig] = 1, *,
              success_fn: Callable[[np.ndarray], bool] | None = None,
              out_dir: str | os.PathLike = "runs/eval", batched: bool = False, batch_size: int | None = None,
-             seed: int = 0, record_video: bool = True, progress: bool = True) -> EvalReport:
+             seed: int = 0, record_video: bool = True, progress: bool = True,
+             backend: Literal["local", "ray"] = "local", ray_address: str | None = None,
+             num_workers: int | None = None) -> EvalReport:
     """Run ``policy`` for ``episodes`` and write ``out_dir/report.json`` plus one mp4 per episode.
+
+    An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error``;
+    the other episodes still run.
 
     Args:
         env_or_model: a worldstep env (``gym.make(...)``, ``make_env(...)``), a ``WorldModelVectorEnv``
@@ -188,7 +219,22 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         seed: seed of episode ``i`` when it has none is ``seed + i``.
         record_video: write the mp4 files.
         progress: show a progress bar over windows.
+        backend: ``"local"`` runs here; ``"ray"`` shards episodes over Ray actors, each loading its own
+            copy of the model (needs ``pip install 'worldstep[dist]'``; see ``docs/distributed.md``).
+        ray_address: the Ray cluster to join (None: ``$RAY_ADDRESS``, else a new local one); ray only.
+        num_workers: Ray actors, one model each (default 2); ray only.
     """
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
+    if backend == "ray":
+        from .distributed import evaluate_ray
+
+        return evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
+                            batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,
+                            progress=progress, ray_address=ray_address,
+                            num_workers=2 if num_workers is None else num_workers)
+    if ray_address is not None or num_workers is not None:
+        raise ValueError("ray_address and num_workers only apply with backend='ray'")
     from .world import World, load, make_env, make_vec_env
 
     eps = _episodes(episodes, seed)
@@ -215,7 +261,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
                 for i, ep in enumerate(eps):
                     result = rollout(env, policy, seed=ep.seed, max_windows=ep.max_windows,
                                      options=_reset_options(ep), video_path=videos[i], index=i,
-                                     on_window=lambda: bar.update(1))
+                                     on_window=lambda: bar.update(1), policy_errors="record")
                     report.episodes.append(result)
                     bar.update(ep.max_windows - result.windows)  # windows an early end skipped
             finally:
@@ -249,17 +295,38 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
     policies = [copy.deepcopy(policy) for _ in slots]
     results = [EpisodeResult(index=i, seed=ep.seed) for i, ep in zip(indices, eps)]
     writers = [None if v is None else Mp4Writer(v, vec.metadata["render_fps"]) for v in videos]
+    active = [i < len(eps) for i in range(n)]
+
+    def fail(i: int, err: Exception) -> None:  # a policy raised: keep the episode, marked failed
+        active[i] = False
+        bar.update(eps[i].max_windows - results[i].windows)
+        results[i].fail(err).finish(start)
+        if writers[i] is not None:
+            writers[i].close()
+
+    def act(i: int) -> np.ndarray:
+        if active[i]:
+            try:
+                return policies[i]({k: v[i] for k, v in obs.items()})
+            except Exception as err:
+                fail(i, err)
+        return zeros
+
     try:
-        for i, (p, ep) in enumerate(zip(policies, slots)):
-            p.reset(ep.seed)
-            if i < len(eps) and writers[i] is not None:
+        for i, ep in enumerate(eps):  # padding slots stay inactive: their policies are never called
+            try:
+                policies[i].reset(ep.seed)
+            except Exception as err:
+                fail(i, err)
+                continue
+            if writers[i] is not None:
                 writers[i].write(obs["frames"][i][0])
                 results[i].video = str(writers[i].path)
-        active = [i < len(eps) for i in range(n)]
         zeros = np.zeros(vec.single_action_space.shape, np.float32)
         while any(active):
-            actions = np.stack([policies[i]({k: v[i] for k, v in obs.items()}) if active[i] else zeros
-                                for i in range(n)])
+            actions = np.stack([act(i) for i in range(n)])
+            if not any(active):
+                break
             obs, rewards, terms, truncs, infos = vec.step(actions)
             for i in np.flatnonzero(active):
                 info = {k: bool(infos[k][i]) for k in ("is_success", "kv_exhausted") if k in infos and infos[f"_{k}"][i]}
