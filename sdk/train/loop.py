@@ -62,12 +62,15 @@ class TrainArgs:
     chunk: int = 4
     context_frames: int = 4
     vae_share: float = 0.35
-    vae_batch: int = 4
+    vae_batch: int = 2
     vae_lr: float = 2e-3
     dyn_batch: int = 8
     dyn_lr: float = 1e-3
     context_noise: float = 0.03
     ckpt_every: int = 100
+    log_every: int = 10
+    vae_steps: int = 0
+    dyn_steps: int = 0
     threads: int = 2
     small: bool = False
 
@@ -92,6 +95,10 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     parser.add_argument("--context-noise", type=float, default=defaults.context_noise,
                         help="max std of noise on clean context latents (robustness to own errors)")
     parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints")
+    parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between log lines")
+    parser.add_argument("--vae-steps", type=int, default=defaults.vae_steps, help="fixed VAE steps (0: from budget)")
+    parser.add_argument("--dyn-steps", type=int, default=defaults.dyn_steps,
+                        help="fixed dynamics steps (0: from budget)")
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--small", action="store_true", help="tiny models and data (smoke tests)")
     ns = parser.parse_args(argv)
@@ -109,7 +116,7 @@ def architectures(small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     if small:
         t.update(hidden_size=32, intermediate_size=64, head_dim=16, num_hidden_layers=1, latent_channel=4,
                  patch_latent_dim=4, rope_axes_dim=[4, 2, 2])
-        v.update(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1])
+        v.update(base_dim=4, decoder_base_dim=4, z_dim=4, dim_mult=[1, 1, 1, 1])
     return t, v
 
 
@@ -124,10 +131,11 @@ class RunLog:
             f.write(json.dumps(record) + "\n")
 
 
-def cosine_lr(base: float, step: int, total: int, warmup: int = 50) -> float:
+def cosine_lr(base: float, progress: float, step: int, warmup: int = 50) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay over `progress` in [0, 1]."""
     if step < warmup:
         return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
@@ -136,13 +144,25 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _fit_steps(step_fn, budget_s: float, probe: int = 3) -> tuple[int, float]:
-    """Run `probe` steps, return (total steps that fit `budget_s`, seconds per step)."""
-    start = time.perf_counter()
-    for i in range(probe):
-        step_fn(i, probe * 10)
-    per = (time.perf_counter() - start) / probe
-    return max(probe + 1, int(budget_s / per)), per
+class Progress:
+    """Where a phase stands: a fixed step count, or wall time against a budget (the CPU is shared, so a
+    step-count plan made from a few probe steps is fragile; time-based phases always end on time)."""
+
+    def __init__(self, budget_s: float, fixed_steps: int, step: int = 0, elapsed: float = 0.0) -> None:
+        self.budget_s, self.fixed_steps, self.step, self.elapsed = budget_s, fixed_steps, step, elapsed
+        self._mark = time.perf_counter()
+
+    @property
+    def fraction(self) -> float:
+        if self.fixed_steps > 0:
+            return self.step / self.fixed_steps
+        return (self.elapsed + time.perf_counter() - self._mark) / self.budget_s
+
+    def advance(self) -> None:
+        self.step += 1
+
+    def state(self) -> dict[str, float]:
+        return {"step": self.step, "elapsed": self.elapsed + time.perf_counter() - self._mark}
 
 
 # --- VAE ---------------------------------------------------------------------------------------
@@ -153,42 +173,36 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     vae = make_vae(vae_arch, args.seed)
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed + 1)
-    step, total = 0, None
+    prog = Progress(budget_s, args.vae_steps)
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         vae.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         rng.bit_generator.state = st["rng"]
-        step, total = st["step"], st["total"]
+        prog = Progress(budget_s, args.vae_steps, st["step"], st["elapsed"])
         if st.get("done"):
             vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
             return vae.eval()
-    frames = 9
+    frames = 5 if args.small else 9
     vae.train()
-
-    def one(i: int, tot: int) -> float:
+    bar = tqdm(desc="vae", initial=prog.step, mininterval=5)
+    while prog.fraction < 1.0:
         for group in opt.param_groups:
-            group["lr"] = cosine_lr(args.vae_lr, i, tot)
-        loss, _ = vae_loss(vae, sample_vae_batch(clips, rng, args.vae_batch, frames))
+            group["lr"] = cosine_lr(args.vae_lr, prog.fraction, prog.step)
+        loss_t, _ = vae_loss(vae, sample_vae_batch(clips, rng, args.vae_batch, frames))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_t.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
-        return loss.item()
-
-    if total is None:
-        total, per = _fit_steps(one, budget_s)
-        step = 3
-        log.write(phase="vae", event="plan", total_steps=total, sec_per_step=per)
-    bar = tqdm(range(step, total), desc="vae", initial=step, total=total, mininterval=5)
-    for step in bar:
-        loss = one(step, total)
-        if step % 10 == 0:
-            log.write(phase="vae", step=step, loss=loss, time=time.time())
-            bar.set_postfix(loss=f"{loss:.4f}")
-        if (step + 1) % args.ckpt_every == 0:
+        loss = loss_t.item()
+        if prog.step % args.log_every == 0:
+            log.write(phase="vae", step=prog.step, loss=loss, lr=opt.param_groups[0]["lr"], time=time.time())
+            bar.set_postfix(loss=f"{loss:.4f}", progress=f"{prog.fraction:.2f}")
+        prog.advance()
+        bar.update()
+        if prog.step % args.ckpt_every == 0:
             _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
-                               "step": step + 1, "total": total})
+                               **prog.state()})
     vae.eval()
     mean, std = latent_stats(vae, clips)
     vae.register_to_config(latents_mean=mean, latents_std=std)
@@ -198,7 +212,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         held_psnr = psnr(vae.decode(vae.encode(video).latent_dist.mean).sample, video)
     log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, latents_mean=mean, latents_std=std)
     _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
-                       "step": total, "total": total, "done": True, "config": dict(vae.config)})
+                       **prog.state(), "done": True, "config": dict(vae.config)})
     return vae
 
 
@@ -241,7 +255,7 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
     opt = torch.optim.AdamW(tr.parameters(), lr=args.dyn_lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed + 3)
     rng = np.random.default_rng(args.seed + 4)
-    step, total = 0, None
+    prog = Progress(budget_s, args.dyn_steps)
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         tr.load_state_dict(st["model"])
@@ -249,14 +263,14 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
         rng.bit_generator.state = st["rng"]
-        step, total = st["step"], st["total"]
+        prog = Progress(budget_s, args.dyn_steps, st["step"], st["elapsed"])
         if st.get("done"):
             return ema
     action_dim = t_arch["action_dim"]
 
-    def one(i: int, tot: int) -> float:
+    def one(i: int) -> float:
         for group in opt.param_groups:
-            group["lr"] = cosine_lr(args.dyn_lr, i, tot, warmup=100)
+            group["lr"] = cosine_lr(args.dyn_lr, prog.fraction, i, warmup=100)
         batch = dyn_batch(latents, actions, rng.integers(len(latents), size=args.dyn_batch), action_dim, gen,
                           args.windows)
         ctx = None
@@ -282,27 +296,25 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
             b = dyn_batch(held_latents, held_actions, np.arange(n), action_dim, g, args.windows)
             return ema_model.loss(b).item()
 
-    if total is None:
-        total, per = _fit_steps(one, budget_s)
-        step = 3
-        log.write(phase="dynamics", event="plan", total_steps=total, sec_per_step=per)
+    def snapshot(done: bool = False) -> None:
+        _save(state_path, {"model": tr.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
+                           "gen": gen.get_state(), "rng": rng.bit_generator.state, **prog.state(), "done": done})
+
     tr.train()
-    bar = tqdm(range(step, total), desc="dynamics", initial=step, total=total, mininterval=5)
-    for step in bar:
-        loss = one(step, total)
-        if step % 10 == 0:
-            log.write(phase="dynamics", step=step, loss=loss, time=time.time())
-            bar.set_postfix(loss=f"{loss:.4f}")
-        if (step + 1) % args.ckpt_every == 0:
-            _save(state_path, {"model": tr.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-                               "gen": gen.get_state(), "rng": rng.bit_generator.state, "step": step + 1,
-                               "total": total})
-        if (step + 1) % (5 * args.ckpt_every) == 0:
-            log.write(phase="dynamics", step=step + 1, heldout_loss=held_loss(), time=time.time())
+    bar = tqdm(desc="dynamics", initial=prog.step, mininterval=5)
+    while prog.fraction < 1.0:
+        loss = one(prog.step)
+        if prog.step % args.log_every == 0:
+            log.write(phase="dynamics", step=prog.step, loss=loss, lr=opt.param_groups[0]["lr"], time=time.time())
+            bar.set_postfix(loss=f"{loss:.4f}", progress=f"{prog.fraction:.2f}")
+        prog.advance()
+        bar.update()
+        if prog.step % args.ckpt_every == 0:
+            snapshot()
+        if prog.step % (5 * args.ckpt_every) == 0:
+            log.write(phase="dynamics", step=prog.step, heldout_loss=held_loss(), time=time.time())
     log.write(phase="dynamics", event="done", heldout_loss=held_loss())
-    _save(state_path, {"model": tr.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-                       "gen": gen.get_state(), "rng": rng.bit_generator.state, "step": total, "total": total,
-                       "done": True})
+    snapshot(done=True)
     return ema
 
 
@@ -365,9 +377,9 @@ def main(argv: list[str] | None = None) -> Path:
 
     # dynamics
     tokenizer = build_tokenizer(int(t_arch["vocab_size"]))
-    remaining = budget - (time.perf_counter() - start) - 60  # keep a minute for export
+    remaining = budget - (time.perf_counter() - start) - 90  # keep time for the held-out pass and export
     if args.resume:
-        remaining = budget * (1 - args.vae_share) - 120
+        remaining = budget * (1 - args.vae_share) - 150
     transformer = train_dynamics(args, latents, clips.actions, held_latents, held.actions, t_arch, tokenizer, log,
                                  out, max(remaining, 1.0))
 

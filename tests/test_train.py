@@ -1,0 +1,107 @@
+"""worldstep.train: the packed kv-shaped training pass and a smoke run whose checkpoint steps in the engine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from worldstep.engine.models.cosmos3.runner import prefill_text
+from worldstep.train.dynamics import ClipLayout, DynamicsBatch, DynamicsModel, text_kv
+from worldstep.train.loop import architectures, make_transformer
+
+
+def _model(windows: int, context_tokens: int | None = None) -> DynamicsModel:
+    arch, _ = architectures(small=True)
+    arch = dict(arch, num_hidden_layers=2)
+    tr = make_transformer(arch, seed=0)
+    with torch.no_grad():  # diffusers zero-inits proj_out; random weights make the checks meaningful
+        for p in tr.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    layout = ClipLayout(windows, 1, 4, 16, context_tokens)
+    return DynamicsModel(tr, layout, torch.arange(5, 17), 1, (4, 4), 24.0)
+
+
+def _batch(bsz: int, windows: int, seed: int = 0) -> DynamicsBatch:
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(bsz, 4, 1 + windows, 4, 4, generator=g)
+    actions = torch.rand(bsz, 4 * windows, 8, generator=g) * 2 - 1
+    return DynamicsBatch(z, actions, torch.rand(bsz, windows, generator=g), torch.randn(z.shape, generator=g))
+
+
+def _slice(batch: DynamicsBatch, i: int) -> DynamicsBatch:
+    return DynamicsBatch(*(t[i: i + 1] for t in (batch.latents, batch.actions, batch.sigmas, batch.noise)))
+
+
+@torch.no_grad()
+def test_packed_clips_equal_clip_by_clip():
+    model, batch = _model(3, context_tokens=20), _batch(3, 3)
+    packed, _ = model.velocity(batch)
+    for i in range(3):
+        alone, _ = model.velocity(_slice(batch, i))
+        torch.testing.assert_close(packed[i: i + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_windows_are_causal_like_the_kv_rollout():
+    model, batch = _model(4), _batch(1, 4)
+    pred, _ = model.velocity(batch)
+    later = DynamicsBatch(batch.latents.clone(), batch.actions.clone(), batch.sigmas, batch.noise.clone())
+    later.latents[:, :, 3:] += 1.0  # windows 2, 3 change (latent frames 3, 4)
+    later.actions[:, 8:] = -later.actions[:, 8:]
+    later.noise[:, :, 3:] += 1.0
+    pred2, _ = model.velocity(later)
+    torch.testing.assert_close(pred[:, :, :2], pred2[:, :, :2])  # windows 0, 1 cannot see the future
+    assert (pred[:, :, 2:] - pred2[:, :, 2:]).abs().max() > 1e-3
+    # a window's own noise does not leak into the other windows' predictions
+    noisy = DynamicsBatch(batch.latents, batch.actions, batch.sigmas, batch.noise.clone())
+    noisy.noise[:, :, 2] += 1.0  # window 1's noise
+    pred3, _ = model.velocity(noisy)
+    torch.testing.assert_close(pred[:, :, [0, 2, 3]], pred3[:, :, [0, 2, 3]])
+
+
+def test_mask_follows_retention_horizon():
+    layout = ClipLayout(4, 1, 4, 16, context_tokens=20)  # one window of committed context
+    mask = layout.gen_mask()
+    sizes = [36, 20, 20]  # clean windows 0..2 (committed order)
+    clean_total = sum(sizes)
+    noisy3 = clean_total + 36 + 20 + 20  # first token of noisy window 3
+    assert mask[noisy3, 56:76].all() and not mask[noisy3, :56].any()  # sees clean window 2 only
+    assert mask[noisy3, noisy3:noisy3 + 20].all() and not mask[noisy3, clean_total:noisy3].any()
+    assert mask[0, :36].all() and not mask[0, 36:].any()  # clean window 0 sees itself only
+
+
+@torch.no_grad()
+def test_text_kv_matches_engine_prefill():
+    model = _model(1)
+    ids = torch.arange(3, 40)
+    keys, values = text_kv(model.transformer, ids)
+    ref_k, ref_v = prefill_text(model.transformer, ids)
+    torch.testing.assert_close(torch.stack(keys), ref_k)
+    torch.testing.assert_close(torch.stack(values), ref_v)
+
+
+def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
+    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
+    from worldstep.envs.push_sim import PushSimEnv
+    from worldstep.train import main
+    from worldstep.train.loop import DOMAIN_ID, PROMPT
+
+    out = tmp_path / "run"
+    path = main(["--out", str(out), "--small", "--num-clips", "12", "--windows", "2", "--context-frames", "1",
+                 "--vae-steps", "2", "--vae-batch", "1", "--dyn-steps", "40", "--dyn-batch", "4", "--dyn-lr",
+                 "3e-3", "--log-every", "1", "--ckpt-every", "1000", "--threads", "1"])
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r.get("phase") == "dynamics" and "loss" in r]
+    assert len(losses) >= 30
+    assert np.mean(losses[-8:]) < 0.8 * np.mean(losses[:5])
+
+    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=256)
+    assert (world.spec.height, world.spec.width) == (64, 64)
+    obs, _ = PushSimEnv().reset(seed=0)
+    session = world.open_session(obs["frames"][0], PROMPT, DOMAIN_ID, knobs=RolloutKnobs(context_frames=1),
+                                 generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        result = session.step(np.zeros((4, 2), np.float32))
+        assert result.frames.shape == (4, 64, 64, 3) and result.frames.dtype == np.uint8
