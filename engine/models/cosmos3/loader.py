@@ -72,16 +72,27 @@ def _check_layout(folder: Path) -> None:
         )
 
 
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on CUDA (what Cosmos3 is trained and served in), fp32 elsewhere."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 def load_components(
-    path_or_id: str | os.PathLike, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    path_or_id: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    vae_dtype: torch.dtype | None = None,
 ) -> Cosmos3Components:
-    """Load every module the rollout needs; the VAE stays fp32 unless `dtype` says otherwise."""
+    """Load every module the rollout needs; the transformer in `dtype` (default: bf16 on CUDA, fp32 on
+    CPU), the VAE in `vae_dtype` (default fp32, so frames match one whole-stream decode exactly)."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
     from transformers import AutoTokenizer
 
     folder = resolve_checkpoint(path_or_id)
-    transformer = Cosmos3OmniTransformer.from_pretrained(folder / "transformer", torch_dtype=dtype or torch.float32)
-    vae = AutoencoderKLWan.from_pretrained(folder / "vae", torch_dtype=dtype or torch.float32)
+    transformer = Cosmos3OmniTransformer.from_pretrained(
+        folder / "transformer", torch_dtype=dtype or default_dtype(device)
+    )
+    vae = AutoencoderKLWan.from_pretrained(folder / "vae", torch_dtype=vae_dtype or torch.float32)
     transformer.to(device).eval().requires_grad_(False)
     vae.to(device).eval().requires_grad_(False)
     scheduler_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
