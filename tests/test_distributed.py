@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import worldstep
 from tiny_world import FAST, cache_dir, world  # noqa: F401 - fixtures
-from worldstep.distributed import RayUnavailableError
+from worldstep.distributed import RayUnavailableError, WorkerStartError
 from worldstep.policies import RandomPolicy, SinePolicy
 
 TIMING_KEYS = ("wall_s", "frames_per_second", "video")
@@ -160,6 +160,16 @@ def test_episodes_of_an_actor_that_keeps_dying_are_marked_failed(ray_cluster, wo
     while [a for a in list_named_actors() if a.startswith("worldstep-eval-")] and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not [a for a in list_named_actors() if a.startswith("worldstep-eval-")]
+
+
+def test_a_model_no_actor_can_load_fails_fast_with_the_actors_error(ray_cluster, world, tmp_path):  # noqa: F811
+    missing = tmp_path / "no-such-checkpoint"
+    config = world.config.with_overrides(model={"name": "missing", "checkpoint": str(missing), "architecture": None})
+    start = time.monotonic()
+    with pytest.raises(WorkerStartError, match=rf"could not load the model: .*{missing.name}"):
+        worldstep.distributed.evaluate_ray(config, SinePolicy((4, 16)), 4, out_dir=tmp_path, progress=False,
+                                           timeout_s=300)
+    assert time.monotonic() - start < 120  # not 4 shards x 3 attempts of actor starts
 
 
 def test_ray_evaluate_rejects_envs_and_bad_counts(ray_cluster, world, tmp_path):  # noqa: F811

@@ -9,5 +9,13 @@ optional extra: ``pip install 'worldstep[dist]'``. See ``docs/distributed.md``.
 from __future__ import annotations
 
 from .ray_eval import RayUnavailableError, action_shape, driver_target, evaluate_ray, require_ray
+from .scheduler import WorkerStartError
 
-__all__ = ["RayUnavailableError", "action_shape", "driver_target", "evaluate_ray", "require_ray"]
+__all__ = [
+    "RayUnavailableError",
+    "WorkerStartError",
+    "action_shape",
+    "driver_target",
+    "evaluate_ray",
+    "require_ray",
+]

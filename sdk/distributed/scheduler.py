@@ -3,7 +3,8 @@
 An actor that dies (``RayActorError``: killed, out of memory, its node gone) loses only the shard it was
 running; that shard goes back to the queue for another actor until it has seen ``max_retries + 1``
 deaths, after which its episodes are reported failed. An exception raised *inside* a shard (a bug or a
-bad argument, the same on every actor) is not retried: it propagates to the caller.
+bad argument, the same on every actor) is not retried: it propagates to the caller, and so does a model
+that fails to load before any shard has finished (a wrong checkpoint path fails on every actor alike).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .worker import EpisodeOutput, Shard
+
+
+class WorkerStartError(RuntimeError):
+    """No Ray actor could load the model (the message holds the actor's exception)."""
 
 
 class ShardScheduler:
@@ -30,6 +35,7 @@ class ShardScheduler:
         self.actors: list[Any] = []
         self.deaths = 0
         self.started = 0
+        self.finished = 0  # shards that came back
 
     def run(self, shards: list[Shard], on_done: Callable[[EpisodeOutput], None],
             on_failed: Callable[[Shard, str], None], timeout_s: float | None = None) -> None:
@@ -62,6 +68,8 @@ class ShardScheduler:
                     outputs = ray.get(ready[0])
                 except RayActorError as err:
                     self._bury(actor)
+                    if getattr(err, "actor_init_failed", False) and not self.finished:
+                        raise WorkerStartError(f"a Ray worker could not load the model: {_last_line(err)}") from err
                     shard.attempts += 1
                     if shard.attempts > self.max_retries:
                         on_failed(shard, f"{shard.attempts} Ray workers died running it "
@@ -70,6 +78,7 @@ class ShardScheduler:
                         pending.append(shard)
                     continue
                 idle.append(actor)
+                self.finished += 1
                 for output in outputs:
                     on_done(output)
         finally:
@@ -96,6 +105,12 @@ class ShardScheduler:
         if actor in self.actors:
             self.actors.remove(actor)
         ray.kill(actor)  # an ActorUnavailableError actor may still be alive; never reuse it
+
+
+def _last_line(err: BaseException) -> str:
+    """The actor's own exception: the last line of Ray's traceback text."""
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__
 
 
 def _first_line(err: BaseException) -> str:
