@@ -162,6 +162,22 @@ def test_episodes_of_an_actor_that_keeps_dying_are_marked_failed(ray_cluster, wo
     assert not [a for a in list_named_actors() if a.startswith("worldstep-eval-")]
 
 
+def test_remote_policy_travels_to_the_actors(ray_cluster, world, tmp_path):  # noqa: F811
+    pytest.importorskip("websockets")
+    from worldstep.policy_server import PolicyServer, demo_policy
+    from worldstep.remote_policy import RemotePolicy
+
+    episodes = [{"seed": s, "max_windows": 2} for s in (0, 1)]
+    with PolicyServer(demo_policy(*world.action_shape, horizon=6), lifetime_s=240) as server:
+        policy = RemotePolicy(server.endpoint, world.action_shape, prompt="p", action_mode="rechunk")
+        local = worldstep.evaluate(world, policy, episodes, out_dir=tmp_path / "l", record_video=False,
+                                   progress=False)
+        policy.close()
+        remote = worldstep.distributed.evaluate_ray(world, policy, episodes, out_dir=tmp_path / "r",
+                                                    record_video=False, progress=False, timeout_s=300)
+    assert comparable(remote) == comparable(local) and all(e.status == "ok" for e in remote.episodes)
+
+
 def test_a_model_no_actor_can_load_fails_fast_with_the_actors_error(ray_cluster, world, tmp_path):  # noqa: F811
     missing = tmp_path / "no-such-checkpoint"
     config = world.config.with_overrides(model={"name": "missing", "checkpoint": str(missing), "architecture": None})

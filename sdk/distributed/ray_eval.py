@@ -82,6 +82,9 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
     started_ray = not ray.is_initialized()
     if started_ray:
         _init_ray(ray, ray_address)
+    elif ray_address is not None:
+        warnings.warn(f"Ray is already initialised in this process; ray_address={ray_address!r} is ignored",
+                      stacklevel=2)
     try:
         options, workers = _actor_options(ray.cluster_resources(), num_workers, cpus_per_worker)
         shards = _shards(eps, batched, batch_size, workers)
