@@ -62,9 +62,9 @@ class TrainArgs:
     chunk: int = 4
     context_frames: int = 4
     vae_share: float = 0.35
-    vae_batch: int = 2
+    vae_batch: int = 8
     vae_lr: float = 2e-3
-    dyn_batch: int = 8
+    dyn_batch: int = 16
     dyn_lr: float = 1e-3
     context_noise: float = 0.03
     ckpt_every: int = 100
