@@ -105,3 +105,17 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     for _ in range(2):
         result = session.step(np.zeros((4, 2), np.float32))
         assert result.frames.shape == (4, 64, 64, 3) and result.frames.dtype == np.uint8
+
+
+def test_pusher_config_matches_training_architecture():
+    from pathlib import Path
+
+    import yaml
+    from worldstep.train.loop import TRANSFORMER_ARCH
+    from worldstep.train.vae import VAE_ARCH
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "pusher.yaml").read_text())
+    arch = config["model"]["architecture"]
+    assert arch["transformer"] == {k: v for k, v in TRANSFORMER_ARCH.items() if k != "dtype"}
+    assert arch["vae"] == VAE_ARCH
+    assert config["rollout"]["chunk_size"] == 4 and config["rollout"]["context_frames"] == 4
