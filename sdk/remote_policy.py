@@ -347,7 +347,10 @@ class RemotePolicy:
 
     def _check_actions(self, value: Any) -> np.ndarray:
         width = self.shape[1]
-        actions = np.asarray(value) if isinstance(value, (np.ndarray, list, tuple)) else None
+        try:
+            actions = np.asarray(value) if isinstance(value, (np.ndarray, list, tuple)) else None
+        except ValueError:  # a ragged list
+            actions = None
         if actions is None or actions.dtype.kind not in "fiu" or actions.ndim != 2 or actions.shape[1] != width:
             got = f"shape {actions.shape}, dtype {actions.dtype}" if actions is not None else type(value).__name__
             raise RemotePolicyProtocolError(self.endpoint, f"{self.action_key!r} is {got}; allowed: a numeric "

@@ -129,6 +129,7 @@ def test_action_mode_mismatches_and_bad_settings_raise_clear_errors(serve):
 
 @pytest.mark.parametrize("reply, match", [
     ({"actions": "nope"}, r"'actions' is str; allowed: a numeric array \(horizon, 3\)"),
+    ({"actions": [[0.0, 0.1, 0.2], [0.3]]}, r"'actions' is list; allowed: a numeric array \(horizon, 3\)"),
     ({"actions": np.zeros((4, 5), np.float32)}, r"shape \(4, 5\).*allowed: a numeric array \(horizon, 3\)"),
     ({"action": np.zeros(SHAPE, np.float32)}, r"reply has no 'actions' key \(keys: \['action'\]\)"),
     ({"actions": np.full(SHAPE, np.nan, np.float32)}, "not finite"),
