@@ -1,0 +1,123 @@
+"""The model sizes the bench runs: `tiny` (the embedded default), `small` (a CPU stand-in for Edge)
+and `edge` (Cosmos3-Edge, GPU only).
+
+`small` keeps Edge's shape rules (relu2 MLP, GQA 2:1, head_dim 64, patch 2, Wan 2.2 VAE with a
+wider decoder than encoder) and, more importantly, Edge's *proportions*: VAE-decode FLOPs per
+latent frame over generation FLOPs per latent frame per denoise step is ~18 here vs ~26 for Edge
+at 480p, so a CPU ratio between "decode-bound" and "transformer-bound" alternatives means
+something. Random-weight checkpoints are built once with the engine's own builder into
+`$WORLDSTEP_CACHE/models/` and loaded back through the real loader.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# The bench drives the droid embodiment in every alternative: diffusers' domain 8 with 10-wide actions.
+DOMAIN_ID = 8
+DOMAIN_NAME = "droid_lerobot"
+ACTION_WIDTH = 10
+PROMPT = "A robot arm pushes a block across a table."
+
+_SMALL_TRANSFORMER = {
+    "hidden_size": 384,
+    "intermediate_size": 1536,
+    "head_dim": 64,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 3,
+    "num_hidden_layers": 6,
+    "latent_channel": 16,
+    "patch_latent_dim": 64,  # p*p*C
+    "vocab_size": 512,
+    "rope_axes_dim": [12, 10, 10],  # sums to head_dim / 2, Edge's 24:20:20 split
+    "action_dim": 32,
+}
+_SMALL_VAE = {"base_dim": 16, "decoder_base_dim": 24, "z_dim": 16, "dim_mult": [1, 2, 2, 2], "num_res_blocks": 1}
+
+
+@dataclass(frozen=True)
+class BenchArch:
+    """An architecture block (as in configs/*.yaml) plus the rollout shape the bench uses with it."""
+
+    name: str
+    architecture: dict[str, Any] = field(repr=False)
+    chunk_size: int  # actions per window (env step)
+    height: int
+    width: int
+    page_size: int = 16
+
+    @property
+    def latents_per_window(self) -> int:
+        return self.chunk_size // 4
+
+
+def _config_architecture(config: str) -> dict[str, Any]:
+    text = files("worldstep.configs").joinpath(f"{config}.yaml").read_text()
+    return yaml.safe_load(text)["model"]["architecture"]
+
+
+def _small_architecture() -> dict[str, Any]:
+    arch = copy.deepcopy(_config_architecture("tiny"))
+    arch["transformer"].update(_SMALL_TRANSFORMER)
+    arch["vae"].update(_SMALL_VAE)
+    arch.update(height=256, width=256)
+    return arch
+
+
+def bench_arch(name: str) -> BenchArch:
+    """`tiny` (128x128, 4 actions/window), `small` (256x256, 8) or `edge` (480x832, 16)."""
+    if name == "tiny":
+        arch = _config_architecture("tiny")
+        return BenchArch("tiny", arch, chunk_size=4, height=arch["height"], width=arch["width"])
+    if name == "small":
+        return BenchArch("small", _small_architecture(), chunk_size=8, height=256, width=256)
+    if name == "edge":
+        arch = _config_architecture("cosmos3_edge")
+        return BenchArch("edge", arch, chunk_size=16, height=arch["height"], width=arch["width"], page_size=128)
+    raise ValueError(f"arch={name!r} is invalid; allowed: 'tiny', 'small', 'edge'")
+
+
+def checkpoint_for(arch: BenchArch, cache_dir: str | Path | None = None) -> Path:
+    """The random-weight checkpoint folder of `arch`, built on first use (a few seconds for small)."""
+    from worldstep.engine.models.cosmos3 import ensure_embedded_checkpoint
+
+    return ensure_embedded_checkpoint(f"bench-{arch.name}", arch.architecture, cache_dir=cache_dir)
+
+
+def load_model(arch: BenchArch, *, height: int | None = None, width: int | None = None, num_pages: int = 512,
+               cache_dir: str | Path | None = None, device: str = "cpu"):
+    """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's)."""
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+
+    return Cosmos3WorldModel.from_pretrained(
+        checkpoint_for(arch, cache_dir), device=device, num_pages=num_pages, page_size=arch.page_size,
+        height=height or arch.height, width=width or arch.width, name=f"bench-{arch.name}",
+    )
+
+
+def first_frame(height: int, width: int, seed: int = 0):
+    """A deterministic uint8 `[H, W, 3]` first frame (smooth gradients plus noise, like a camera image)."""
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([x / width, y / height, 0.5 + 0.5 * np.sin((x + y) / 17.0)], axis=-1) * 200
+    return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def action_chunks(count: int, chunk_size: int, seed: int = 1) -> list:
+    """`count` smooth action chunks `(chunk_size, ACTION_WIDTH)` in [-1, 1], the same for every alternative."""
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    t = np.arange(count * chunk_size, dtype=np.float32)[:, None]
+    phase = rng.uniform(0, 2 * np.pi, (1, ACTION_WIDTH)).astype(np.float32)
+    actions = np.sin(t / 7.0 + phase) * 0.8 + rng.normal(0, 0.05, (len(t), ACTION_WIDTH)).astype(np.float32)
+    actions = np.clip(actions, -1, 1).astype(np.float32)
+    return [actions[i * chunk_size:(i + 1) * chunk_size] for i in range(count)]

@@ -1,0 +1,121 @@
+"""`worldstep bench <rollout|decode|vector|soak|gpu|profile> [--json PATH] [size flags]`.
+
+Flags are generated from the settings dataclasses (one flag per field, `--num-steps 2`, lists as
+`--sizes 1,2,4`), so the CLI holds no bench logic. Tables go to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from collections.abc import Callable
+
+from . import settings as S
+from .results import BenchResult, render_table
+
+_BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:function", help)
+    "rollout": (S.RolloutSettings, "rollout:run_rollout",
+                "ms per env step: worldstep kv / chained vs the official diffusers recipe; windows 1..64; pipelined"),
+    "decode": (S.DecodeSettings, "decode:run_decode", "the warm streaming decoder's bench (run_decode_bench)"),
+    "vector": (S.VectorSettings, "vector:run_vector", "env steps/s of N batched sessions vs N sessions one by one"),
+    "soak": (S.SoakSettings, "soak:run_soak", "KV pages and RSS over a long bounded-context rollout"),
+    "gpu": (S.GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
+    "profile": (S.ProfileSettings, "profiling:run_profile", "where a window's time goes (torch.profiler, cProfile)"),
+}
+
+
+def _parse_list(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a comma list of {kind.__name__}") from None
+
+    return parse
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        text = f"{f.metadata.get('help', '')} (default {shown})"
+        if hint is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text)
+            continue
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is list:
+            kind = _parse_list(args[0])
+        else:  # int, float, str, or X | None
+            kind = next(a for a in args if a is not type(None)) if args else hint
+        parser.add_argument(flag, dest=f.name, type=kind, default=default, help=text)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `bench` with its subcommands to a CLI's subparsers; `args.func(args)` runs the bench."""
+    bench = subparsers.add_parser("bench", help="measured speed against the alternatives (tables; --json PATH)")
+    _fill(bench)
+    return bench
+
+
+def _fill(bench: argparse.ArgumentParser) -> None:
+    sub = bench.add_subparsers(dest="bench", required=True)
+    for name, (cls, _, text) in _BENCHES.items():
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--json", metavar="PATH", help="write the figures to PATH")
+        p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+        p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, the core count)")
+        _add_fields(p, cls)
+        p.set_defaults(func=run_command, bench=name)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the bench `args.bench`, print its tables and notes, write `--json`."""
+    import importlib
+
+    from .machine import load_average
+    from .progress import Progress
+
+    cls, target, _ = _BENCHES[args.bench]
+    import torch
+
+    previous = torch.get_num_threads()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads {args.threads} is invalid; allowed: an int >= 1")
+        torch.set_num_threads(args.threads)
+    try:
+        settings = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        module, function = target.split(":")
+        run = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+        result: BenchResult = run(settings, Progress(args.bench, quiet=args.quiet))
+    finally:
+        torch.set_num_threads(previous)
+    result.machine["load_average_end"] = load_average()
+    print(format_result(result))
+    if args.json:
+        path = result.write_json(args.json)
+        print(f"\nfigures written to {path}")
+    return 0
+
+
+def format_result(result: BenchResult) -> str:
+    parts = [render_table(t) for t in result.tables]
+    parts += [f"note: {n}" for n in result.notes]
+    return "\n\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="worldstep bench", description="worldstep benchmarks")
+    _fill(parser)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"worldstep bench {args.bench}: error: {err}", file=sys.stderr)
+        return 2
+

@@ -1,0 +1,86 @@
+"""Side-by-side timing on a shared, noisy machine.
+
+Absolute times on a 2-core box shared with other work drift by 2x within a minute, so every
+comparison runs its alternatives interleaved round by round (rotating who goes first), drops
+warm-up rounds, and reports medians and ratios of medians: drift then hits every alternative alike.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Samples:
+    """Wall-clock seconds of one alternative, warm-up rounds excluded."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds) if self.seconds else float("nan")
+
+    @property
+    def median_ms(self) -> float:
+        return 1e3 * self.median_s
+
+
+def interleave(alternatives: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, Samples]:
+    """Run every alternative once per round, the starting one rotating; keep rounds after `warmup`.
+
+    Args:
+        alternatives: name -> a callable doing one unit of work (one env step, one rollout, ...).
+        rounds: measured rounds (each alternative runs once per round).
+        warmup: rounds run first and discarded (first calls allocate, fill caches, warm allocators).
+    """
+
+    def timed(fn: Callable[[], object]) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
+
+        return run
+
+    return interleave_timed({name: timed(fn) for name, fn in alternatives.items()}, rounds, warmup)
+
+
+def interleave_timed(alternatives: dict[str, Callable[[], float]], rounds: int, warmup: int) -> dict[str, Samples]:
+    """`interleave` for callables that time themselves (to leave their setup out) and return seconds."""
+    if rounds < 1 or warmup < 0:
+        raise ValueError(f"rounds={rounds}, warmup={warmup} are invalid; allowed: rounds >= 1, warmup >= 0")
+    names = list(alternatives)
+    samples = {name: Samples(name) for name in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            elapsed = alternatives[name]()
+            if r >= warmup:
+                samples[name].seconds.append(elapsed)
+    return samples
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN when the denominator is not positive."""
+    return numerator / denominator if denominator > 0 else float("nan")
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if len(values) else float("nan")
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process from /proc/self/statm (psutil is not a dependency)."""
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # not Linux: peak RSS is the best we have
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,123 @@
+"""Markdown from `worldstep bench ... --json` files: the README's performance table and the full tables.
+
+    python -m worldstep.bench.report runs/bench/*.json > table.md
+    python -m worldstep.bench.report --headline runs/bench/*.json     # the README table only
+
+`headline_table(docs)` and `render_markdown(docs)` take the loaded JSON dicts, for other scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .machine import machine_line
+from .results import Table, format_cell, render_table
+
+Doc = dict[str, Any]
+
+
+def _x(value: float | None) -> str:
+    return f"{format_cell(value)}x" if value is not None else "–"
+
+
+def _rollout_rows(doc: Doc, table: Table) -> None:
+    r = doc["results"]
+    for arch, f in r.get("steps", {}).items():
+        table.add(f"env step, {arch} {f['height']}x{f['width']}, {f['chunk_size']} actions: official recipe / "
+                  "worldstep kv", _x(f["ratio_official_over_kv"]), ">= 3x")
+        table.add(f"env step, {arch}: worldstep kv ms (official ms)",
+                  f"{format_cell(f['ms_per_step']['kv'])} ({format_cell(f['ms_per_step']['official'])})", "–")
+        table.add(f"env step, {arch}: chained / kv", _x(f["ratio_chained_over_kv"]), "–")
+    scan = r.get("scan")
+    if scan:
+        n, s = scan["windows"], scan["span"]
+        table.add(f"window time, windows {n - s + 1}-{n} / 1-{s} ({scan['arch']}, interleaved)",
+                  _x(scan["late_over_early_interleaved"]), "<= 1.1x")
+        table.add(f"KV pages in use, window {s} / {n}", f"{scan['pages_at_span']} / {scan['pages_last']}", "flat")
+    pipe = r.get("pipelined")
+    if pipe:
+        table.add(f"open-loop rollout, pipelined / sequential ({pipe['arch']}, {pipe['windows']} windows)",
+                  f"{_x(pipe['speedup'])} faster, frames equal: {format_cell(pipe['frames_equal'])}", "–")
+
+
+def _vector_rows(doc: Doc, table: Table) -> None:
+    for row in doc["results"].get("by_n", []):
+        if row["n"] == max(r["n"] for r in doc["results"]["by_n"]):
+            table.add(f"aggregate steps/s, N={row['n']} batched / one by one ({doc['results']['arch']})",
+                      _x(row["speedup"]), ">= 3x at N=8")
+
+
+def _soak_rows(doc: Doc, table: Table) -> None:
+    f = doc["results"]
+    table.add(f"soak {f['windows']} windows: KV pages after context full", f"{f['pages_min_after_full']}.."
+              f"{f['pages_max_after_full']}", "flat")
+    table.add(f"soak: RSS growth, window {f['rss_from_window']} to {f['windows']}", f"{f['rss_growth_pct']:.2f}%",
+              "< 5%")
+
+
+def _decode_rows(doc: Doc, table: Table) -> None:
+    for row in doc["results"].get("windows", []):
+        table.add(f"decode, {row['latents_per_window']} latents/window: stateless / warm", _x(row["speedup"]), "–")
+
+
+def _gpu_rows(doc: Doc, table: Table) -> None:
+    f = doc["results"]
+    if f.get("skipped"):
+        table.add("bench gpu", "not run (no CUDA)", "–")
+        return
+    for run in f["runs"]:
+        cfg = "CFG" if run["cfg"] else "no CFG"
+        mfu = f", MFU {100 * run['mfu']:.0f}%" if run.get("mfu") is not None else ""
+        table.add(f"{f['arch']} {f['height']}p on {f['device']}, {run['num_steps']} steps, {cfg}: real-time factor",
+                  f"{format_cell(run['real_time_factor'])}{mfu}", "–")
+
+
+_HEADLINES: dict[str, Callable[[Doc, Table], None]] = {
+    "rollout": _rollout_rows, "vector": _vector_rows, "soak": _soak_rows, "decode": _decode_rows, "gpu": _gpu_rows,
+}
+
+
+def headline_table(docs: Iterable[Doc]) -> Table:
+    """One row per headline figure of every bench document given (the README table)."""
+    table = Table("worldstep bench: headline figures", ["figure", "measured", "target"])
+    for doc in docs:
+        add = _HEADLINES.get(doc.get("bench", ""))
+        if add is not None:
+            add(doc, table)
+    return table
+
+
+def render_markdown(docs: list[Doc], headline: bool = True, full: bool = True) -> str:
+    parts = []
+    if headline:
+        parts.append(render_table(headline_table(docs)))
+        machines = sorted({machine_line(d["machine"], load=False) for d in docs})
+        parts.append("Measured on: " + "; ".join(machines) + ".")
+    if full:
+        for doc in docs:
+            parts.append(f"### `worldstep bench {doc['bench']}`\n\n{machine_line(doc['machine'])}")
+            parts += [render_table(t) for t in doc["tables"]]
+            parts += [f"Note: {n}" for n in doc.get("notes", [])]
+    return "\n\n".join(parts) + "\n"
+
+
+def load_docs(paths: Iterable[str | Path]) -> list[Doc]:
+    return [json.loads(Path(p).read_text()) for p in paths]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worldstep.bench.report", description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+", help="files written by worldstep bench ... --json")
+    parser.add_argument("--headline", action="store_true", help="only the headline table")
+    args = parser.parse_args(argv)
+    sys.stdout.write(render_markdown(load_docs(args.json), headline=True, full=not args.headline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

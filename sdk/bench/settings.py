@@ -1,0 +1,82 @@
+"""Each subcommand's knobs as a dataclass; the CLI flags are generated from the fields.
+
+Defaults finish in a few minutes on 2 CPU cores; tests shrink them through the same flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class RolloutSettings:
+    archs: list[str] = _help("architectures of the per-step comparison", default_factory=lambda: ["tiny", "small"])
+    rounds: int = _help("measured env steps per alternative", default=6)
+    warmup: int = _help("env steps run first and discarded", default=2)
+    num_steps: int = _help("denoise steps per window", default=4)
+    context_frames: int = _help("committed latent frames kept in context (bounded context)", default=4)
+    compare_size: int = _help("frame side of the per-step comparison (a pipeline canvas: 256)", default=256)
+    scan_arch: str = _help("architecture of the windows 1..N scan and the pipelined rollout", default="tiny")
+    scan_windows: int = _help("windows of the scan (0: skip)", default=64)
+    scan_span: int = _help("windows in the early and the late group of the scan", default=16)
+    pipeline_windows: int = _help("windows per open-loop rollout, pipelined vs sequential (0: skip)", default=8)
+    pipeline_rounds: int = _help("measured rollouts per mode", default=3)
+    cache_dir: str | None = _help("checkpoint cache (default $WORLDSTEP_CACHE or ~/.cache/worldstep)", default=None)
+
+
+@dataclass
+class VectorSettings:
+    arch: str = _help("architecture", default="tiny")
+    sizes: list[int] = _help("numbers of parallel sessions", default_factory=lambda: [1, 2, 4, 8])
+    rounds: int = _help("measured steps per alternative and size", default=4)
+    warmup: int = _help("steps run first and discarded", default=1)
+    num_steps: int = _help("denoise steps per window", default=4)
+    context_frames: int = _help("committed latent frames kept in context", default=4)
+    vector_env: bool = _help("also step worldstep.envs.WorldModelVectorEnv", default=True)
+    cache_dir: str | None = _help("checkpoint cache", default=None)
+
+
+@dataclass
+class SoakSettings:
+    arch: str = _help("architecture", default="tiny")
+    windows: int = _help("windows of the one long rollout", default=500)
+    context_frames: int = _help("committed latent frames kept in context", default=4)
+    num_steps: int = _help("denoise steps per window", default=4)
+    rss_from: int = _help("window from which RSS growth is measured (clamped to windows/2)", default=50)
+    cache_dir: str | None = _help("checkpoint cache", default=None)
+
+
+@dataclass
+class GpuSettings:
+    arch: str = _help("architecture (edge: Cosmos3-Edge at full size)", default="edge")
+    steps: list[int] = _help("denoise steps of the real-time-factor runs", default_factory=lambda: [4, 30])
+    guidance: list[float] = _help("guidance scales (1 = no CFG)", default_factory=lambda: [1.0, 3.0])
+    height: int | None = _help("frame height (default: the arch's, 480 for edge)", default=None)
+    width: int | None = _help("frame width (default: the arch's, 832 for edge)", default=None)
+    windows: int = _help("measured windows per setting (after one warm-up window)", default=2)
+    peak_tflops: float | None = _help("device peak dense bf16 TFLOP/s (default: looked up by name)", default=None)
+    allow_cpu: bool = _help("run on CPU anyway (tests: --arch tiny --allow-cpu)", default=False)
+
+
+@dataclass
+class ProfileSettings:
+    archs: list[str] = _help("architectures to profile", default_factory=lambda: ["tiny", "small"])
+    windows: int = _help("profiled windows per architecture (after one warm-up window)", default=3)
+    num_steps: int = _help("denoise steps per window", default=4)
+    context_frames: int = _help("committed latent frames kept in context", default=4)
+    top: int = _help("operators and functions listed per architecture", default=10)
+    cache_dir: str | None = _help("checkpoint cache", default=None)
+
+
+@dataclass
+class DecodeSettings:
+    height: int = _help("frame height (multiple of 16)", default=256)
+    width: int = _help("frame width (multiple of 16)", default=256)
+    window_latents: list[int] = _help("latents per decoded window", default_factory=lambda: [1, 4, 8])
+    timed_windows: int = _help("timed windows per window size", default=2)
+    base_dim: int = _help("VAE base_dim", default=32)
+    quick: bool = _help("toy sizes (32x32, base_dim 8, z_dim 4) for tests", default=False)
