@@ -60,6 +60,7 @@ class FidelityArgs:
     flow_shift: float
     seed: int
     threads: int
+    workers: int
 
 
 def parse_args(argv: list[str] | None) -> FidelityArgs:
@@ -72,7 +73,8 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
     p.add_argument("--context-frames", type=int, default=4, help="rollout context_frames (the model's config)")
     p.add_argument("--flow-shift", type=float, default=5.0, help="rollout flow_shift")
     p.add_argument("--seed", type=int, default=0, help="held-out clips, episode starts and model noise")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per process")
+    p.add_argument("--workers", type=int, default=1, help="processes for model rollouts (1: inline)")
     ns = vars(p.parse_args(argv))
     preset = _PRESETS[ns["budget"]]
     for key, value in preset.items():
@@ -84,18 +86,49 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
     return args
 
 
-def _load(args: FidelityArgs, out: Path):
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, build_checkpoint
+def _resolve(args: FidelityArgs, out: Path) -> tuple[Path, RolloutSettings]:
+    """The checkpoint folder (a tiny random one is built for `--budget small`) and the rollout settings."""
+    from worldstep.engine.models.cosmos3 import build_checkpoint
 
     path = Path(args.checkpoint) if args.checkpoint else out / "tiny-random-checkpoint"
     if args.checkpoint is None and not (path / "model_index.json").exists():
         build_checkpoint(path, TINY_64, seed=args.seed)
-    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=32768)
     meta = json.loads((path / "worldstep.json").read_text()) if (path / "worldstep.json").exists() else {}
     settings = RolloutSettings(prompt=meta.get("prompt", "A robot pushes a block to the goal."),
                                domain_id=int(meta.get("domain_id", 0)), num_steps=args.num_steps,
                                context_frames=args.context_frames, flow_shift=args.flow_shift)
-    return world, settings, str(path)
+    return path, settings
+
+
+def _run_task(path: str, threads: int, settings: RolloutSettings, task: tuple) -> Any:
+    """One unit of model work, in this process or a worker: ("open_loop", mode, first, actions, seed) or
+    ("episodes", policy_ids, seeds, max_windows). Loads its own model (workers share nothing)."""
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+
+    torch.set_num_threads(threads)
+    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=32768)
+    try:
+        if task[0] == "open_loop":
+            _, mode, first, actions, seed = task
+            return open_loop(world, first, actions, settings, mode, seed)
+        _, ids, seeds, max_windows = task
+        policies = [graded_policies(settings.chunk_size)[i] for i in ids]
+        return model_episodes(world, policies, seeds, max_windows, settings, policy_ids=ids)
+    finally:
+        world.close()
+
+
+def _run_tasks(path: Path, args: FidelityArgs, settings: RolloutSettings, tasks: list[tuple]) -> list[Any]:
+    """Run tasks inline (`--workers 1`) or in spawned worker processes (cost is per session-window, and
+    batching sessions does not amortise it on CPU, so separate processes are what scales)."""
+    if args.workers <= 1:
+        return [_run_task(str(path), args.threads, settings, t) for t in tasks]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_run_task, str(path), args.threads, settings, t) for t in tasks]
+        return [f.result() for f in futures]
 
 
 def _per_window(values: np.ndarray, chunk: int) -> list[float]:
@@ -123,7 +156,8 @@ def _score(pred: np.ndarray, truth: np.ndarray, states: np.ndarray, chunk: int) 
     }
 
 
-def _open_loop(world, settings: RolloutSettings, args: FidelityArgs) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _held_out(settings: RolloutSettings, args: FidelityArgs):
+    """Held-out clips (a seed range training never uses): first frames, true frames/states, actions."""
     chunk = settings.chunk_size
     clips = generate_clips(args.clips, args.windows * chunk, seed=args.seed + 777_000)
     truth, states, first = [], [], []
@@ -133,12 +167,21 @@ def _open_loop(world, settings: RolloutSettings, args: FidelityArgs) -> tuple[di
         first.append(frames[0])
         truth.append(frames[1:])
         states.append(np.stack([np.stack([s.effector, s.block, s.goal]) for s in traj[1:]]))
-    first_a, truth_a, states_a = np.stack(first), np.stack(truth), np.stack(states)
-    shuffled = np.roll(clips.actions, 1, axis=0)  # each clip gets another clip's actions
+    return np.stack(first), np.stack(truth), np.stack(states), clips.actions
+
+
+def _open_loop_tasks(first: np.ndarray, actions: np.ndarray, seed: int) -> list[tuple]:
+    shuffled = np.roll(actions, 1, axis=0)  # each clip gets another clip's actions
+    return [("open_loop", "kv", first, actions, seed), ("open_loop", "chained", first, actions, seed),
+            ("open_loop", "kv", first, shuffled, seed)]
+
+
+def _open_loop(outputs: list[np.ndarray], held: tuple, settings: RolloutSettings,
+               args: FidelityArgs) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    chunk = settings.chunk_size
+    first_a, truth_a, states_a, _ = held
     preds = {
-        "kv": open_loop(world, first_a, clips.actions, settings, "kv", args.seed),
-        "chained": open_loop(world, first_a, clips.actions, settings, "chained", args.seed),
-        "kv_shuffled_actions": open_loop(world, first_a, shuffled, settings, "kv", args.seed),
+        "kv": outputs[0], "chained": outputs[1], "kv_shuffled_actions": outputs[2],
         "copy_first_frame": np.repeat(first_a[:, None], truth_a.shape[1], axis=1),
     }
     scores = {name: _score(pred, truth_a, states_a, chunk) for name, pred in preds.items()}
@@ -152,11 +195,20 @@ def _open_loop(world, settings: RolloutSettings, args: FidelityArgs) -> tuple[di
     return summary, {"truth": truth_a, **preds}
 
 
-def _policies(world, settings: RolloutSettings, args: FidelityArgs) -> dict[str, Any]:
+def _episode_seeds(args: FidelityArgs) -> list[int]:
+    return [args.seed + 5_000 + i for i in range(args.episodes)]
+
+
+def _episode_tasks(args: FidelityArgs, num_policies: int, splits: int) -> list[tuple]:
+    groups = [list(range(num_policies))[i::splits] for i in range(splits)]
+    return [("episodes", g, _episode_seeds(args), args.policy_windows) for g in groups if g]
+
+
+def _policies(model_parts: list[list], settings: RolloutSettings, args: FidelityArgs) -> dict[str, Any]:
     policies = graded_policies(settings.chunk_size)
-    seeds = [args.seed + 5_000 + i for i in range(args.episodes)]
-    sim = sim_episodes(policies, seeds, args.policy_windows, settings.chunk_size)
-    model = model_episodes(world, policies, seeds, args.policy_windows, settings)
+    sim = sim_episodes(policies, _episode_seeds(args), args.policy_windows, settings.chunk_size)
+    by_key = {(r.policy, r.seed): r for part in model_parts for r in part}
+    model = [by_key[(r.policy, r.seed)] for r in sim]
     names = [p.name for p in policies]
 
     def rates(results) -> list[float]:
@@ -214,10 +266,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    world, settings, path = _load(args, out)
-    summary, videos = _open_loop(world, settings, args)
-    ranking = _policies(world, settings, args)
-    report = {"checkpoint": path, "args": asdict(args), "settings": asdict(settings), "open_loop": summary,
+    path, settings = _resolve(args, out)
+    held = _held_out(settings, args)
+    open_tasks = _open_loop_tasks(held[0], held[3], args.seed)
+    episode_tasks = _episode_tasks(args, len(graded_policies()), max(1, args.workers - 1))
+    outputs = _run_tasks(path, args, settings, open_tasks + episode_tasks)
+    summary, videos = _open_loop(outputs[: len(open_tasks)], held, settings, args)
+    ranking = _policies(outputs[len(open_tasks):], settings, args)
+    report = {"checkpoint": str(path), "args": asdict(args), "settings": asdict(settings), "open_loop": summary,
               "policy_ranking": ranking, "targets": _targets(summary, ranking)}
     report["files"] = _write_media(out, summary, ranking, videos, args.video_clips)
     report["seconds"] = time.perf_counter() - start

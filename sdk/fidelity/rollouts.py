@@ -73,13 +73,17 @@ def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int)
 
 
 def model_episodes(world, policies: list, seeds: list[int], max_windows: int, settings: RolloutSettings,
-                   mode: str = "kv") -> list[EpisodeResult]:
-    """The same episodes in the world model (all policies x seeds stepped as one batch per window)."""
+                   mode: str = "kv", policy_ids: list[int] | None = None) -> list[EpisodeResult]:
+    """The same episodes in the world model (all policies x seeds stepped as one batch per window).
+
+    `policy_ids` (default 0..P-1) seed each episode's model noise, so splitting the policies across
+    workers does not change any episode.
+    """
     import copy
 
     chunk = settings.chunk_size
     jobs = []
-    for p_index, policy in enumerate(policies):
+    for p_index, policy in zip(policy_ids or range(len(policies)), policies):
         for seed in seeds:
             obs, _ = PushSimEnv(chunk_size=chunk).reset(seed=seed)
             agent = copy.deepcopy(policy)
