@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import generate_clips, render_clip, to_video_tensor
+from .data import ClipSet, generate_clips, render_clip, to_video_tensor
 from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, sample_sigmas
 from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, psnr, sample_vae_batch, vae_loss
 
@@ -67,7 +67,8 @@ class TrainArgs:
     dyn_batch: int = 16
     dyn_lr: float = 1e-3
     context_noise: float = 0.03
-    ckpt_every: int = 100
+    ckpt_every: int = 20
+    encode_clips: int = 384
     log_every: int = 10
     vae_steps: int = 0
     dyn_steps: int = 0
@@ -81,7 +82,9 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     parser.add_argument("--out", default=defaults.out, help="run folder (logs, phase checkpoints, checkpoint/)")
     parser.add_argument("--budget-minutes", type=float, default=defaults.budget_minutes, help="total wall budget")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds data, init and noise")
-    parser.add_argument("--resume", action="store_true", help="continue from the phase checkpoints in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the phase checkpoints in --out; a phase already under way keeps its "
+                             "budget, phases not yet started share --budget-minutes counted from now")
     parser.add_argument("--num-clips", type=int, default=defaults.num_clips, help="simulator clips")
     parser.add_argument("--windows", type=int, default=defaults.windows, help="windows per training clip")
     parser.add_argument("--context-frames", type=int, default=defaults.context_frames,
@@ -94,6 +97,8 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     parser.add_argument("--dyn-lr", type=float, default=defaults.dyn_lr)
     parser.add_argument("--context-noise", type=float, default=defaults.context_noise,
                         help="max std of noise on clean context latents (robustness to own errors)")
+    parser.add_argument("--encode-clips", type=int, default=defaults.encode_clips,
+                        help="training clips encoded to latents for the dynamics phase")
     parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints")
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between log lines")
     parser.add_argument("--vae-steps", type=int, default=defaults.vae_steps, help="fixed VAE steps (0: from budget)")
@@ -179,7 +184,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         vae.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         rng.bit_generator.state = st["rng"]
-        prog = Progress(budget_s, args.vae_steps, st["step"], st["elapsed"])
+        prog = Progress(st.get("budget_s", budget_s), args.vae_steps, st["step"], st["elapsed"])
         if st.get("done"):
             vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
             return vae.eval()
@@ -202,9 +207,9 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         bar.update()
         if prog.step % args.ckpt_every == 0:
             _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
-                               **prog.state()})
+                               **prog.state(), "budget_s": prog.budget_s})
     vae.eval()
-    mean, std = latent_stats(vae, clips)
+    mean, std = latent_stats(vae, clips, count=32)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     with torch.no_grad():
         video = to_video_tensor(np.stack([render_clip(held.starts[i], held.actions[i, :16])
@@ -263,7 +268,7 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
         rng.bit_generator.state = st["rng"]
-        prog = Progress(budget_s, args.dyn_steps, st["step"], st["elapsed"])
+        prog = Progress(st.get("budget_s", budget_s), args.dyn_steps, st["step"], st["elapsed"])
         if st.get("done"):
             return ema
     action_dim = t_arch["action_dim"]
@@ -298,7 +303,8 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
 
     def snapshot(done: bool = False) -> None:
         _save(state_path, {"model": tr.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-                           "gen": gen.get_state(), "rng": rng.bit_generator.state, **prog.state(), "done": done})
+                           "gen": gen.get_state(), "rng": rng.bit_generator.state, **prog.state(), "done": done,
+                           "budget_s": prog.budget_s})
 
     tr.train()
     bar = tqdm(desc="dynamics", initial=prog.step, mininterval=5)
@@ -340,6 +346,10 @@ def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
 # --- main --------------------------------------------------------------------------------------
 
 
+def _head(clips: ClipSet, count: int) -> ClipSet:
+    return ClipSet(clips.starts[:count], clips.actions[:count])
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Run (or resume) the whole pipeline; returns the exported checkpoint folder."""
     from worldstep.engine.models.cosmos3.checkpoint import build_tokenizer
@@ -371,16 +381,19 @@ def main(argv: list[str] | None = None) -> Path:
         latents, held_latents = cached["train"], cached["held"]
     else:
         t0 = time.perf_counter()
-        latents, held_latents = encode_clips(vae, clips), encode_clips(vae, held)
+        # encoding costs about a sixth of a VAE training step per frame: encode only the clips the
+        # dynamics phase can use in its budget (the VAE itself trained on all of them)
+        latents = encode_clips(vae, _head(clips, args.encode_clips))
+        held_latents = encode_clips(vae, _head(held, 32))
         _save(latents_path, {"train": latents, "held": held_latents})
         log.write(phase="latents", shape=list(latents.shape), seconds=time.perf_counter() - t0)
 
     # dynamics
     tokenizer = build_tokenizer(int(t_arch["vocab_size"]))
+    # a resumed phase keeps the budget it started with; a phase starting now gets what is left
     remaining = budget - (time.perf_counter() - start) - 90  # keep time for the held-out pass and export
-    if args.resume:
-        remaining = budget * (1 - args.vae_share) - 150
-    transformer = train_dynamics(args, latents, clips.actions, held_latents, held.actions, t_arch, tokenizer, log,
+    transformer = train_dynamics(args, latents, clips.actions[: len(latents)], held_latents,
+                                 held.actions[: len(held_latents)], t_arch, tokenizer, log,
                                  out, max(remaining, 1.0))
 
     # export
