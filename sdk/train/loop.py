@@ -65,7 +65,8 @@ class TrainArgs:
     vae_batch: int = 8
     vae_lr: float = 2e-3
     dyn_batch: int = 16
-    dyn_lr: float = 1e-3
+    dyn_lr: float = 2e-3
+    ema: float = 0.98
     context_noise: float = 0.03
     ckpt_every: int = 20
     encode_clips: int = 384
@@ -95,6 +96,8 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     parser.add_argument("--vae-lr", type=float, default=defaults.vae_lr)
     parser.add_argument("--dyn-batch", type=int, default=defaults.dyn_batch)
     parser.add_argument("--dyn-lr", type=float, default=defaults.dyn_lr)
+    parser.add_argument("--ema", type=float, default=defaults.ema,
+                        help="EMA decay cap of the exported dynamics weights (a CPU budget gives few steps)")
     parser.add_argument("--context-noise", type=float, default=defaults.context_noise,
                         help="max std of noise on clean context latents (robustness to own errors)")
     parser.add_argument("--encode-clips", type=int, default=defaults.encode_clips,
@@ -193,7 +196,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     bar = tqdm(desc="vae", initial=prog.step, mininterval=5)
     while prog.fraction < 1.0:
         for group in opt.param_groups:
-            group["lr"] = cosine_lr(args.vae_lr, prog.fraction, prog.step)
+            group["lr"] = cosine_lr(args.vae_lr, prog.fraction, prog.step, warmup=10)
         loss_t, _ = vae_loss(vae, sample_vae_batch(clips, rng, args.vae_batch, frames))
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
@@ -275,7 +278,7 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
 
     def one(i: int) -> float:
         for group in opt.param_groups:
-            group["lr"] = cosine_lr(args.dyn_lr, prog.fraction, i, warmup=100)
+            group["lr"] = cosine_lr(args.dyn_lr, prog.fraction, i, warmup=20)
         batch = dyn_batch(latents, actions, rng.integers(len(latents), size=args.dyn_batch), action_dim, gen,
                           args.windows)
         ctx = None
@@ -287,7 +290,7 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tr.parameters(), 1.0)
         opt.step()
-        decay = min(0.998, (1 + i) / (10 + i))
+        decay = min(args.ema, (1 + i) / (10 + i))
         with torch.no_grad():
             for pe, p in zip(ema.parameters(), tr.parameters()):
                 pe.lerp_(p, 1 - decay)
