@@ -106,6 +106,12 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
         result = session.step(np.zeros((4, 2), np.float32))
         assert result.frames.shape == (4, 64, 64, 3) and result.frames.dtype == np.uint8
 
+    # a snapshot export of the same run carries the same weights
+    snap = main(["--out", str(out), "--small", "--export-only", str(tmp_path / "snap")])
+    again = Cosmos3WorldModel.from_pretrained(snap, device="cpu", page_size=4, num_pages=64)
+    for a, b in zip(world.transformer.parameters(), again.transformer.parameters()):
+        torch.testing.assert_close(a, b)
+
 
 def test_pusher_config_matches_training_architecture():
     from pathlib import Path

@@ -75,6 +75,7 @@ class TrainArgs:
     dyn_steps: int = 0
     threads: int = 2
     small: bool = False
+    export_only: str | None = None
 
 
 def parse_args(argv: list[str] | None) -> TrainArgs:
@@ -109,6 +110,9 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
                         help="fixed dynamics steps (0: from budget)")
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--small", action="store_true", help="tiny models and data (smoke tests)")
+    parser.add_argument("--export-only", metavar="DIR", default=None,
+                        help="write a checkpoint from --out's latest phase checkpoints (EMA weights) to DIR and exit; "
+                             "safe while the run continues")
     ns = parser.parse_args(argv)
     args = TrainArgs(**{k: getattr(ns, k) for k in asdict(defaults)})
     if args.chunk not in (4, 8):
@@ -349,6 +353,25 @@ def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
 # --- main --------------------------------------------------------------------------------------
 
 
+def export_snapshot(args: TrainArgs, target: Path) -> Path:
+    """Export the finished VAE and the latest dynamics EMA weights of a run (in progress or not)."""
+    from worldstep.engine.models.cosmos3.checkpoint import build_tokenizer
+
+    out = Path(args.out)
+    t_arch, v_arch = architectures(args.small)
+    vae_state = torch.load(out / "vae_state.pt", weights_only=False)
+    if not vae_state.get("done"):
+        raise ValueError(f"{out / 'vae_state.pt'} is not a finished VAE; allowed: a run past its VAE phase")
+    vae = make_vae(v_arch, args.seed)
+    vae.load_state_dict(vae_state["model"])
+    vae.register_to_config(latents_mean=vae_state["config"]["latents_mean"],
+                           latents_std=vae_state["config"]["latents_std"])
+    transformer = make_transformer(t_arch, args.seed + 2)
+    transformer.load_state_dict(torch.load(out / "dyn_state.pt", weights_only=False)["ema"])
+    tokenizer = build_tokenizer(int(t_arch["vocab_size"]))
+    return export_checkpoint(target, transformer.eval(), vae.eval(), tokenizer)
+
+
 def _head(clips: ClipSet, count: int) -> ClipSet:
     return ClipSet(clips.starts[:count], clips.actions[:count])
 
@@ -360,6 +383,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.export_only:
+        return export_snapshot(args, Path(args.export_only))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = RunLog(out / "log.jsonl")
