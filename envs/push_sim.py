@@ -166,6 +166,28 @@ def push_oracle(state: PushState) -> np.ndarray:
     return np.zeros(2, dtype=np.float32)
 
 
+# --- starts ----------------------------------------------------------------------------------------
+
+
+def sample_start(rng: np.random.Generator) -> PushState:
+    """A random start (see `PushSimEnv` Starting State); all randomness from `rng`."""
+    goal = rng.uniform(12, 52, size=2)
+    block = rng.uniform(14, 50, size=2)
+    while np.abs(block - goal).max() < 18:
+        block = rng.uniform(14, 50, size=2)
+    effector = rng.uniform(6, 58, size=2)
+    while (np.abs(effector - block).max() < (EFFECTOR + BLOCK) / 2 + 1
+           or np.abs(effector - goal).max() < (EFFECTOR + GOAL) / 2 + 1):  # keeps the first frame's ring whole
+        effector = rng.uniform(6, 58, size=2)
+    return PushState(effector, block, goal)
+
+
+def first_frame(rng: np.random.Generator) -> np.ndarray:
+    """The first frame of a random episode: what a pusher world-model env should reset to
+    (`WorldModelEnv` draws a generic tabletop unless given an image)."""
+    return render_state(sample_start(rng))
+
+
 # --- env -------------------------------------------------------------------------------------------
 
 
@@ -238,18 +260,6 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.state: PushState | None = None
         self._last_frame: np.ndarray | None = None
 
-    def _sample_start(self) -> PushState:
-        rng = self.np_random
-        goal = rng.uniform(12, 52, size=2)
-        block = rng.uniform(14, 50, size=2)
-        while np.abs(block - goal).max() < 18:
-            block = rng.uniform(14, 50, size=2)
-        effector = rng.uniform(6, 58, size=2)
-        while (np.abs(effector - block).max() < (EFFECTOR + BLOCK) / 2 + 1
-               or np.abs(effector - goal).max() < (EFFECTOR + GOAL) / 2 + 1):  # keeps the first frame's ring whole
-            effector = rng.uniform(6, 58, size=2)
-        return PushState(effector, block, goal)
-
     def _info(self, states: list[PushState]) -> dict[str, Any]:
         last = states[-1]
         return {
@@ -260,7 +270,7 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        self.state = self._sample_start()
+        self.state = sample_start(self.np_random)
         self._last_frame = render_state(self.state)
         frames = np.repeat(self._last_frame[None], self.chunk_size, axis=0)
         return {"frames": frames}, self._info([self.state] * self.chunk_size)

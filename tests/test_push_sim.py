@@ -122,3 +122,11 @@ def test_oracle_solves_most_episodes():
                 wins += 1
                 break
     assert wins >= 6
+
+
+def test_first_frame_is_the_reset_frame():
+    from worldstep.envs.push_sim import first_frame
+
+    env = PushSimEnv()
+    obs, _ = env.reset(seed=11)
+    assert np.array_equal(first_frame(np.random.default_rng(11)), obs["frames"][0])
