@@ -41,8 +41,8 @@ def _rollout_rows(doc: Doc, table: Table) -> None:
         table.add(f"KV pages in use, window {s} / {n}", f"{scan['pages_at_span']} / {scan['pages_last']}", "flat")
     pipe = r.get("pipelined")
     if pipe:
-        table.add(f"open-loop rollout, pipelined / sequential ({pipe['arch']}, {pipe['windows']} windows)",
-                  f"{_x(pipe['speedup'])} faster, frames equal: {format_cell(pipe['frames_equal'])}", "–")
+        table.add(f"open-loop rollout speed, pipelined / sequential ({pipe['arch']}, {pipe['windows']} windows)",
+                  f"{_x(pipe['speedup'])}, frames bit-equal: {format_cell(pipe['frames_equal'])}", "–")
 
 
 def _vector_rows(doc: Doc, table: Table) -> None:
@@ -56,8 +56,9 @@ def _soak_rows(doc: Doc, table: Table) -> None:
     f = doc["results"]
     table.add(f"soak {f['windows']} windows: KV pages after context full", f"{f['pages_min_after_full']}.."
               f"{f['pages_max_after_full']}", "flat")
-    table.add(f"soak: RSS growth, window {f['rss_from_window']} to {f['windows']}", f"{f['rss_growth_pct']:.2f}%",
-              "< 5%")
+    block = f.get("rss_block_windows", 1)
+    table.add(f"soak: RSS growth, median of the last {block} windows / of {block} from window "
+              f"{f['rss_from_window']}", f"{f['rss_growth_pct']:.2f}%", "< 5%")
 
 
 def _decode_rows(doc: Doc, table: Table) -> None:
