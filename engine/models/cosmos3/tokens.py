@@ -37,16 +37,18 @@ def timestep_embedding(transformer, timestep: float, device, dtype) -> torch.Ten
 
 @torch.no_grad()
 def embed_vision(
-    transformer, latents: torch.Tensor, noisy_from: int, timestep: float | None
+    transformer, latents: torch.Tensor, noisy_from: int, timestep: float | None, temb: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Embed `[C, T, h, w]` latents; frames `noisy_from..T-1` get the timestep embedding when one is given."""
+    """Embed `[C, T, h, w]` latents; frames `noisy_from..T-1` get the timestep embedding when one is given
+    (`temb` `[1, hidden]` lets a batch compute it once per step)."""
     patch = transformer.config.latent_patch_size
     weight = transformer.proj_in.weight
     tokens = transformer.proj_in(patchify(latents.to(weight.dtype), patch))  # [T*hw, hidden]
     if timestep is not None:
-        per_frame = tokens.shape[0] // latents.shape[1]
-        start = noisy_from * per_frame
-        tokens[start:] = tokens[start:] + timestep_embedding(transformer, timestep, tokens.device, tokens.dtype)
+        if temb is None:
+            temb = timestep_embedding(transformer, timestep, tokens.device, tokens.dtype)
+        start = noisy_from * (tokens.shape[0] // latents.shape[1])
+        tokens[start:] = tokens[start:] + temb
     return tokens
 
 

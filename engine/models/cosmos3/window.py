@@ -19,7 +19,7 @@ from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
 from .session import RolloutSession, SessionClosedError
 from .spec import PhaseTimings, WindowResult
-from .tokens import embed_actions, embed_vision, project_out, unpatchify
+from .tokens import embed_actions, embed_vision, project_out, timestep_embedding, unpatchify
 
 
 @dataclass
@@ -65,9 +65,10 @@ def _row_rotary(model, job: _Job, label: str) -> tuple[torch.Tensor, torch.Tenso
 
 def _hidden(model, jobs: list[_Job], timestep: float | None) -> torch.Tensor:
     rows = []
+    temb = None if timestep is None else timestep_embedding(model.transformer, timestep, model.device, model.dtype)
     for job in jobs:
         noisy_from = job.clean if timestep is not None else job.latents.shape[1]
-        vision = embed_vision(model.transformer, job.latents, noisy_from, timestep)
+        vision = embed_vision(model.transformer, job.latents, noisy_from, timestep, temb)
         row = torch.cat([vision, job.action_tokens], dim=0)  # [N_row, hidden]
         rows.extend([row] * len(job.session.labels))
     return torch.cat(rows, dim=0)
