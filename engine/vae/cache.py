@@ -1,0 +1,80 @@
+"""The Wan decoder's causal-conv cache: one slot per `WanCausalConv3d`, owned by one stream.
+
+diffusers' decoder reads and writes a plain list `feat_cache` (one slot per causal conv, in call
+order). A slot is `None` before the conv has run, the string ``"Rep"`` for an `upsample3d`
+time-conv after latent 0 (latent 0 is not doubled in time), or a tensor holding the last time steps
+the conv saw. diffusers replaces slots and never edits a stored tensor in place, and so does this
+package; a shallow copy of the list is therefore a valid snapshot (fork, batching).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+from torch import nn
+
+Slot = torch.Tensor | str | None
+REP = "Rep"  # diffusers' marker: the upsample3d time-conv has seen latent 0 only
+
+
+def count_slots(decoder: nn.Module) -> int:
+    """Number of cache slots `decoder.forward` indexes (one per causal conv, in any layout copy)."""
+    return sum(isinstance(m, WanCausalConv3d) for m in decoder.modules())
+
+
+def empty_cache(num_slots: int) -> list[Slot]:
+    return [None] * num_slots
+
+
+def slot_tensors(slots: list[Slot]) -> Iterator[torch.Tensor]:
+    """The tensors of a cache, skipping `None` and `"Rep"` slots."""
+    return (s for s in slots if isinstance(s, torch.Tensor))
+
+
+def cache_nbytes(slots: list[Slot] | None) -> int:
+    return 0 if slots is None else sum(t.nbytes for t in slot_tensors(slots))
+
+
+def owns_storage(t: torch.Tensor) -> bool:
+    """True when `t` is not a view pinning a larger buffer (its storage is exactly its bytes)."""
+    return t.untyped_storage().nbytes() == t.nbytes
+
+
+def compact(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when it owns its storage, else an owning copy (same memory format when dense)."""
+    return t if owns_storage(t) else t.clone()
+
+
+def compact_slots(slots: list[Slot]) -> None:
+    """Replace every slot that is a view of a larger activation by a compact copy."""
+    for i, s in enumerate(slots):
+        if isinstance(s, torch.Tensor):
+            slots[i] = compact(s)
+
+
+def signature(slots: list[Slot] | None) -> tuple:
+    """What must agree for two caches to run in one batched call: each slot's kind and shape."""
+    if slots is None:
+        return ("cold",)
+    return tuple(s if not isinstance(s, torch.Tensor) else tuple(s.shape[1:]) for s in slots)
+
+
+def stack_caches(caches: list[list[Slot]]) -> list[Slot]:
+    """Concatenate same-signature caches along the batch dimension (markers pass through)."""
+    stacked: list[Slot] = []
+    for column in zip(*caches):
+        first = column[0]
+        stacked.append(torch.cat(column, dim=0) if isinstance(first, torch.Tensor) else first)
+    return stacked
+
+
+def split_cache(slots: list[Slot], sizes: list[int]) -> list[list[Slot]]:
+    """Undo `stack_caches`: one compact cache per stream of the given batch sizes."""
+    caches: list[list[Slot]] = [[] for _ in sizes]
+    for s in slots:
+        parts = s.split(sizes, dim=0) if isinstance(s, torch.Tensor) else [s] * len(sizes)
+        for cache, part in zip(caches, parts):
+            cache.append(compact(part) if isinstance(part, torch.Tensor) else part)
+    return caches

@@ -1,0 +1,89 @@
+"""The warm streaming decoder's knobs, validated before any work starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+_SWITCHES = ("warm_cache", "channels_last", "cudnn_benchmark")
+_COUNTS = {  # key -> (lowest allowed value, what the value means)
+    "latents_per_call": (0, "latents per steady decoder call; 0 = a whole window per call"),
+    "max_warm_streams": (0, "warm caches per decoder; 0 = no cap"),
+    "context_latents": (1, "latents re-decoded ahead of a window that has no warm cache"),
+}
+
+
+class DecoderOptions(BaseModel):
+    """Switches of `WarmWanDecoder`; YAML keys of the same names.
+
+    Attributes:
+        warm_cache: keep each stream's causal-conv cache so a window decodes only its new latents
+            (exact vs one whole-stream decode). Off: every window re-decodes `context_latents` of
+            context from an empty cache (an approximation, ~(K + w) / w slower).
+        latents_per_call: latents per decoder call on steady windows. 1 issues exactly
+            `vae.decode`'s calls (bit-exact, smallest transient peak). 0 decodes a whole window per
+            call: equal within rounding (~1e-6) for a transient peak that grows with the window.
+            A stream's first window (fresh or re-decoded behind its context) always runs one
+            latent per call, whatever this says. Check it against the window with
+            `validate_for_window`.
+        channels_last: run the decoder on a channels-last copy of its weights and activations
+            (the shared VAE keeps its layout; the copy doubles the decoder's weight memory). No
+            gain on CPU.
+        cudnn_benchmark: set `torch.backends.cudnn.benchmark` around each decode only, restored
+            afterwards (also when the decode raises). The flag is process-global: concurrent
+            decodes from several threads see each other's setting while they overlap.
+        max_warm_streams: warm caches per decoder (0 = no cap). A stream that starts its first
+            window while the cap is reached stays stateless for its whole life. The cap counts
+            streams, not bytes: size it from `cache_bytes` at the served resolution and dtype.
+        context_latents: latents a stream retains and re-decodes ahead of a window that has no
+            warm cache (stateless streams, or a warm stream whose cache was dropped by a failed
+            decode). At least 1: a later window's first latent needs a predecessor to yield its 4
+            frames.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    warm_cache: bool = True
+    latents_per_call: int = 1
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
+    max_warm_streams: int = 0
+    context_latents: int = 8
+
+    @field_validator(*_SWITCHES, mode="before")
+    @classmethod
+    def _real_boolean(cls, value: Any, info) -> Any:
+        # A YAML string "false" is truthy: refuse it instead of reading it as True.
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"{info.field_name} must be a boolean (true or false), got {value!r} ({type(value).__name__})"
+            )
+        return value
+
+    @field_validator(*_COUNTS, mode="before")
+    @classmethod
+    def _count_in_range(cls, value: Any, info) -> Any:
+        lowest, meaning = _COUNTS[info.field_name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ValueError(
+                f"{info.field_name} must be an integer >= {lowest} ({meaning}), "
+                f"got {value!r} ({type(value).__name__})"
+            )
+        return value
+
+    def validate_for_window(self, latents_per_window: int) -> None:
+        """Raise ValueError when `latents_per_call` exceeds a window's latent frames.
+
+        Args:
+            latents_per_window: latent frames of a full (not the short last) window.
+        """
+        if isinstance(latents_per_window, bool) or not isinstance(latents_per_window, int):
+            raise ValueError(f"latents_per_window must be an integer >= 1, got {latents_per_window!r}")
+        if latents_per_window < 1:
+            raise ValueError(f"latents_per_window must be an integer >= 1, got {latents_per_window}")
+        if self.latents_per_call > latents_per_window:
+            raise ValueError(
+                f"latents_per_call = {self.latents_per_call} is larger than a window's "
+                f"{latents_per_window} latents; allowed 0..{latents_per_window} (0 = a whole window per call)"
+            )

@@ -1,0 +1,99 @@
+"""Tiny random Wan VAEs and independent references (diffusers only) for the engine/vae tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKLWan
+from diffusers.video_processor import VideoProcessor
+
+Z_DIM = 4
+MEAN = [0.3, -0.7, 1.1, 0.05]
+STD = [1.7, 0.6, 2.3, 0.9]
+
+
+def tiny_wan22(seed: int = 0) -> AutoencoderKLWan:
+    """Wan 2.2 family: residual blocks, patch 2, 16x spatial. A 2x2 latent grid is 32x32 px."""
+    torch.manual_seed(seed)
+    return AutoencoderKLWan(
+        base_dim=8, decoder_base_dim=8, z_dim=Z_DIM, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
+        patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4, latents_mean=MEAN, latents_std=STD,
+    ).eval()
+
+
+def tiny_wan21(seed: int = 0) -> AutoencoderKLWan:
+    """Wan 2.1 family: no patching, 8x spatial. A 4x4 latent grid is 32x32 px."""
+    torch.manual_seed(seed)
+    return AutoencoderKLWan(
+        base_dim=8, z_dim=Z_DIM, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True], latents_mean=MEAN, latents_std=STD,
+    ).eval()
+
+
+FAMILIES = {"wan22": (tiny_wan22, (2, 2)), "wan21": (tiny_wan21, (4, 4))}
+
+
+def random_latents(t: int, grid: tuple[int, int], seed: int = 0, batch: int = 1) -> torch.Tensor:
+    """Normalised (model-space) latents `[B, Z_DIM, t, h, w]`."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, Z_DIM, t, *grid, generator=g)
+
+
+def raw_latents(vae: AutoencoderKLWan, z: torch.Tensor) -> torch.Tensor:
+    """The Cosmos3 pipeline's de-normalisation, written out here independently of engine/vae."""
+    mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, -1, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, -1, 1, 1, 1)
+    return z / inv_std + mean
+
+
+def whole_pixels(vae: AutoencoderKLWan, z: torch.Tensor) -> torch.Tensor:
+    """`vae.decode` of the whole (normalised) stream: `[B, 3, T, H, W]` in [-1, 1]."""
+    with torch.no_grad():
+        return vae.decode(raw_latents(vae, z)).sample
+
+
+def diffusers_frames(pixels: torch.Tensor) -> np.ndarray:
+    """uint8 `[T, H, W, 3]` of one video through diffusers' VideoProcessor (PIL output path)."""
+    pil = VideoProcessor(vae_scale_factor=8).postprocess_video(pixels, output_type="pil")[0]
+    return np.stack([np.asarray(im) for im in pil])
+
+
+def stateless_pixels(vae: AutoencoderKLWan, z: torch.Tensor, start: int, w: int, k: int) -> torch.Tensor:
+    """The stateless baseline for the window `[start, start + w)`: `vae.decode` of up to `k`
+    latents of context plus the window from scratch, keeping only the window's frames."""
+    lo = max(0, start - k)
+    pixels = whole_pixels(vae, z[:, :, lo : start + w])
+    return pixels if start == 0 else pixels[:, :, -4 * w :]
+
+
+def decode_windows(decoder, stream, z: torch.Tensor, pattern: list[int], start: int = 0) -> list[torch.Tensor]:
+    """Decode `z[:, :, start:]` window by window (pixels), returning each window's pixels."""
+    out = []
+    for w in pattern:
+        out.append(decoder.decode_pixels(stream, z[:, :, start : start + w]))
+        start += w
+    return out
+
+
+class CallRecorder:
+    """Forward pre-hook on a decoder: records (batch, latents, first_chunk) of every call and can
+    raise on a chosen call to inject a failure mid-window."""
+
+    def __init__(self, module: torch.nn.Module, fail_on: int | None = None, fail_if_first_chunk: bool = False):
+        self.calls: list[tuple[int, int, bool]] = []
+        self.fail_on = fail_on
+        self.fail_if_first_chunk = fail_if_first_chunk
+        self._handle = module.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        x = args[0]
+        first = bool(kwargs.get("first_chunk", False))
+        self.calls.append((x.shape[0], x.shape[2], first))
+        if self.fail_on is not None and len(self.calls) == self.fail_on:
+            raise RuntimeError("injected decoder failure")
+        if self.fail_if_first_chunk and first:
+            raise RuntimeError("injected decoder failure on a first chunk")
+
+    def remove(self) -> None:
+        self._handle.remove()
