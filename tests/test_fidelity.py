@@ -78,7 +78,8 @@ def test_small_budget_report(tmp_path):
     saved = json.loads((tmp_path / "report.json").read_text())
     kv = saved["open_loop"]["scores"]["kv"]
     assert len(kv["psnr_db"]) == 2 and len(kv["ssim"]) == 2
-    assert set(saved["open_loop"]["scores"]) == {"kv", "chained", "kv_shuffled_actions", "copy_first_frame"}
+    assert set(saved["open_loop"]["scores"]) == {"kv", "chained", "kv_shuffled_actions", "copy_first_frame",
+                                                     "vae_reconstruction_ceiling"}
     assert len(saved["policy_ranking"]["sim_success"]) == 7
     for name in ("psnr.png", "ssim.png", "object_error.png", "policy_success.png", "rollouts_sim_kv_chained.mp4"):
         assert (tmp_path / name).stat().st_size > 0

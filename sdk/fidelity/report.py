@@ -111,11 +111,24 @@ def _run_task(path: str, threads: int, settings: RolloutSettings, task: tuple) -
         if task[0] == "open_loop":
             _, mode, first, actions, seed = task
             return open_loop(world, first, actions, settings, mode, seed)
+        if task[0] == "vae":
+            return _reconstruct(world.vae, task[1])
         _, ids, seeds, max_windows = task
         policies = [graded_policies(settings.chunk_size)[i] for i in ids]
         return model_episodes(world, policies, seeds, max_windows, settings, policy_ids=ids)
     finally:
         world.close()
+
+
+@torch.no_grad()
+def _reconstruct(vae, frames: np.ndarray) -> np.ndarray:
+    """VAE round trip of whole clips `[N, 1 + T, H, W, 3]` -> frames 1..T: the ceiling of any rollout."""
+    out = []
+    for clip in frames:
+        x = torch.from_numpy(clip).float().div(127.5).sub(1).permute(3, 0, 1, 2)[None]  # [1, 3, T, H, W]
+        y = vae.decode(vae.encode(x).latent_dist.mean).sample[0].clamp(-1, 1)  # [3, T, H, W]
+        out.append(((y.permute(1, 2, 3, 0).numpy() + 1) * 127.5).round().astype(np.uint8)[1:])
+    return np.stack(out)
 
 
 def _run_tasks(path: Path, args: FidelityArgs, settings: RolloutSettings, tasks: list[tuple]) -> list[Any]:
@@ -170,10 +183,12 @@ def _held_out(settings: RolloutSettings, args: FidelityArgs):
     return np.stack(first), np.stack(truth), np.stack(states), clips.actions
 
 
-def _open_loop_tasks(first: np.ndarray, actions: np.ndarray, seed: int) -> list[tuple]:
+def _open_loop_tasks(held: tuple, seed: int) -> list[tuple]:
+    first, truth, _, actions = held
     shuffled = np.roll(actions, 1, axis=0)  # each clip gets another clip's actions
     return [("open_loop", "kv", first, actions, seed), ("open_loop", "chained", first, actions, seed),
-            ("open_loop", "kv", first, shuffled, seed)]
+            ("open_loop", "kv", first, shuffled, seed),
+            ("vae", np.concatenate([first[:, None], truth], axis=1))]
 
 
 def _open_loop(outputs: list[np.ndarray], held: tuple, settings: RolloutSettings,
@@ -183,6 +198,7 @@ def _open_loop(outputs: list[np.ndarray], held: tuple, settings: RolloutSettings
     preds = {
         "kv": outputs[0], "chained": outputs[1], "kv_shuffled_actions": outputs[2],
         "copy_first_frame": np.repeat(first_a[:, None], truth_a.shape[1], axis=1),
+        "vae_reconstruction_ceiling": outputs[3],
     }
     scores = {name: _score(pred, truth_a, states_a, chunk) for name, pred in preds.items()}
     true_p = np.array(scores["kv"]["psnr_per_clip"])
@@ -268,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     path, settings = _resolve(args, out)
     held = _held_out(settings, args)
-    open_tasks = _open_loop_tasks(held[0], held[3], args.seed)
+    open_tasks = _open_loop_tasks(held, args.seed)
     episode_tasks = _episode_tasks(args, len(graded_policies()), max(1, args.workers - 1))
     outputs = _run_tasks(path, args, settings, open_tasks + episode_tasks)
     summary, videos = _open_loop(outputs[: len(open_tasks)], held, settings, args)
