@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from worldstep.engine.models.cosmos3.validation import check_prompt as engine_check_prompt
 
 MIN_IMAGE_SIZE = 16
 
@@ -27,9 +28,8 @@ def check_int(field: str, value: Any, low: int, high: int | None = None) -> int:
 
 
 def check_prompt(field: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{field}={value!r} is invalid; allowed: a non-empty string")
-    return value
+    """A non-empty string within the engine's length limit (the engine's own check, run up front)."""
+    return engine_check_prompt(value, field)
 
 
 def check_image(field: str, value: Any) -> np.ndarray:
