@@ -224,6 +224,22 @@ def _unavailable(name: str) -> int:
     return 2
 
 
+# --- train and fidelity (their own argument parsers) ---------------------------------------------
+
+
+PASSTHROUGH = {"train": "worldstep.train", "fidelity": "worldstep.fidelity"}
+
+
+def _add_passthrough(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
+    """Listed in `worldstep --help`; `main` hands the rest of the line to the module's own parser."""
+    sub.add_parser(name, help=help_text, add_help=False)
+
+
+def _run_module(module: str, argv: list[str]) -> int:
+    importlib.import_module(module).main(argv)
+    return 0
+
+
 # --- parser ---------------------------------------------------------------------------------------
 
 
@@ -272,10 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     _add_bench(sub)
+    _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
+    _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return _run_module(PASSTHROUGH[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
