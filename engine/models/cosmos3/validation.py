@@ -22,12 +22,11 @@ def check_domain_id(domain_id, num_domains: int) -> int:
 
 
 def check_prompt(prompt, field: str = "prompt", allow_empty: bool = False) -> str:
-    if not isinstance(prompt, str):
-        raise ValueError(f"{field}={prompt!r} ({type(prompt).__name__}) is invalid; allowed: a string")
-    if not allow_empty and not prompt.strip():
-        raise ValueError(f"{field}={prompt!r} is empty; allowed: a non-empty string of at most {MAX_PROMPT_CHARS} chars")
+    allowed = f"{'a' if allow_empty else 'a non-empty'} string of at most {MAX_PROMPT_CHARS} characters"
+    if not isinstance(prompt, str) or (not allow_empty and not prompt.strip()):
+        raise ValueError(f"{field}={prompt!r} is invalid; allowed: {allowed}")
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"{field} has {len(prompt)} chars; allowed: at most {MAX_PROMPT_CHARS}")
+        raise ValueError(f"{field} of {len(prompt)} characters is invalid; allowed: {allowed}")
     return prompt
 
 
