@@ -47,7 +47,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 @torch.no_grad()
 def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`text_kv` for inference (no autograd graph)."""
+    return text_kv(transformer, input_ids)
+
+
+def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the understanding pathway over a prompt; return the K/V generation queries see.
+
+    Differentiable, so training uses the same code as the rollout (`prefill_text` wraps it in no_grad).
 
     Args:
         input_ids: `[L]` token ids.
