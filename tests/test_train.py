@@ -125,3 +125,27 @@ def test_pusher_config_matches_training_architecture():
     assert arch["transformer"] == {k: v for k, v in TRANSFORMER_ARCH.items() if k != "dtype"}
     assert arch["vae"] == VAE_ARCH
     assert config["rollout"]["chunk_size"] == 4 and config["rollout"]["context_frames"] == 4
+
+
+def test_shipped_pusher_checkpoint_follows_actions():
+    """The embedded `pusher` weights load from package data and move the effector the way actions say."""
+    from pathlib import Path
+
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
+    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
+    from worldstep.envs.push_sim import PushSimEnv, detect_objects
+
+    path = Path(__file__).parents[1] / "configs" / "models" / "pusher"
+    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=512)
+    meta = json.loads((path / "worldstep.json").read_text())
+    obs, info = PushSimEnv().reset(seed=3)
+    moved = []
+    for direction in (1.0, -1.0):
+        session = world.open_session(obs["frames"][0], meta["prompt"], meta["domain_id"],
+                                     knobs=RolloutKnobs(context_frames=4), generator=torch.Generator().manual_seed(0))
+        actions = np.zeros((4, 2), np.float32)
+        actions[:, 0] = direction
+        frames = session.step(actions).frames
+        moved.append(detect_objects(frames[-1])["effector"][0] - info["effector"][0])
+        session.close()
+    assert moved[0] > 4 and moved[1] < -4  # 4 steps of 3 px: about +-12 px in the simulator
