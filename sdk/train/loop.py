@@ -69,7 +69,7 @@ class TrainArgs:
     ema: float = 0.98
     context_noise: float = 0.03
     ckpt_every: int = 20
-    encode_clips: int = 384
+    encode_clips: int = 1024
     log_every: int = 10
     vae_steps: int = 0
     dyn_steps: int = 0
