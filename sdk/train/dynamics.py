@@ -22,10 +22,13 @@ import torch.nn.functional as F
 from worldstep.engine.models.cosmos3.layout import (
     action_positions,
     media_offset,
-    text_positions,
     vision_positions,
 )
-from worldstep.engine.models.cosmos3.runner import apply_rotary, rotary
+from worldstep.engine.models.cosmos3.runner import (  # the rollout's prefill maths
+    apply_rotary,
+    rotary,
+    text_kv,
+)
 from worldstep.engine.models.cosmos3.tokens import patchify, unpatchify
 
 
@@ -92,37 +95,13 @@ class ClipLayout:
         return torch.cat(out, dim=1)
 
 
-# Copied from worldstep.engine.models.cosmos3.runner.prefill_text, with gradients.
-def text_kv(transformer, input_ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-layer text K (normed for generation, rotated) and V, each `[L, kv_heads, head_dim]`."""
-    hidden = transformer.embed_tokens(input_ids)  # [L, hidden]
-    cos, sin = rotary(transformer, text_positions(input_ids.shape[0]), hidden.dtype)
-    keys, values = [], []
-    for layer in transformer.layers:
-        attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        q = attn.norm_q(attn.to_q(x).view(-1, attn.num_attention_heads, attn.head_dim))  # [L, H, D]
-        k = attn.norm_k(attn.to_k(x).view(-1, attn.num_key_value_heads, attn.head_dim))  # [L, Hkv, D]
-        v = attn.to_v(x).view(-1, attn.num_key_value_heads, attn.head_dim)  # [L, Hkv, D]
-        k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys.append(apply_rotary(k_for_gen, cos, sin))
-        values.append(v)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
-        )  # [H, L, D]
-        hidden = hidden + attn.to_out(out.transpose(0, 1).flatten(-2))
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return keys, values
-
-
 def timestep_embed(transformer, timesteps: torch.Tensor) -> torch.Tensor:
     """`[M]` timesteps (0..1000) -> `[M, hidden]`, with the model's `timestep_scale`."""
     t = timesteps * transformer.config.timestep_scale
     return transformer.time_embedder(transformer.time_proj(t).to(transformer.proj_in.weight.dtype))
 
 
-def gen_layers(transformer, hidden: torch.Tensor, text_k: list, text_v: list, cos: torch.Tensor,
+def gen_layers(transformer, hidden: torch.Tensor, text_k: torch.Tensor, text_v: torch.Tensor, cos: torch.Tensor,
                sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Generation layers over `[B, N, hidden]` tokens; gen queries see `[text | gen]` under `mask` `[N, N]`.
 
