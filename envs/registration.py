@@ -14,6 +14,7 @@ from gymnasium.envs.registration import register, registry
 ENV_IDS = {
     "worldstep/Tiny-v0": ("tiny", 32),
     "worldstep/Cosmos3Edge-v0": ("cosmos3_edge", 64),
+    "worldstep/Pusher-v0": ("pusher", 16),  # trained on PushSim-v0; reset with options={"image": first_frame(rng)}
 }
 
 
@@ -29,3 +30,6 @@ def register_envs() -> None:
             max_episode_steps=max_steps,
             kwargs={"model": config},
         )
+    if "worldstep/PushSim-v0" not in registry:  # the ground-truth simulator the pusher model was trained on
+        register(id="worldstep/PushSim-v0", entry_point="worldstep.envs.push_sim:PushSimEnv", max_episode_steps=16,
+                 kwargs={"chunk_size": 4})

@@ -303,7 +303,7 @@ def _section_of(key: str) -> str:
     raise ConfigError(f"{key}: unknown key (allowed keys: {', '.join(_SECTIONS)}, {', '.join(allowed)})")
 
 
-CONFIG_NAMES = ("tiny", "cosmos3_edge")
+CONFIG_NAMES = ("tiny", "cosmos3_edge", "pusher")
 """Configs shipped as package data (``worldstep.configs``)."""
 
 

@@ -107,9 +107,22 @@ def load(model: str | os.PathLike | WorldstepConfig | World = "tiny", device: st
     return World(model=_load_model(config), config=config)
 
 
+def embedded_checkpoint(name: str, architecture: dict) -> Path:
+    """Trained weights shipped as package data (`worldstep/configs/models/NAME/`, e.g. `pusher`) when
+    present; otherwise a random-weight checkpoint built once from `architecture` (e.g. `tiny`)."""
+    from importlib.resources import files
+
+    from worldstep.engine.models.cosmos3 import ensure_embedded_checkpoint
+
+    shipped = Path(str(files("worldstep.configs") / "models" / name))
+    if (shipped / "model_index.json").is_file():
+        return shipped
+    return ensure_embedded_checkpoint(name, architecture)
+
+
 def _load_model(config: WorldstepConfig):
     import torch
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, ensure_embedded_checkpoint
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
 
     m = config.model
     device = ("cuda" if torch.cuda.is_available() else "cpu") if m.device == "auto" else m.device
@@ -118,7 +131,7 @@ def _load_model(config: WorldstepConfig):
     model = _LOADED.get(key)
     if model is not None:
         return model
-    path = m.checkpoint if m.embedded_name is None else ensure_embedded_checkpoint(m.embedded_name, m.architecture)
+    path = m.checkpoint if m.embedded_name is None else embedded_checkpoint(m.embedded_name, m.architecture)
     model = Cosmos3WorldModel.from_pretrained(
         path, device=device, dtype=None if m.dtype is None else getattr(torch, m.dtype),
         num_pages=config.cache.num_pages, page_size=config.cache.page_size,
