@@ -56,6 +56,7 @@ def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, c
                                  generator=torch.Generator().manual_seed(7))
     got = session.step(actions).latents
     diff = (got - expected[:, 1:]).abs().max().item()
+    print(f"guidance {guidance} chunk {chunk}: max |worldstep - diffusers| = {diff:.2e}")  # shown with -s
     assert diff <= 1e-4, diff
     assert got.abs().max() > 0.1  # a real signal, not zeros
     session.close()
@@ -82,6 +83,8 @@ def test_multi_window_kv_matches_dense_reference(checkpoint, context_frames):
         model, ids, session.first_latent, actions, 3, num_steps=3, context_frames=context_frames,
         generator=torch.Generator().manual_seed(11),
     )
+    worst = max((a - b).abs().max().item() for a, b in zip(got, expected))
+    print(f"context {context_frames}: max |paged - dense| over 6 windows = {worst:.2e}")  # shown with -s
     for window, (a, b) in enumerate(zip(got, expected)):
         assert (a - b).abs().max().item() <= 1e-5, (window, (a - b).abs().max().item())
     assert stats.released_tokens == stream.released
