@@ -16,8 +16,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
 demo: $(VENV)/.installed
-	$(VENV)/bin/worldstep rollout --env worldstep/Tiny-v0 --policy sine --windows 8 --out rollout.mp4
+	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 12 --truth --out rollout.mp4
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests

@@ -291,6 +291,13 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         # truncation=False as the time limit is handled by the `TimeLimit` wrapper added during `make`
         return {"frames": np.stack(frames)}, float(terminated), terminated, False, self._info(states)
 
+    @staticmethod
+    def success_from_frames(first_frame: np.ndarray, frames: np.ndarray) -> bool:
+        """`frame_success` on any of `frames` with the goal seen in the episode's `first_frame`: the pixel
+        judge that scores simulator and world-model episodes alike."""
+        goal = detect_objects(first_frame)["goal"]
+        return any(frame_success(f, goal) for f in frames)
+
     def render(self) -> np.ndarray | None:
         if self.render_mode == "rgb_array":
             return None if self._last_frame is None else self._last_frame.copy()

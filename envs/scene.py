@@ -19,3 +19,40 @@ def draw_tabletop(height: int, width: int, rng: np.random.Generator) -> np.ndarr
         left = int(rng.integers(0, width - size))
         frame[top : top + size, left : left + size] = colour
     return frame.astype(np.uint8)
+
+
+class SimulatorScene:
+    """First frames from the ground-truth simulator a model was trained on.
+
+    ``scene(seed, rng)`` resets the simulator (a gymnasium id whose observation is ``{"frames": ...}``) with
+    ``seed``, or with a seed drawn from ``rng`` when ``seed`` is None, and returns its first frame; so a
+    world-model env reset with seed ``s`` starts exactly where ``gym.make(env_id).reset(seed=s)`` starts,
+    and the same actions can be replayed in both. The simulator is made on first use and kept.
+    """
+
+    def __init__(self, env_id: str) -> None:
+        from gymnasium.envs.registration import registry
+
+        if not isinstance(env_id, str) or env_id not in registry:
+            raise ValueError(f"simulator={env_id!r} is invalid; allowed: a registered gymnasium id "
+                             f"(e.g. 'worldstep/PushSim-v0')")
+        self.env_id = env_id
+        self._env = None
+
+    def __call__(self, seed: int | None, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+        """(first frame, the simulator seed that reproduces it)."""
+        import gymnasium as gym
+
+        if self._env is None:
+            self._env = gym.make(self.env_id, disable_env_checker=True).unwrapped
+        seed = int(rng.integers(2**31)) if seed is None else int(seed)
+        obs, _ = self._env.reset(seed=seed)
+        if not isinstance(obs, dict) or "frames" not in obs:
+            raise ValueError(f"simulator={self.env_id!r} is invalid; allowed: an env whose observation is "
+                             f"{{'frames': (chunk, H, W, 3) uint8}}")
+        return np.asarray(obs["frames"][0]), seed
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None

@@ -15,7 +15,7 @@ from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import RolloutKnobs
 
 from .checks import check_actions, check_callable, check_image, check_int, check_prompt
-from .scene import draw_tabletop
+from .scene import SimulatorScene, draw_tabletop
 
 RESET_OPTION_KEYS = ("image", "prompt", "domain_id")
 
@@ -74,8 +74,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     ## Starting State
 
-    The first frame is ``options["image"]`` of ``reset``, else the constructor's ``image``, else a
-    tabletop scene (a blue block and a red end-effector) drawn from ``self.np_random``. The diffusion
+    The first frame is ``options["image"]`` of ``reset``, else the constructor's ``image``, else the first
+    frame of ``simulator`` reset with the same seed (``info["scene_seed"]``), else a tabletop scene (a blue
+    block and a red end-effector) drawn from ``self.np_random``. The diffusion
     noise of every window comes from a ``torch.Generator`` seeded from ``self.np_random`` at reset, so
     the same seed and the same actions give the same frames.
 
@@ -96,6 +97,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
       is missing or None takes its default; unknown option keys are ignored).
     - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``).
+    - ``simulator``: gymnasium id of the ground-truth simulator the model was trained on (e.g.
+      ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed.
     - ``reward_fn``, ``success_fn``: see Rewards and Episode End.
     - ``render_mode``: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
 
@@ -123,6 +126,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         domain_id: int = 0,
         image: np.ndarray | None = None,
         action_width: int | None = None,
+        simulator: str | None = None,
         reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
         success_fn: Callable[[np.ndarray], bool] | None = None,
         render_mode: str | None = None,
@@ -143,6 +147,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.image = None if image is None else check_image("image", image)
         width = spec.action_dim if action_width is None else action_width
         self.action_width = check_int("action_width", width, 1, spec.action_dim + 1)
+        self.simulator = simulator
+        self._scene = None if simulator is None else SimulatorScene(simulator)
         self.reward_fn = check_callable("reward_fn", reward_fn)
         self.success_fn = check_callable("success_fn", success_fn)
         self.render_mode = render_mode
@@ -163,7 +169,11 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         image, prompt, domain_id = self._check_options(options)
         super().reset(seed=seed)
-        if image is None:
+        scene_seed = None
+        if image is None and self._scene is not None:
+            image, scene_seed = self._scene(seed, self.np_random)
+            image = check_image(f"first frame of simulator {self.simulator!r}", image)
+        elif image is None:
             image = draw_tabletop(self.model.spec.height, self.model.spec.width, self.np_random)
         generator = torch.Generator().manual_seed(int(self.np_random.integers(2**63)))
         self._close_session()  # options are valid: free the old episode's pages before opening the new one
@@ -171,6 +181,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._session, self._windows = session, 0
         self._frames = np.repeat(session.first_frame[None], self.knobs.chunk_size, axis=0)
         info = {"frame_start": 0, "frame_end": 1, "kv": _kv_dict(session.kv_stats())}
+        if scene_seed is not None:
+            info["scene_seed"] = scene_seed
         return self._obs(), info
 
     def step(self, actions: np.ndarray):
@@ -196,6 +208,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """Close the session: every KV page and decoder cache it held goes back. Safe to call twice."""
         self._close_session()
         self._frames = None
+        if self._scene is not None:
+            self._scene.close()
         super().close()
 
     # --- beyond gymnasium ------------------------------------------------------------------
@@ -212,6 +226,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         other = copy.copy(self)
         other.action_space = copy.deepcopy(self.action_space)  # spaces carry their own sampling RNG
         other.observation_space = copy.deepcopy(self.observation_space)
+        other._scene = None if self.simulator is None else SimulatorScene(self.simulator)  # closed with the fork
         if seed is None:
             other.np_random = copy.deepcopy(self.np_random)
             generator = None  # the engine copies this session's generator state

@@ -104,6 +104,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from .world import make_env
 
     model, overrides = _model_and_overrides(args, max_windows=args.windows)
+    if args.truth:
+        return _rollout_truth(args, model, overrides)
     env = make_env(model, **overrides)
     try:
         policy = make_policy(args.policy, env.action_space, seed=args.seed)
@@ -118,6 +120,40 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
+    return 0
+
+
+def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, Any]) -> int:
+    import gymnasium as gym
+
+    from .policies import make_policy
+    from .truth import rollout_with_truth
+    from .world import make_env
+
+    if args.image is not None:
+        raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
+    env = make_env(model, **overrides)
+    truth = None
+    try:
+        if env.simulator is None:
+            raise ValueError(f"--truth is invalid for config {model!r}: its env.simulator is None; allowed: a config "
+                             f"that names its simulator (e.g. --env worldstep/Pusher-v0)")
+        truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
+        policy = make_policy(args.policy, env.action_space, seed=args.seed)
+        result = rollout_with_truth(env, truth, policy, seed=args.seed, max_windows=args.windows,
+                                    video_path=args.out, progress=not args.quiet)
+    finally:
+        env.close()
+        if truth is not None:
+            truth.close()
+    summary = {"env": args.env if args.config is None else None, "config": model, "policy": args.policy,
+               "simulator": env.simulator, **vars(result), "mean_psnr_db": result.mean_psnr_db}
+    summary_path = Path(args.summary) if args.summary else Path(args.out).with_suffix(".json")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    psnr = ", ".join(f"{p:.1f}" for p in result.psnr_db)
+    print(f"{result.video}: model | {env.simulator}, {result.frames} frames in {result.windows} windows, "
+          f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
+          f"simulator {result.truth_success}; summary {summary_path}")
     return 0
 
 
@@ -249,8 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollout", help="closed-loop rollout with a policy; writes an mp4 and a JSON summary")
     _add_model_flags(p)
-    p.add_argument("--policy", default="sine", help="sine, random or replay:PATH.npy (default sine)")
+    p.add_argument("--policy", default="sine", help="sine, random, push (PushSim's pixel expert) or replay:PATH.npy "
+                                                    "(default sine)")
     p.add_argument("--windows", type=int, default=8, help="windows to generate (default 8)")
+    p.add_argument("--truth", action="store_true",
+                   help="step the model's simulator (config env.simulator) with the same actions; the mp4 shows "
+                        "model | simulator side by side and the summary holds PSNR per window")
     p.add_argument("--out", default="rollout.mp4", help="mp4 path (default rollout.mp4)")
     p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")

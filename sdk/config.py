@@ -235,6 +235,9 @@ class EnvConfig(_Config):
     """path of the default first frame (None: a procedurally drawn scene, seeded per reset)"""
     action_width: PositiveInt | None = None
     """action dimensions the policy controls (<= the model's action_dim; None: all of them)"""
+    simulator: str | None = None
+    """gymnasium id of the simulator the model was trained on: resets without an image start from its first
+    frame for the same seed, and ``worldstep rollout --truth`` steps it beside the model"""
 
     @field_validator("prompt")
     @classmethod

@@ -153,15 +153,24 @@ class PerStepPolicy:
         return np.stack(rows)
 
 
-POLICY_NAMES = ("sine", "random", "replay:PATH")
+POLICY_NAMES = ("sine", "random", "push", "replay:PATH")
 
 
 def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int | None = None) -> Policy:
-    """A policy from a short spec: ``sine``, ``random`` or ``replay:PATH`` (what the CLI's ``--policy`` takes)."""
+    """A policy from a short spec (what the CLI's ``--policy`` takes): ``sine``, ``random``, ``replay:PATH``, or
+    ``push`` (the PushSim expert acting from pixels: it finds effector, block and goal by colour in the latest
+    frame, so it drives the simulator and a pusher world model alike; actions ``(chunk, 2)``)."""
     if spec == "sine":
         return SinePolicy(action_space)
     if spec == "random":
         return RandomPolicy(action_space, seed=seed)
+    if spec == "push":
+        from worldstep.fidelity.policies import PixelPushPolicy
+
+        shape = _chunk_shape(action_space)
+        if shape[1] != 2:
+            raise ValueError(f"policy='push' needs actions (chunk, 2); the env's action shape is {shape}")
+        return PixelPushPolicy(0.0, chunk_size=shape[0], name="push")
     if spec.startswith("replay:") and len(spec) > len("replay:"):
         return ReplayPolicy(spec[len("replay:") :], action_space)
     raise ValueError(f"policy={spec!r} is invalid; allowed: one of {POLICY_NAMES}")
