@@ -47,7 +47,8 @@ def test_rollout(tmp_path, cache, capsys):
                "--cache-dir", cache)
     assert "(c) official recipe" in capsys.readouterr().out
     steps = doc["results"]["steps"]["tiny"]
-    assert set(steps["ms_per_step"]) == {"kv", "chained", "official"}
+    assert set(steps["ms_per_step"]) == {"kv", "kv_exact", "chained", "official"}
+    assert _positive(steps["ratio_official_over_kv_exact"])
     assert all(_positive(v) for v in steps["ms_per_step"].values())
     assert _positive(steps["ratio_official_over_kv"]) and _positive(steps["ratio_chained_over_kv"])
     assert steps["phases"]["official"]["encode_ms"] > 0  # the recipe re-encodes the last frame

@@ -10,7 +10,7 @@ from worldstep.engine.vae import DecoderOptions
 
 def test_defaults():
     o = DecoderOptions()
-    assert (o.warm_cache, o.latents_per_call, o.channels_last, o.cudnn_benchmark) == (True, 1, False, False)
+    assert (o.warm_cache, o.latents_per_call, o.channels_last, o.cudnn_benchmark, o.onednn_conv) == (True, 1, False, False, False)
     assert (o.max_warm_streams, o.context_latents) == (0, 8)
 
 
@@ -19,7 +19,7 @@ def test_yaml_values_load():
     assert o.warm_cache is False and o.latents_per_call == 0 and o.max_warm_streams == 4
 
 
-@pytest.mark.parametrize("key", ["warm_cache", "channels_last", "cudnn_benchmark"])
+@pytest.mark.parametrize("key", ["warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv"])
 @pytest.mark.parametrize("value", ["false", "true", "no", 0, 1, None])
 def test_switches_must_be_real_booleans(key, value):
     with pytest.raises(ValueError) as err:

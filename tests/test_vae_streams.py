@@ -237,8 +237,9 @@ def test_a_group_that_never_ran_keeps_its_cache():
 # storage and switches
 
 
-@pytest.mark.parametrize("options", [DecoderOptions(), DecoderOptions(latents_per_call=0), DecoderOptions(channels_last=True)],
-                         ids=["per-latent", "per-window", "channels-last"])
+@pytest.mark.parametrize("options", [DecoderOptions(), DecoderOptions(latents_per_call=0), DecoderOptions(channels_last=True),
+                                     DecoderOptions(onednn_conv=True)],
+                         ids=["per-latent", "per-window", "channels-last", "onednn"])
 def test_cache_slots_own_their_storage(options):
     z = random_latents(6, GRID, seed=10, batch=2)
     dec = WarmWanDecoder(VAE, options)
@@ -260,6 +261,33 @@ def test_channels_last_matches_and_leaves_the_shared_vae_alone():
     assert dec._decoder is not vae.decoder
     assert all(p.is_contiguous() for p in vae.parameters())
     torch.testing.assert_close(got, whole_pixels(vae, z), atol=1e-5, rtol=0)
+
+
+def _conv_kernels(dec, stream, z) -> set[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dec.decode_pixels(stream, z)
+    return {e.key for e in prof.key_averages() if "conv" in e.key and ("slow" in e.key or "mkldnn" in e.key)}
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_onednn_conv_matches_within_rounding_runs_onednn_and_leaves_the_shared_vae_alone():
+    vae = tiny_wan22(seed=4)
+    z = random_latents(6, (4, 4), seed=12, batch=2)
+    fast = WarmWanDecoder(vae, DecoderOptions(onednn_conv=True))
+    a, b = fast.open_stream(), fast.open_stream()
+    got_a, got_b, start = [], [], 0
+    for w in (1, 2, 3):  # a batched pair, window by window
+        pa, pb = fast.decode_batch([a, b], [z[0:1, :, start : start + w], z[1:2, :, start : start + w]], output="pixels")
+        got_a.append(pa), got_b.append(pb)
+        start += w
+    for got, row in ((got_a, 0), (got_b, 1)):
+        torch.testing.assert_close(torch.cat(got, dim=2), whole_pixels(vae, z[row : row + 1]), atol=1e-4, rtol=0)
+    # the per-latent convs run on oneDNN in the copy, on the reference kernel in the shared VAE's decoder
+    assert fast._decoder is not vae.decoder
+    assert not any("_conv_forward" in vars(m) for m in vae.decoder.modules())
+    assert "aten::slow_conv3d_forward" not in _conv_kernels(fast, fast.open_stream(), z[0:1, :, :1])
+    exact = WarmWanDecoder(vae)
+    assert "aten::slow_conv3d_forward" in _conv_kernels(exact, exact.open_stream(), z[0:1, :, :1])
 
 
 def test_cudnn_benchmark_is_set_only_around_the_decode_and_restored_on_error():

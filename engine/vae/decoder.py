@@ -20,7 +20,7 @@ from .cache import compact, compact_slots, count_slots
 from .jobs import GroupRunner, Output, WindowJob
 from .latents import LatentNorm
 from .options import DecoderOptions
-from .perf import channels_last_copy, cudnn_benchmark
+from .perf import cudnn_benchmark, decoder_copy
 from .stream import DecodeStream, StreamPath
 
 _stream_ids = itertools.count()
@@ -31,7 +31,7 @@ class WarmWanDecoder:
 
     The VAE's decoder and `post_quant_conv` must sit on one device (offload hooks on
     `vae.decode` are not honoured: the decoder is called directly). The VAE itself is never
-    mutated; with `channels_last` the decoder runs on a private copy.
+    mutated; with `channels_last` or `onednn_conv` the decoder runs on a private copy.
 
     Args:
         vae: a diffusers `AutoencoderKLWan` (Wan 2.1 or 2.2 family), in eval mode.
@@ -50,7 +50,8 @@ class WarmWanDecoder:
         self.patch_size: int | None = vae.config.patch_size
         self.temporal_factor: int = 2 ** sum(bool(t) for t in vae.config.temperal_downsample)
         self._norm = LatentNorm.from_vae(vae, self.device, self.dtype)
-        self._decoder = channels_last_copy(vae.decoder) if self.options.channels_last else vae.decoder
+        self._decoder = decoder_copy(vae.decoder, channels_last=self.options.channels_last,
+                                     onednn_conv=self.options.onednn_conv)
         self._runner = GroupRunner(
             decoder=self._decoder,
             post_quant_conv=vae.post_quant_conv,

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-_SWITCHES = ("warm_cache", "channels_last", "cudnn_benchmark")
+_SWITCHES = ("warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv")
 _COUNTS = {  # key -> (lowest allowed value, what the value means)
     "latents_per_call": (0, "latents per steady decoder call; 0 = a whole window per call"),
     "max_warm_streams": (0, "warm caches per decoder; 0 = no cap"),
@@ -30,6 +30,11 @@ class DecoderOptions(BaseModel):
         channels_last: run the decoder on a channels-last copy of its weights and activations
             (the shared VAE keeps its layout; the copy doubles the decoder's weight memory). No
             gain on CPU.
+        onednn_conv: on a CPU, run every float32 3-D conv of the decoder through oneDNN, on a
+            private copy of the decoder. torch sends the small per-latent convs of a streaming decode
+            to its reference kernel (`slow_conv3d`, an unfold + GEMM), 3-10x slower than oneDNN at
+            these shapes; oneDNN sums in another order, so frames equal `vae.decode`'s within float32
+            rounding (~1e-5 before uint8 quantisation), not bit for bit. No effect on CUDA.
         cudnn_benchmark: set `torch.backends.cudnn.benchmark` around each decode only, restored
             afterwards (also when the decode raises). The flag is process-global: concurrent
             decodes from several threads see each other's setting while they overlap.
@@ -48,6 +53,7 @@ class DecoderOptions(BaseModel):
     latents_per_call: int = 1
     channels_last: bool = False
     cudnn_benchmark: bool = False
+    onednn_conv: bool = False
     max_warm_streams: int = 0
     context_latents: int = 8
 

@@ -91,13 +91,19 @@ def checkpoint_for(arch: BenchArch, cache_dir: str | Path | None = None) -> Path
 
 
 def load_model(arch: BenchArch, *, height: int | None = None, width: int | None = None, num_pages: int = 512,
-               cache_dir: str | Path | None = None, device: str = "cpu"):
-    """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's)."""
+               cache_dir: str | Path | None = None, device: str = "cpu", exact_decode: bool = False):
+    """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's).
+
+    Its decoder runs as the shipped configs set it (3-D convs through oneDNN on CPU), or with
+    `exact_decode` on the reference kernels `vae.decode` uses (bit-exact, slower on CPU).
+    """
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.vae import DecoderOptions
 
     return Cosmos3WorldModel.from_pretrained(
         checkpoint_for(arch, cache_dir), device=device, num_pages=num_pages, page_size=arch.page_size,
         height=height or arch.height, width=width or arch.width, name=f"bench-{arch.name}",
+        decoder_options=DecoderOptions(onednn_conv=not exact_decode),
     )
 
 

@@ -30,6 +30,9 @@ def _rollout_rows(doc: Doc, table: Table) -> None:
     for arch, f in r.get("steps", {}).items():
         table.add(f"env step, {arch} {f['height']}x{f['width']}, {f['chunk_size']} actions: official recipe / "
                   "worldstep kv", _x(f["ratio_official_over_kv"]), ">= 3x")
+        if "ratio_official_over_kv_exact" in f:
+            table.add(f"env step, {arch}: official recipe / worldstep kv with bit-exact decode",
+                      _x(f["ratio_official_over_kv_exact"]), "–")
         table.add(f"env step, {arch}: worldstep kv ms (official ms)",
                   f"{format_cell(f['ms_per_step']['kv'])} ({format_cell(f['ms_per_step']['official'])})", "–")
         table.add(f"env step, {arch}: chained / kv", _x(f["ratio_chained_over_kv"]), "–")

@@ -86,21 +86,41 @@ def _velocity(model, job: _Job, out: torch.Tensor) -> torch.Tensor:
     return velocity
 
 
+def _scheduler_groups(jobs: list[_Job]) -> list[list[int]]:
+    """Jobs whose scheduler steps can run as one batched step: same window shape, clean frames and schedule.
+
+    UniPC's update is elementwise per sample, so stepping `[B, ...]` stacked latents with one scheduler
+    gives each row exactly what its own scheduler would (each session's scheduler is reset every window,
+    so the group's lead carries the shared multistep history for this window only).
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, job in enumerate(jobs):
+        knobs = job.session.knobs
+        key = (tuple(job.latents.shape), job.clean, knobs.num_steps, float(knobs.flow_shift))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
 def _denoise(model, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     timesteps = jobs[0].session.scheduler.timesteps
+    groups = _scheduler_groups(jobs)
     for t in timesteps:
         out = gen_forward(model.transformer, _hidden(model, jobs, t.item()), cos, sin, batch).hidden
-        offset = 0
+        offset, velocity = 0, []
         for job in jobs:
-            velocities = []
+            rows = []
             for _ in job.session.labels:
-                velocities.append(_velocity(model, job, out[offset: offset + job.num_tokens]))
+                rows.append(_velocity(model, job, out[offset: offset + job.num_tokens]))
                 offset += job.num_tokens
-            velocity = velocities[0]
-            if len(velocities) == 2:  # text-only CFG: v = v_u + g (v_c - v_u)
-                velocity = velocities[1] + job.session.knobs.guidance_scale * (velocities[0] - velocities[1])
-            step = job.session.scheduler.step(velocity.unsqueeze(0), t, job.latents.unsqueeze(0), return_dict=False)
-            job.latents = step[0].squeeze(0)
+            if len(rows) == 2:  # text-only CFG: v = v_u + g (v_c - v_u)
+                rows[0] = rows[1] + job.session.knobs.guidance_scale * (rows[0] - rows[1])
+            velocity.append(rows[0])
+        for group in groups:
+            lead = jobs[group[0]].session.scheduler
+            stacked = torch.stack([jobs[i].latents for i in group])
+            stepped = lead.step(torch.stack([velocity[i] for i in group]), t, stacked, return_dict=False)[0]
+            for row, i in enumerate(group):
+                jobs[i].latents = stepped[row]
         closed = [job.session.session_id for job in jobs if job.session.abort.is_set()]
         if closed:  # stop before the commit: nothing of this window reached any stream
             raise SessionClosedError(f"session(s) {', '.join(closed)} closed while a window was running")
