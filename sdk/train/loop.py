@@ -54,22 +54,24 @@ SIZE = 64
 @dataclass
 class TrainArgs:
     out: str = "runs/pusher"
-    budget_minutes: float = 90.0
+    budget_minutes: float = 80.0
     seed: int = 0
     resume: bool = False
     num_clips: int = 2400
     windows: int = 8
     chunk: int = 4
     context_frames: int = 4
-    vae_share: float = 0.35
+    vae_share: float = 0.45
     vae_batch: int = 8
+    vae_long_share: float = 0.4
+    vae_long_frames: int = 33
     vae_lr: float = 2e-3
     dyn_batch: int = 16
     dyn_lr: float = 2e-3
     ema: float = 0.98
     context_noise: float = 0.03
     ckpt_every: int = 20
-    encode_clips: int = 1024
+    encode_clips: int = 1536
     log_every: int = 10
     vae_steps: int = 0
     dyn_steps: int = 0
@@ -94,7 +96,12 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
                         help="latent frames of committed context a window sees (the rollout's context_frames; 0 = all)")
     parser.add_argument("--chunk", type=int, default=defaults.chunk, help="actions per window (4 or 8)")
     parser.add_argument("--vae-share", type=float, default=defaults.vae_share, help="budget share of the VAE")
-    parser.add_argument("--vae-batch", type=int, default=defaults.vae_batch)
+    parser.add_argument("--vae-batch", type=int, default=defaults.vae_batch, help="9-frame crops per VAE step")
+    parser.add_argument("--vae-long-share", type=float, default=defaults.vae_long_share,
+                        help="last share of the VAE phase trained on long crops (the causal caches must stay stable "
+                             "over a whole rollout, not only the 3 latents of a short crop)")
+    parser.add_argument("--vae-long-frames", type=int, default=defaults.vae_long_frames,
+                        help="frames of a long crop (1 + 4k; capped at a clip's 1 + windows * chunk)")
     parser.add_argument("--vae-lr", type=float, default=defaults.vae_lr)
     parser.add_argument("--dyn-batch", type=int, default=defaults.dyn_batch)
     parser.add_argument("--dyn-lr", type=float, default=defaults.dyn_lr)
@@ -122,6 +129,10 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
         raise ValueError(f"chunk={args.chunk} is invalid; allowed: 4 or 8")
     if args.windows < 1 or args.budget_minutes <= 0 or not 0 < args.vae_share < 1:
         raise ValueError("windows >= 1, budget-minutes > 0 and 0 < vae-share < 1 are required")
+    if not 0 <= args.vae_long_share <= 1:
+        raise ValueError(f"vae-long-share={args.vae_long_share} is invalid; allowed: 0..1")
+    if (args.vae_long_frames - 1) % 4 or args.vae_long_frames < 9:
+        raise ValueError(f"vae-long-frames={args.vae_long_frames} is invalid; allowed: 1 + 4k >= 9")
     return args
 
 
@@ -208,20 +219,28 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         if st.get("done"):
             vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
             return vae.eval()
-    frames = 5 if args.small else 9
+    short = 5 if args.small else 9
+    long_frames = min(9 if args.small else args.vae_long_frames, 1 + args.windows * args.chunk)  # <= a clip
+    long_batch = max(1, args.vae_batch * short // long_frames)  # about the same frames per step
     vae.train()
     bar = tqdm(desc="vae", initial=prog.step, mininterval=5)
     while prog.fraction < 1.0:
         for group in opt.param_groups:
             group["lr"] = cosine_lr(args.vae_lr, prog.fraction, prog.step, warmup=10)
-        loss_t, _ = vae_loss(vae, sample_vae_batch(clips, rng, args.vae_batch, frames))
+        # short crops teach the spatial code fast; the last share runs whole long crops, so encoder and
+        # decoder stay stable when their causal caches run over many latents (trained on 9-frame crops
+        # only, a decoder degrades from the 4th latent on: 26 dB -> 17 dB)
+        long = prog.fraction >= 1.0 - args.vae_long_share
+        frames, batch = (long_frames, long_batch) if long else (short, args.vae_batch)
+        loss_t, _ = vae_loss(vae, sample_vae_batch(clips, rng, batch, frames))
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         loss = loss_t.item()
         if prog.step % args.log_every == 0:
-            log.write(phase="vae", step=prog.step, loss=loss, lr=opt.param_groups[0]["lr"], time=time.time())
+            log.write(phase="vae", step=prog.step, loss=loss, lr=opt.param_groups[0]["lr"], frames=frames,
+                      time=time.time())
             bar.set_postfix(loss=f"{loss:.4f}", progress=f"{prog.fraction:.2f}")
         prog.advance()
         bar.update()
@@ -231,11 +250,14 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     vae.eval()
     mean, std = latent_stats(vae, clips, count=32)
     vae.register_to_config(latents_mean=mean, latents_std=std)
-    with torch.no_grad():
-        video = to_video_tensor(np.stack([render_clip(held.starts[i], held.actions[i, :16])
+    with torch.no_grad():  # whole held-out clips: what a rollout of `windows` windows decodes
+        video = to_video_tensor(np.stack([render_clip(held.starts[i], held.actions[i])
                                           for i in range(min(8, len(held)))]))
-        held_psnr = psnr(vae.decode(vae.encode(video).latent_dist.mean).sample, video)
-    log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, latents_mean=mean, latents_std=std)
+        recon = vae.decode(vae.encode(video).latent_dist.mean).sample
+        held_psnr = psnr(recon, video)
+        last_psnr = psnr(recon[:, :, -4:], video[:, :, -4:])
+    log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, heldout_last_latent_psnr_db=last_psnr,
+              latents_mean=mean, latents_std=std)
     _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
                        **prog.state(), "done": True, "config": dict(vae.config)})
     return vae
