@@ -104,9 +104,11 @@ def _run_task(path: str, threads: int, settings: RolloutSettings, task: tuple) -
     """One unit of model work, in this process or a worker: ("open_loop", mode, first, actions, seed) or
     ("episodes", policy_ids, seeds, max_windows). Loads its own model (workers share nothing)."""
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.vae import DecoderOptions
 
     torch.set_num_threads(threads)
-    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=32768)
+    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=32768,
+                                              decoder_options=DecoderOptions(onednn_conv=True))  # as configs/pusher.yaml
     try:
         if task[0] == "open_loop":
             _, mode, first, actions, seed = task
