@@ -72,6 +72,13 @@ def test_vector(tmp_path, cache):
             assert _positive(r["speedup_vector_env"])
 
 
+def test_vector_on_the_shipped_pusher_weights(tmp_path):
+    doc = _run(tmp_path, "vector", "--arch", "pusher", "--sizes", "2", "--rounds", "1", "--warmup", "0",
+               "--num-steps", "1", "--no-vector-env")
+    assert doc["results"]["arch"] == "pusher" and (doc["results"]["height"], doc["results"]["width"]) == (64, 64)
+    assert _positive(doc["results"]["by_n"][0]["speedup"])
+
+
 def test_soak_pages_flat(tmp_path, cache):
     doc = _run(tmp_path, "soak", "--windows", "40", "--rss-from", "10", "--num-steps", "1", "--cache-dir", cache)
     f = doc["results"]

@@ -1,5 +1,5 @@
-"""The model sizes the bench runs: `tiny` (the embedded default), `small` (a CPU stand-in for Edge)
-and `edge` (Cosmos3-Edge, GPU only).
+"""The model sizes the bench runs: `tiny` (the embedded default), `small` (a CPU stand-in for Edge),
+`edge` (Cosmos3-Edge, GPU only) and `pusher` (the shipped trained 64x64 model, its own weights).
 
 `small` keeps Edge's shape rules (relu2 MLP, GQA 2:1, head_dim 64, patch 2, Wan 2.2 VAE with a
 wider decoder than encoder) and, more importantly, Edge's *proportions*: VAE-decode FLOPs per
@@ -51,6 +51,9 @@ class BenchArch:
     height: int
     width: int
     page_size: int = 16
+    domain_id: int = DOMAIN_ID
+    action_width: int = ACTION_WIDTH
+    checkpoint: str | None = None  # trained weights to load instead of a random-weight build
 
     @property
     def latents_per_window(self) -> int:
@@ -71,7 +74,7 @@ def _small_architecture() -> dict[str, Any]:
 
 
 def bench_arch(name: str) -> BenchArch:
-    """`tiny` (128x128, 4 actions/window), `small` (256x256, 8) or `edge` (480x832, 16)."""
+    """`tiny` (128x128, 4 actions/window), `small` (256x256, 8), `edge` (480x832, 16) or `pusher` (64x64, 4)."""
     if name == "tiny":
         arch = _config_architecture("tiny")
         return BenchArch("tiny", arch, chunk_size=4, height=arch["height"], width=arch["width"])
@@ -80,13 +83,21 @@ def bench_arch(name: str) -> BenchArch:
     if name == "edge":
         arch = _config_architecture("cosmos3_edge")
         return BenchArch("edge", arch, chunk_size=16, height=arch["height"], width=arch["width"], page_size=128)
-    raise ValueError(f"arch={name!r} is invalid; allowed: 'tiny', 'small', 'edge'")
+    if name == "pusher":
+        arch = _config_architecture("pusher")
+        shipped = str(files("worldstep.configs").joinpath("models", "pusher"))
+        return BenchArch("pusher", arch, chunk_size=4, height=arch["height"], width=arch["width"], page_size=4,
+                         domain_id=0, action_width=2, checkpoint=shipped)
+    raise ValueError(f"arch={name!r} is invalid; allowed: 'tiny', 'small', 'edge', 'pusher'")
 
 
 def checkpoint_for(arch: BenchArch, cache_dir: str | Path | None = None) -> Path:
-    """The random-weight checkpoint folder of `arch`, built on first use (a few seconds for small)."""
+    """The random-weight checkpoint folder of `arch`, built on first use (a few seconds for small), or the
+    trained weights it names."""
     from worldstep.engine.models.cosmos3 import ensure_embedded_checkpoint
 
+    if arch.checkpoint is not None:
+        return Path(arch.checkpoint)
     return ensure_embedded_checkpoint(f"bench-{arch.name}", arch.architecture, cache_dir=cache_dir)
 
 
@@ -117,13 +128,13 @@ def first_frame(height: int, width: int, seed: int = 0):
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
 
 
-def action_chunks(count: int, chunk_size: int, seed: int = 1) -> list:
-    """`count` smooth action chunks `(chunk_size, ACTION_WIDTH)` in [-1, 1], the same for every alternative."""
+def action_chunks(count: int, chunk_size: int, seed: int = 1, width: int = ACTION_WIDTH) -> list:
+    """`count` smooth action chunks `(chunk_size, width)` in [-1, 1], the same for every alternative."""
     import numpy as np
 
     rng = np.random.RandomState(seed)
     t = np.arange(count * chunk_size, dtype=np.float32)[:, None]
-    phase = rng.uniform(0, 2 * np.pi, (1, ACTION_WIDTH)).astype(np.float32)
-    actions = np.sin(t / 7.0 + phase) * 0.8 + rng.normal(0, 0.05, (len(t), ACTION_WIDTH)).astype(np.float32)
+    phase = rng.uniform(0, 2 * np.pi, (1, width)).astype(np.float32)
+    actions = np.sin(t / 7.0 + phase) * 0.8 + rng.normal(0, 0.05, (len(t), width)).astype(np.float32)
     actions = np.clip(actions, -1, 1).astype(np.float32)
     return [actions[i * chunk_size:(i + 1) * chunk_size] for i in range(count)]

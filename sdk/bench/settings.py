@@ -30,7 +30,7 @@ class RolloutSettings:
 
 @dataclass
 class VectorSettings:
-    arch: str = _help("architecture", default="tiny")
+    arch: str = _help("architecture: tiny, small or pusher (the shipped trained 64x64 model)", default="tiny")
     sizes: list[int] = _help("numbers of parallel sessions", default_factory=lambda: [1, 2, 4, 8])
     rounds: int = _help("measured steps per alternative and size", default=4)
     warmup: int = _help("steps run first and discarded", default=1)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .archs import ACTION_WIDTH, DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import PROMPT, BenchArch, action_chunks, bench_arch, first_frame, load_model
 from .machine import describe_machine
 from .measure import interleave, median, ratio
 from .progress import Progress
@@ -27,15 +27,15 @@ def _phases(results) -> dict[str, float]:
     return {"denoise_s": t.denoise_s, "commit_s": t.commit_s, "decode_s": t.decode_s}
 
 
-def _alternatives(model, n: int, knobs, settings: VectorSettings, image: np.ndarray,
+def _alternatives(model, arch: BenchArch, n: int, knobs, settings: VectorSettings, image: np.ndarray,
                   phases: dict[str, list[dict[str, float]]]) -> tuple[dict[str, Callable[[], None]], list]:
     def open_sessions() -> list:
-        return [model.open_session(image, PROMPT, DOMAIN_ID, knobs=knobs, generator=torch.Generator().manual_seed(i))
-                for i in range(n)]
+        return [model.open_session(image, PROMPT, arch.domain_id, knobs=knobs,
+                                   generator=torch.Generator().manual_seed(i)) for i in range(n)]
 
     batched, separate = open_sessions(), open_sessions()
     steps = settings.warmup + settings.rounds
-    chunks = [action_chunks(steps, knobs.chunk_size, seed=1 + i) for i in range(n)]
+    chunks = [action_chunks(steps, knobs.chunk_size, seed=1 + i, width=arch.action_width) for i in range(n)]
 
     def step_batched() -> None:
         w = batched[0].window_index
@@ -49,7 +49,7 @@ def _alternatives(model, n: int, knobs, settings: VectorSettings, image: np.ndar
     alternatives = {"batched": step_batched, "separate": step_separate}
     closers = batched + separate
     if settings.vector_env:
-        env = _vector_env(model, n, knobs, steps)
+        env = _vector_env(model, arch, n, knobs, steps)
         if env is not None:
             env.reset(seed=0)
             env_chunks = [np.stack([c[w] for c in chunks]) for w in range(steps)]
@@ -64,14 +64,14 @@ def _alternatives(model, n: int, knobs, settings: VectorSettings, image: np.ndar
     return alternatives, closers
 
 
-def _vector_env(model, n: int, knobs, steps: int):
+def _vector_env(model, arch: BenchArch, n: int, knobs, steps: int):
     """`WorldModelVectorEnv` when the envs package provides it; None otherwise (the bench says so)."""
     try:
         from worldstep.envs import WorldModelVectorEnv
     except (ImportError, AttributeError):
         return None
-    return WorldModelVectorEnv(model, n, knobs, max_windows=steps + 1, prompt=PROMPT, domain_id=DOMAIN_ID,
-                               action_width=ACTION_WIDTH)
+    return WorldModelVectorEnv(model, n, knobs, max_windows=steps + 1, prompt=PROMPT, domain_id=arch.domain_id,
+                               action_width=arch.action_width)
 
 
 def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
@@ -88,7 +88,7 @@ def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
     for n in settings.sizes:
         progress(f"N={n}: {settings.warmup} warm-up + {settings.rounds} measured steps per alternative")
         phases: dict[str, list[dict[str, float]]] = {"batched": [], "separate": []}
-        alternatives, closers = _alternatives(model, n, knobs, settings, image, phases)
+        alternatives, closers = _alternatives(model, arch, n, knobs, settings, image, phases)
         try:
             samples = interleave(alternatives, rounds=settings.rounds, warmup=settings.warmup)
         finally:
