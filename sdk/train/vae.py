@@ -16,8 +16,8 @@ from worldstep.envs.push_sim import BACKGROUND
 from .data import ClipSet, render_clip, to_video_tensor
 
 VAE_ARCH: dict[str, Any] = {
-    "base_dim": 8,
-    "decoder_base_dim": 8,
+    "base_dim": 16,
+    "decoder_base_dim": 16,
     "z_dim": 16,
     "dim_mult": [1, 2, 2, 2],
     "num_res_blocks": 1,
