@@ -54,7 +54,7 @@ class WarmWanDecoder:
                                      onednn_conv=self.options.onednn_conv)
         self._runner = GroupRunner(
             decoder=self._decoder,
-            post_quant_conv=vae.post_quant_conv,
+            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv),
             num_slots=count_slots(self._decoder),
             latents_per_call=self.options.latents_per_call,
             channels_last=self.options.channels_last,
