@@ -72,13 +72,27 @@ def resolve_config(model: str | os.PathLike | WorldstepConfig | World) -> Worlds
     local = Path(text).expanduser()
     is_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not local.exists()
     if local.is_dir() or is_hub_id:
-        # A real checkpoint: the Cosmos3-Edge run settings, this checkpoint's weights and media size.
-        base = load_config("cosmos3_edge")
+        # A real checkpoint: the run settings of the config its worldstep.json names (a checkpoint that
+        # `worldstep train` wrote says "pusher"), else Cosmos3-Edge's; this checkpoint's weights and media size.
+        base = load_config(_base_config_name(local))
         name = local.name if local.is_dir() else text.split("/")[-1]
         section = {"name": name, "checkpoint": str(local if local.is_dir() else text), "architecture": None}
         return base.with_overrides(model=section)
     raise ConfigError(f"model = {text!r}: must be one of {CONFIG_NAMES}, a .yaml path, a checkpoint folder "
                       "(transformer/, vae/, scheduler/, text_tokenizer/) or a hub id 'owner/name'")
+
+
+def _base_config_name(folder: Path) -> str:
+    """`config` of the folder's worldstep.json when it names a shipped config; `cosmos3_edge` otherwise."""
+    meta_path = folder / "worldstep.json"
+    if not folder.is_dir() or not meta_path.is_file():
+        return "cosmos3_edge"
+    name = json.loads(meta_path.read_text()).get("config")
+    if name is None:
+        return "cosmos3_edge"
+    if name not in CONFIG_NAMES:
+        raise ConfigError(f"{meta_path}: config = {name!r}: must be one of {CONFIG_NAMES}")
+    return name
 
 
 def load(model: str | os.PathLike | WorldstepConfig | World = "tiny", device: str | None = None,

@@ -101,6 +101,7 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     assert len(losses) >= 30
     assert np.mean(losses[-8:]) < 0.8 * np.mean(losses[:5])
 
+    assert json.loads((path / "worldstep.json").read_text())["config"] == "pusher"  # run settings of the folder
     world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=256)
     assert (world.spec.height, world.spec.width) == (64, 64)
     obs, _ = PushSimEnv().reset(seed=0)

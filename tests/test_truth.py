@@ -149,3 +149,25 @@ def test_make_demo_command_runs(tmp_path):
     argv[argv.index("--out") + 1] = str(tmp_path / "rollout.mp4")
     assert cli_main([*argv, "--quiet"]) == 0
     assert (tmp_path / "rollout.mp4").stat().st_size > 0 and (tmp_path / "rollout.json").is_file()
+
+
+def test_a_trained_checkpoint_folder_takes_the_run_settings_its_worldstep_json_names(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from worldstep.config import ConfigError
+    from worldstep.world import resolve_config
+
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "models" / "pusher"
+    config = resolve_config(str(shipped))
+    assert config.model.checkpoint == str(shipped) and config.model.architecture is None
+    assert config.env.simulator == "worldstep/PushSim-v0" and config.env.domain_id == 0
+    assert config.rollout.context_frames == 4 and config.cache.page_size == 4
+    folder = tmp_path / "ckpt"
+    shutil.copytree(shipped, folder)
+    meta = json.loads((folder / "worldstep.json").read_text())
+    (folder / "worldstep.json").write_text(json.dumps({**meta, "config": "nope"}))
+    with pytest.raises(ConfigError, match=r"config = 'nope': must be one of"):
+        resolve_config(str(folder))
+    (folder / "worldstep.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
+    assert resolve_config(str(folder)).env.simulator is None  # no hint: Cosmos3-Edge's run settings

@@ -381,7 +381,8 @@ def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
     )
     pipeline.save_pretrained(path, safe_serialization=True)
     (path / "worldstep.json").write_text(json.dumps({"height": SIZE, "width": SIZE, "fps": FPS,
-                                                     "prompt": PROMPT, "domain_id": DOMAIN_ID}, indent=2))
+                                                     "prompt": PROMPT, "domain_id": DOMAIN_ID,
+                                                     "config": "pusher"}, indent=2))  # run settings of a folder
     return path
 
 
