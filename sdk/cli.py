@@ -113,14 +113,19 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                          progress=not args.quiet)
     finally:
         env.close()
-    summary = {"env": args.env if args.config is None else None, "config": model, "policy": args.policy,
-               **vars(result)}
-    summary_path = Path(args.summary) if args.summary else Path(args.out).with_suffix(".json")
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    summary_path = _write_summary(args, model, **vars(result))
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
     return 0
+
+
+def _write_summary(args: argparse.Namespace, model: str, **figures: Any) -> Path:
+    """The rollout's JSON summary at ``--summary`` (default: ``--out`` with ``.json``)."""
+    summary = {"env": args.env if args.config is None else None, "config": model, "policy": args.policy, **figures}
+    path = Path(args.summary) if args.summary else Path(args.out).with_suffix(".json")
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
 
 
 def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, Any]) -> int:
@@ -146,10 +151,8 @@ def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, An
         env.close()
         if truth is not None:
             truth.close()
-    summary = {"env": args.env if args.config is None else None, "config": model, "policy": args.policy,
-               "simulator": env.simulator, **vars(result), "mean_psnr_db": result.mean_psnr_db}
-    summary_path = Path(args.summary) if args.summary else Path(args.out).with_suffix(".json")
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    summary_path = _write_summary(args, model, simulator=env.simulator, **vars(result),
+                                  mean_psnr_db=result.mean_psnr_db)
     psnr = ", ".join(f"{p:.1f}" for p in result.psnr_db)
     print(f"{result.video}: model | {env.simulator}, {result.frames} frames in {result.windows} windows, "
           f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from worldstep.envs.video import Mp4Writer
 
+from .fidelity.metrics import psnr
 from .policies import Policy
 
 __all__ = ["TruthComparison", "rollout_with_truth", "side_by_side"]
@@ -24,7 +25,8 @@ __all__ = ["TruthComparison", "rollout_with_truth", "side_by_side"]
 
 @dataclass
 class TruthComparison:
-    """One episode in the model and the simulator; ``psnr_db[k]`` compares window k's frames."""
+    """One episode in the model and the simulator; ``psnr_db[k]`` is window k's mean per-frame PSNR (the
+    metric of ``worldstep fidelity``)."""
 
     seed: int
     windows: int = 0
@@ -40,12 +42,6 @@ class TruthComparison:
     @property
     def mean_psnr_db(self) -> float:
         return float(np.mean(self.psnr_db)) if self.psnr_db else float("nan")
-
-
-def frame_psnr(pred: np.ndarray, truth: np.ndarray) -> float:
-    """PSNR in dB of uint8 frames (all of them together)."""
-    mse = np.mean((pred.astype(np.float64) - truth.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0**2 / max(mse, 1e-10)))
 
 
 def side_by_side(left: np.ndarray, right: np.ndarray, scale: int = 4, gap: int = 2) -> np.ndarray:
@@ -89,7 +85,7 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
             truth_obs, *_ = truth.step(actions)
             result.windows += 1
             result.frames += len(obs["frames"])
-            result.psnr_db.append(frame_psnr(obs["frames"], truth_obs["frames"]))
+            result.psnr_db.append(float(psnr(obs["frames"], truth_obs["frames"]).mean()))
             if judge is not None:
                 result.model_success = result.model_success or bool(judge(first, obs["frames"]))
                 result.truth_success = result.truth_success or bool(judge(first, truth_obs["frames"]))

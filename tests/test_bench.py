@@ -79,6 +79,14 @@ def test_vector_on_the_shipped_pusher_weights(tmp_path):
     assert _positive(doc["results"]["by_n"][0]["speedup"])
 
 
+def test_official_recipe_comparison_refuses_a_model_without_the_droid_domain(tmp_path, capsys):
+    from worldstep.cli import main
+
+    assert main(["bench", "rollout", "--archs", "pusher", "--scan-windows", "0", "--pipeline-windows", "0",
+                 "--quiet"]) == 2
+    assert "arch='pusher' is invalid for the official-recipe comparison" in capsys.readouterr().err
+
+
 def test_soak_pages_flat(tmp_path, cache):
     doc = _run(tmp_path, "soak", "--windows", "40", "--rss-from", "10", "--num-steps", "1", "--cache-dir", cache)
     f = doc["results"]
@@ -133,16 +141,17 @@ def test_report_headline_from_documents():
 
 def test_gen_flops_match_torch_flop_counter(cache):
     """The analytic count equals torch's FlopCounterMode on the engine's own generation forward."""
-    from worldstep.bench.archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame, load_model
+    from worldstep.bench.archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
     from worldstep.bench.flops import GenShape, forward_flops
     from worldstep.engine.attention import PagedAttentionBatch
     from worldstep.engine.models.cosmos3 import RolloutKnobs
     from worldstep.engine.models.cosmos3.runner import gen_forward
 
-    model = load_model(bench_arch("tiny"), cache_dir=cache)
+    arch = bench_arch("tiny")
+    model = load_model(arch, cache_dir=cache)
     knobs = RolloutKnobs(chunk_size=4, num_steps=1, guidance_scale=2.0, decode=False)
-    session = model.open_session(first_frame(128, 128), PROMPT, DOMAIN_ID, knobs=knobs)
-    session.step(action_chunks(1, 4)[0])  # committed context behind the prompt
+    session = model.open_session(first_frame(128, 128), PROMPT, arch.domain_id, knobs=knobs)
+    session.step(action_chunks(1, arch)[0])  # committed context behind the prompt
     tables = [model.kv.page_table((session.session_id, label)) for label in session.labels]
     q_lens = [30, 20]
     batch = PagedAttentionBatch(model.kv, tables, q_lens, model.backend)

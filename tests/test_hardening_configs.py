@@ -26,16 +26,21 @@ def _base() -> dict:
     return {"model": {"name": "x", "checkpoint": "/ckpt"}}
 
 
-@SETTINGS
-@given(knob=st.sampled_from(INT_KNOBS),
-       value=st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=4), st.lists(st.integers(), max_size=2),
-                       st.integers(max_value=-1)))
-def test_int_knobs_reject_wrong_types_and_negatives(tmp_path, knob, value):
+def _assert_rejected(tmp_path, knob, value) -> None:
+    """A config with `value` at `knob` is a ConfigError naming `section.key`."""
     section, key = knob
     data = _base()
     data[section] = {key: value}
     with pytest.raises(ConfigError, match=f"{section}\\.{key}"):
         _load(tmp_path, data)
+
+
+@SETTINGS
+@given(knob=st.sampled_from(INT_KNOBS),
+       value=st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=4), st.lists(st.integers(), max_size=2),
+                       st.integers(max_value=-1)))
+def test_int_knobs_reject_wrong_types_and_negatives(tmp_path, knob, value):
+    _assert_rejected(tmp_path, knob, value)
 
 
 @SETTINGS
@@ -43,11 +48,7 @@ def test_int_knobs_reject_wrong_types_and_negatives(tmp_path, knob, value):
        value=st.one_of(st.sampled_from(["true", "false", "yes", "no", "on", "off", "0", "1"]), st.integers(),
                        st.floats(allow_nan=False)))
 def test_switches_must_be_real_booleans(tmp_path, knob, value):
-    section, key = knob
-    data = _base()
-    data[section] = {key: value}
-    with pytest.raises(ConfigError, match=f"{section}\\.{key}"):
-        _load(tmp_path, data)
+    _assert_rejected(tmp_path, knob, value)
 
 
 @SETTINGS

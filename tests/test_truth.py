@@ -12,8 +12,9 @@ import worldstep
 from worldstep.cli import main as cli_main
 from worldstep.envs.push_sim import PushSimEnv, first_frame
 from worldstep.envs.scene import SimulatorScene
+from worldstep.fidelity.metrics import psnr
 from worldstep.policies import make_policy
-from worldstep.truth import frame_psnr, rollout_with_truth, side_by_side
+from worldstep.truth import rollout_with_truth, side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, 
     assert len(video) == 13 and video[0].shape == (256, 520, 3)
     right = np.concatenate(frames)[:, ::1].repeat(4, 1).repeat(4, 2)
     # lossy codec: the right half matches the simulator's frames closely, not bit for bit
-    assert np.mean([frame_psnr(v[:, 264:], r) for v, r in zip(video, right)]) > 30
+    assert np.mean([psnr(v[:, 264:], r) for v, r in zip(video, right)]) > 30
     # the model's frames resemble the simulator's (a trained model, not noise) and the PSNR is per window
     assert all(p > 14 for p in result.psnr_db)
 

@@ -128,10 +128,12 @@ def first_frame(height: int, width: int, seed: int = 0):
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
 
 
-def action_chunks(count: int, chunk_size: int, seed: int = 1, width: int = ACTION_WIDTH) -> list:
-    """`count` smooth action chunks `(chunk_size, width)` in [-1, 1], the same for every alternative."""
+def action_chunks(count: int, arch: BenchArch, seed: int = 1) -> list:
+    """`count` smooth action chunks `(arch.chunk_size, arch.action_width)` in [-1, 1], the same for every
+    alternative."""
     import numpy as np
 
+    chunk_size, width = arch.chunk_size, arch.action_width
     rng = np.random.RandomState(seed)
     t = np.arange(count * chunk_size, dtype=np.float32)[:, None]
     phase = rng.uniform(0, 2 * np.pi, (1, width)).astype(np.float32)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame
+from .archs import PROMPT, action_chunks, bench_arch, first_frame
 from .flops import GenShape, forward_flops, peak_tflops
 from .inmemory import build_components, parameter_count
 from .machine import describe_machine
@@ -75,9 +75,9 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance, context_frames=8)
     shape = GenShape.from_config(model.transformer.config)
-    session = model.open_session(first_frame(model.spec.height, model.spec.width), PROMPT, DOMAIN_ID, knobs=knobs,
+    session = model.open_session(first_frame(model.spec.height, model.spec.width), PROMPT, arch.domain_id, knobs=knobs,
                                  generator=torch.Generator().manual_seed(0))
-    chunks = action_chunks(settings.windows + 1, arch.chunk_size)
+    chunks = action_chunks(settings.windows + 1, arch)
     windows = []
     try:
         for w, actions in enumerate(chunks):

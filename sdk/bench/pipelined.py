@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
 from .measure import interleave_timed, ratio
 from .progress import Progress
 from .results import Table
@@ -25,12 +25,12 @@ def compare_pipelined(settings: RolloutSettings, progress: Progress) -> dict[str
     image = first_frame(arch.height, arch.width)
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
                          context_frames=settings.context_frames)
-    chunks = action_chunks(settings.pipeline_windows, arch.chunk_size)
+    chunks = action_chunks(settings.pipeline_windows, arch)
     frames: dict[str, list[np.ndarray]] = {}
 
     def rollout(pipelined: bool):
         def run() -> float:
-            session = model.open_session(image, PROMPT, DOMAIN_ID, knobs=knobs,
+            session = model.open_session(image, PROMPT, arch.domain_id, knobs=knobs,
                                          generator=torch.Generator().manual_seed(0))
             start = time.perf_counter()
             out = [r.frames for r in model.rollout(session, chunks, pipelined=pipelined)]

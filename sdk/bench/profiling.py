@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
 from .machine import describe_machine
 from .measure import interleave, median, ratio
 from .progress import Progress
@@ -45,7 +45,7 @@ def _open(model, arch, settings: ProfileSettings):
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
                          context_frames=settings.context_frames)
-    return model.open_session(first_frame(arch.height, arch.width), PROMPT, DOMAIN_ID, knobs=knobs,
+    return model.open_session(first_frame(arch.height, arch.width), PROMPT, arch.domain_id, knobs=knobs,
                               generator=torch.Generator().manual_seed(0))
 
 
@@ -53,7 +53,7 @@ def _profile_arch(name: str, settings: ProfileSettings, progress: Progress) -> d
     arch = bench_arch(name)
     model = load_model(arch, cache_dir=settings.cache_dir)
     session = _open(model, arch, settings)
-    chunks = iter(action_chunks(4 + 3 * settings.windows + 64, arch.chunk_size))
+    chunks = iter(action_chunks(4 + 3 * settings.windows + 64, arch))
     for _ in range(1 + settings.context_frames // arch.latents_per_window):  # fill the context first
         session.step(next(chunks))
     progress(f"{name}: phases and torch.profiler over {settings.windows} windows")

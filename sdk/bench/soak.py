@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
 from .machine import describe_machine
 from .measure import median, ratio, rss_bytes
 from .progress import Progress
@@ -34,9 +34,9 @@ def run_soak(settings: SoakSettings, progress: Progress) -> BenchResult:
     model = load_model(arch, cache_dir=settings.cache_dir)
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
                          context_frames=settings.context_frames)
-    session = model.open_session(first_frame(arch.height, arch.width), PROMPT, DOMAIN_ID, knobs=knobs,
+    session = model.open_session(first_frame(arch.height, arch.width), PROMPT, arch.domain_id, knobs=knobs,
                                  generator=torch.Generator().manual_seed(0))
-    chunks = action_chunks(settings.windows, arch.chunk_size)
+    chunks = action_chunks(settings.windows, arch)
     per_window: list[dict[str, Any]] = []
     for w, actions in enumerate(chunks):
         start = time.perf_counter()

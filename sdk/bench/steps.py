@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, checkpoint_for, first_frame, load_model
+from .archs import DOMAIN_NAME, PROMPT, action_chunks, bench_arch, checkpoint_for, first_frame, load_model
 from .measure import interleave, median, ratio
 from .official import OfficialRecipe
 from .progress import Progress
@@ -63,6 +63,9 @@ def _phase_medians(phases: list[dict[str, float]], warmup: int) -> dict[str, flo
 def compare_steps(arch_name: str, settings: RolloutSettings, progress: Progress) -> tuple[dict[str, Any], Table]:
     """(figures, table) of the per-step comparison on one architecture."""
     arch = bench_arch(arch_name)
+    if arch.checkpoint is not None:  # trained weights with their own embodiments, no diffusers domain name
+        raise ValueError(f"arch={arch_name!r} is invalid for the official-recipe comparison; allowed: 'tiny' or "
+                         f"'small' (the recipe drives diffusers' {DOMAIN_NAME!r} domain)")
     size = settings.compare_size
     progress(f"{arch_name}: loading model and pipeline ({size}x{size})")
     model = load_model(arch, height=size, width=size, cache_dir=settings.cache_dir)
@@ -70,13 +73,13 @@ def compare_steps(arch_name: str, settings: RolloutSettings, progress: Progress)
     image = first_frame(size, size)
     from worldstep.engine.models.cosmos3 import RolloutKnobs
 
-    chunks = action_chunks(settings.warmup + settings.rounds, arch.chunk_size)
+    chunks = action_chunks(settings.warmup + settings.rounds, arch)
     phases: dict[str, list[dict[str, float]]] = {"kv": [], "kv_exact": [], "chained": [], "official": []}
     sessions = {}
     for name, mode, owner in (("kv", "kv", model), ("kv_exact", "kv", exact), ("chained", "chained", model)):
         knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
                              context_frames=settings.context_frames, window_mode=mode)
-        sessions[name] = owner.open_session(image, PROMPT, DOMAIN_ID, knobs=knobs,
+        sessions[name] = owner.open_session(image, PROMPT, arch.domain_id, knobs=knobs,
                                             generator=torch.Generator().manual_seed(0))
     recipe = OfficialRecipe(checkpoint_for(arch, settings.cache_dir), image=image, prompt=PROMPT,
                             chunk_size=arch.chunk_size, num_steps=settings.num_steps)

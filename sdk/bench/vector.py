@@ -35,7 +35,7 @@ def _alternatives(model, arch: BenchArch, n: int, knobs, settings: VectorSetting
 
     batched, separate = open_sessions(), open_sessions()
     steps = settings.warmup + settings.rounds
-    chunks = [action_chunks(steps, knobs.chunk_size, seed=1 + i, width=arch.action_width) for i in range(n)]
+    chunks = [action_chunks(steps, arch, seed=1 + i) for i in range(n)]
 
     def step_batched() -> None:
         w = batched[0].window_index

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .archs import DOMAIN_ID, PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
 from .measure import median, ratio
 from .progress import Progress
 from .results import Table
@@ -36,14 +36,14 @@ def scan_windows(settings: RolloutSettings, progress: Progress) -> dict[str, Any
     image = first_frame(arch.height, arch.width)
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
                          context_frames=settings.context_frames)
-    chunks = action_chunks(total, arch.chunk_size)
-    main = model.open_session(image, PROMPT, DOMAIN_ID, knobs=knobs, generator=torch.Generator().manual_seed(0))
+    chunks = action_chunks(total, arch)
+    main = model.open_session(image, PROMPT, arch.domain_id, knobs=knobs, generator=torch.Generator().manual_seed(0))
     fresh = None
     windows: list[dict[str, Any]] = []
     fresh_s: list[float] = []
     for w in range(total):
         if w == total - span:
-            fresh = model.open_session(image, PROMPT, DOMAIN_ID, knobs=knobs, generator=torch.Generator().manual_seed(0))
+            fresh = model.open_session(image, PROMPT, arch.domain_id, knobs=knobs, generator=torch.Generator().manual_seed(0))
         order = [main] if fresh is None else [main, fresh] if w % 2 == 0 else [fresh, main]
         for session in order:
             if session is fresh:

@@ -104,11 +104,12 @@ def _run_task(path: str, threads: int, settings: RolloutSettings, task: tuple) -
     """One unit of model work, in this process or a worker: ("open_loop", mode, first, actions, seed) or
     ("episodes", policy_ids, seeds, max_windows). Loads its own model (workers share nothing)."""
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
-    from worldstep.engine.vae import DecoderOptions
+    from worldstep.world import resolve_config
 
     torch.set_num_threads(threads)
+    decoder = resolve_config(path).decoder.to_options()  # as the folder's config decodes (worldstep.json)
     world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=32768,
-                                              decoder_options=DecoderOptions(onednn_conv=True))  # as configs/pusher.yaml
+                                              decoder_options=decoder)
     try:
         if task[0] == "open_loop":
             _, mode, first, actions, seed = task
