@@ -21,8 +21,11 @@ class WorldModelVectorEnv(VectorEnv):
 
     Each sub-environment is a :class:`WorldModelEnv` holding its own rollout session and RNG; they share
     the model's weights and KV page pool. ``step`` sends every live session through ONE
-    ``model.step_batch`` call (one batched forward per denoising step), so sub-environment ``i`` reset
-    with seed ``s`` produces the same frames as a single ``WorldModelEnv`` reset with seed ``s``.
+    ``model.step_batch`` call (one batched forward per denoising step). Sub-environment ``i`` reset with
+    seed ``s`` produces the frames a single ``WorldModelEnv`` reset with seed ``s`` produces, within
+    float32 rounding: each session's attention and decoder calls are the ones it makes alone, but the
+    linear layers run one GEMM over every session's tokens, which may round differently with the row
+    count (latents within 1e-5, frames within 1 uint8 level; docs/exactness.md).
 
     Autoreset is ``AutoresetMode.NEXT_STEP``: the step after a sub-environment terminates or truncates
     resets it (with the options of its last reset, a fresh draw from its RNG) and ignores its action;

@@ -213,7 +213,7 @@ class DecoderConfig(_Config):
     """set cudnn.benchmark around the decode"""
     onednn_conv: bool = False
     """on CPU, run the decoder's 3-D convs through oneDNN: several times faster, equal to ``vae.decode``
-    within float32 rounding instead of bit for bit"""
+    within 1e-4 (the reference kernels: within 1e-5; docs/exactness.md)"""
     max_warm_streams: NonNegativeInt = 0
     """cap on streams holding a warm cache; 0 means no cap"""
     context_latents: PositiveInt = 8

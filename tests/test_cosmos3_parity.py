@@ -32,8 +32,8 @@ def _image(size: int, seed: int = 0) -> np.ndarray:
     return np.random.RandomState(seed).randint(0, 256, (size, size, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("guidance", [1.0, 3.0])
-@pytest.mark.parametrize("chunk", [4, 8])
+@pytest.mark.parametrize("guidance", [1.0, pytest.param(3.0, marks=pytest.mark.exactness)])
+@pytest.mark.parametrize("chunk", [pytest.param(4, marks=pytest.mark.exactness), 8])
 def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, chunk):
     """One window covering the whole clip reproduces Cosmos3OmniPipeline forward dynamics latents."""
     image, steps, negative = _image(256), 4, "blurry, static"
@@ -63,7 +63,7 @@ def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, c
     assert model.kv.num_used_pages == 0
 
 
-@pytest.mark.parametrize("context_frames", [0, 2])
+@pytest.mark.parametrize("context_frames", [0, pytest.param(2, marks=pytest.mark.exactness)])
 def test_multi_window_kv_matches_dense_reference(checkpoint, context_frames):
     """Paged kv mode equals a dense oracle with explicit eviction, including released pages."""
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", page_size=16)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import worldstep
 from gymnasium.vector import AutoresetMode
-from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
+from tiny_world import FAST, assert_frames_match_batched, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
 from worldstep.envs import WorldModelVectorEnv
 
 
@@ -22,6 +22,7 @@ def test_make_vec_returns_the_batched_env(world):  # noqa: F811
     envs.close()
 
 
+@pytest.mark.exactness
 def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypatch):  # noqa: F811
     envs = worldstep.world.make_vec_env(world, num_envs=2, max_windows=2)
     calls = []
@@ -52,10 +53,10 @@ def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypa
         env = worldstep.make_env(world)
         single, _ = env.reset(seed=seed, options={"prompt": prompt, "domain_id": 3})
         frames = [single["frames"]] + [env.step(a[i])[0]["frames"] for a in actions]
-        for b, s in zip(batched, frames):
-            assert np.array_equal(b[i], s)
+        for b, s in zip(batched, frames):  # batched transformer rows: equal within the stated bound
+            assert_frames_match_batched(b[i], s)
         again, _ = env.reset(options={"prompt": prompt, "domain_id": 3})  # the RNG continues as in the vector env
-        assert np.array_equal(autoreset[i], again["frames"])
+        assert np.array_equal(autoreset[i], again["frames"])  # a reset decodes frame 0 alone in both: same calls
         env.close()
     envs.close()
     assert world.model.kv.num_used_pages == 0

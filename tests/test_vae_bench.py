@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from worldstep.engine.vae import WHOLE_STREAM_DECODE_ATOL
 from worldstep.engine.vae.bench import format_table, run_decode_bench
 
 
@@ -19,7 +20,7 @@ def test_decode_bench_smoke(capsys):
     json.dumps(result, allow_nan=False)  # the CLI's --json
     assert "latents/window" in capsys.readouterr().out
 
-    assert result["warm_bit_exact"] is True and result["warm_max_abs_diff"] == 0.0
+    assert result["warm_within_bound"] is True and result["warm_max_abs_diff"] <= WHOLE_STREAM_DECODE_ATOL
     assert [r["latents_per_window"] for r in result["windows"]] == [1, 2]
     for r in result["windows"]:
         assert r["frames_per_window"] == 4 * r["latents_per_window"]
@@ -34,7 +35,7 @@ def test_decode_bench_smoke(capsys):
     assert result["cache_scaling"] == 1.0
     assert result["stream_cache_bytes"] == result["cache"][0]["warm_cache_bytes"]
     assert result["config"]["stream_latents"] == 1 + 2 + 1 + 2
-    assert "bit-exact" in format_table(result)
+    assert "within the 1e-05 bound" in format_table(result)
 
 
 @pytest.mark.parametrize("bad", [{"height": 40}, {"cache_sizes": ((32, 32), (48, 8))}, {"timed_windows": 0}])

@@ -4,8 +4,8 @@ One random-weight Wan 2.2-family VAE, one latent stream. A warm stream and a sta
 decode the same windows in lockstep (alternating which goes first), so both see the same machine
 load; the speedup is the ratio of their median ms per window, measured side by side. Windows are
 timed only once the stream is past `context_latents`, where the stateless path pays its full
-re-decode. Both are checked against one `vae.decode` of the whole stream: the warm path should be
-bit-exact, the stateless path is an approximation (PSNR).
+re-decode. Both are checked against one `vae.decode` of the whole stream: the warm path agrees within
+float32 rounding (`WHOLE_STREAM_DECODE_ATOL`), the stateless path is an approximation (PSNR).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from diffusers import AutoencoderKLWan
 from tqdm.auto import tqdm
 
-from .decoder import WarmWanDecoder
+from .decoder import WHOLE_STREAM_DECODE_ATOL, WarmWanDecoder
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .stream import StreamPath
@@ -100,13 +100,12 @@ def _steady_cache_bytes(vae, height: int, width: int, z_dim: int) -> int:
         return dec.cache_bytes(s)
 
 
-def _rows(times, outs, whole: torch.Tensor) -> tuple[list[dict], bool, float]:
+def _rows(times, outs, whole: torch.Tensor) -> tuple[list[dict], float]:
     frame0, per_w = 0, {}
-    exact, max_diff = True, 0.0
+    max_diff = 0.0
     for w, timed, warm, cold in outs:
         ref = whole[:, :, frame0 : frame0 + warm.shape[2]]
         frame0 += warm.shape[2]
-        exact &= torch.equal(warm, ref)
         max_diff = max(max_diff, float((warm - ref).abs().max()))
         if timed:
             entry = per_w.setdefault(w, {"cold": [], "ref": []})
@@ -126,7 +125,7 @@ def _rows(times, outs, whole: torch.Tensor) -> tuple[list[dict], bool, float]:
             "cpu_speedup": round(ms["stateless_cpu"] / ms["warm_cpu"], 3),
             "stateless_psnr_db": _psnr(torch.cat(per_w[w]["cold"], 2), torch.cat(per_w[w]["ref"], 2)),
         })
-    return rows, exact, max_diff
+    return rows, max_diff
 
 
 @dataclass(frozen=True)
@@ -181,8 +180,8 @@ def run_decode_bench(
     Returns:
         dict with `config`; `windows` (per window size: warm_ms, stateless_ms, speedup, the same as
         process CPU time warm_cpu_ms, stateless_cpu_ms, cpu_speedup, and stateless_psnr_db; None =
-        identical); `warm_bit_exact` / `warm_max_abs_diff` (all warm windows vs `vae.decode` of the
-        whole stream); `stream_cache_bytes` (the timed warm stream's cache); `cache` (steady warm
+        identical); `warm_max_abs_diff` / `warm_within_bound` (all warm windows vs `vae.decode` of the
+        whole stream, against `WHOLE_STREAM_DECODE_ATOL`); `stream_cache_bytes` (the timed warm stream's cache); `cache` (steady warm
         cache bytes per stream at each size); `cache_scaling` (byte ratio / pixel ratio of the last
         vs first size; 1.0 = linear in H*W); `elapsed_s`.
     """
@@ -221,7 +220,7 @@ def _measure(b: DecodeBenchSizes, progress: bool) -> dict:
         norm = LatentNorm.from_vae(vae, torch.device("cpu"), torch.float32)
         whole = vae.decode(norm.denormalize(z)).sample  # [1,3,T,H,W]
     times, outs, stream_bytes = _lockstep(vae, z, plan, b.context_latents, progress)
-    rows, exact, max_diff = _rows(times, outs, whole)
+    rows, max_diff = _rows(times, outs, whole)
     cache = [
         {"height": h, "width": w, "warm_cache_bytes": _steady_cache_bytes(vae, h, w, b.z_dim)} for h, w in b.cache_sizes
     ]
@@ -234,8 +233,8 @@ def _measure(b: DecodeBenchSizes, progress: bool) -> dict:
     return {
         "config": config,
         "windows": rows,
-        "warm_bit_exact": exact,
         "warm_max_abs_diff": max_diff,
+        "warm_within_bound": max_diff <= WHOLE_STREAM_DECODE_ATOL,
         "stream_cache_bytes": stream_bytes,
         "cache": cache,
         "cache_scaling": round(scaling, 4),
@@ -260,8 +259,8 @@ def format_table(result: dict) -> str:
             f"{r['stateless_cpu_ms']:>16.1f} {r['cpu_speedup']:>10.2f}x {psnr:>15}"
         )
     lines.append(
-        f"warm vs whole-stream vae.decode: {'bit-exact' if result['warm_bit_exact'] else 'NOT bit-exact'} "
-        f"(max |diff| {result['warm_max_abs_diff']:.2e})"
+        f"warm vs whole-stream vae.decode: max |diff| {result['warm_max_abs_diff']:.2e} "
+        f"({'within' if result['warm_within_bound'] else 'OUTSIDE'} the {WHOLE_STREAM_DECODE_ATOL:g} bound)"
     )
     for e in result["cache"]:
         lines.append(f"warm cache per stream at {e['height']}x{e['width']}: {e['warm_cache_bytes'] / 2**20:.2f} MiB")

@@ -1,9 +1,14 @@
 """`WarmWanDecoder`: decode many live latent streams window by window with one shared Wan VAE.
 
 Each stream (`DecodeStream`) carries its own causal-conv cache, so a window decodes only its new
-latents and yields exactly the frames one `vae.decode` of the whole stream would (bit for bit in
-fp32 eager with one latent per call). A stream without a cache re-decodes its retained context
-ahead of the window from an empty cache and keeps only the new frames (the stateless path).
+latents. With one latent per call (the default) a stream issues the same decoder calls, with the same
+shapes, as `vae.decode` does for the whole stream; only `post_quant_conv`, a pointwise 1x1x1 conv that
+runs here one latent at a time instead of over the whole clip, may round differently (kernels pick
+their path by shape). The frames therefore equal one whole-stream decode within float32 rounding
+(max |diff| <= 1e-5 in [-1, 1] pixels, at most 1 uint8 level; see docs/exactness.md), and they are
+bit-identical whatever the window pattern and whichever other streams are decoded alongside. A stream
+without a cache re-decodes its retained context ahead of the window from an empty cache and keeps
+only the new frames (the stateless path).
 """
 
 from __future__ import annotations
@@ -17,13 +22,18 @@ import numpy as np
 import torch
 
 from .cache import compact, compact_slots, count_slots
-from .jobs import GroupRunner, Output, WindowJob
+from .jobs import Output, WindowJob, WindowRunner
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .perf import cudnn_benchmark, decoder_copy
 from .stream import DecodeStream, StreamPath
 
 _stream_ids = itertools.count()
+
+# A warm stream vs one `vae.decode` of the whole stream, in [-1, 1] pixels: only `post_quant_conv`'s call
+# shape differs (per latent vs whole clip), so they agree within float32 rounding. Measured max 3.8e-6 on
+# the test VAEs over seeds, window patterns and CPU kernel selections (docs/exactness.md).
+WHOLE_STREAM_DECODE_ATOL = 1e-5
 
 
 class WarmWanDecoder:
@@ -52,7 +62,7 @@ class WarmWanDecoder:
         self._norm = LatentNorm.from_vae(vae, self.device, self.dtype)
         self._decoder = decoder_copy(vae.decoder, channels_last=self.options.channels_last,
                                      onednn_conv=self.options.onednn_conv)
-        self._runner = GroupRunner(
+        self._runner = WindowRunner(
             decoder=self._decoder,
             post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv),
             num_slots=count_slots(self._decoder),
@@ -138,10 +148,10 @@ class WarmWanDecoder:
     def decode_batch(
         self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor], output: Output = "frames"
     ) -> list:
-        """Decode one window of each stream; streams at the same phase and window length share
-        decoder calls, the rest are split into groups. All or nothing: if any group raises, no
-        stream advances, and every cache the failed call had touched is dropped (that stream's
-        retry re-decodes behind its context, then continues warm).
+        """Decode one window of each stream, each through its own decoder calls (the calls it would
+        make alone). All or nothing: if any stream's run raises, no stream advances, and every cache
+        a run had touched is dropped (that stream's retry re-decodes behind its context, then
+        continues warm).
 
         Args:
             streams: distinct open streams of this decoder.
@@ -188,14 +198,12 @@ class WarmWanDecoder:
         )
 
     def _run_jobs(self, jobs: list[WindowJob]) -> None:
-        groups: dict[tuple, list[WindowJob]] = {}
-        for job in jobs:
-            groups.setdefault(job.group_key(), []).append(job)
         touched: list[DecodeStream] = []
         try:
-            for group in groups.values():
-                touched.extend(j.stream for j in group if not j.cold)
-                self._runner.run(group)
+            for job in jobs:
+                if not job.cold:
+                    touched.append(job.stream)
+                self._runner.run(job)
         except BaseException:
             for s in touched:  # a half-advanced cache must never be continued
                 s.slots = None

@@ -93,7 +93,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
 
         def make_actor(k: int):
             return remote_cls.options(name=f"worldstep-eval-{run_id}-{k}", **options).remote(
-                config, policy, success_fn, batched, record_video, max(ep.max_windows for ep in eps))
+                config, policy, success_fn, batched, record_video, max(ep.max_windows for ep in eps),
+                torch_threads(options["num_cpus"]))
 
         report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched)
         bar = tqdm(total=len(eps), desc=f"evaluate (ray, {workers} workers)", unit="episode", disable=not progress)
@@ -187,6 +188,15 @@ def _actor_options(resources: dict[str, float], num_workers: int,
     elif isinstance(cpus_per_worker, bool) or not isinstance(cpus_per_worker, (int, float)) or cpus_per_worker < 0:
         raise ValueError(f"cpus_per_worker={cpus_per_worker!r} is invalid; allowed: a number >= 0")
     return {"num_cpus": float(cpus_per_worker)}, num_workers
+
+
+def torch_threads(num_cpus: float) -> int:
+    """torch threads of an actor holding ``num_cpus`` CPUs: its whole share, at least one.
+
+    Set explicitly rather than left to Ray's environment: a kernel may split its work, and round, by the
+    thread count, so a local run at the same count gives the same frames (docs/exactness.md).
+    """
+    return max(1, math.floor(num_cpus))
 
 
 def _shards(eps: list[EpisodeConfig], batched: bool, batch_size: int | None, workers: int) -> list[Shard]:

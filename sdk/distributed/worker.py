@@ -46,9 +46,12 @@ class EvalWorker:
     """
 
     def __init__(self, config: WorldstepConfig, policy: Any, success_fn: Any, batched: bool,
-                 record_video: bool, max_windows: int) -> None:
+                 record_video: bool, max_windows: int, threads: int) -> None:
+        import torch
+
         from ..world import load
 
+        torch.set_num_threads(threads)
         self.world = load(config)
         self.policy = policy
         self.env_kwargs = {"max_windows": max_windows, "success_fn": success_fn}
