@@ -201,3 +201,20 @@ def test_the_shipped_pusher_json_matches_what_training_writes():
 
     meta = json.loads((PUSHER / "worldstep.json").read_text())
     assert meta["embodiments"] == [EMBODIMENT] and meta["builtin_embodiments"] is False
+
+
+def test_readme_table_is_generated_from_the_registry(tmp_path):
+    from worldstep.embodiment_table import BEGIN, END, render, update
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert block == render(), "README embodiment table is stale: python -m worldstep.embodiment_table README.md"
+    rows = block.splitlines()[2:]
+    assert len(rows) == len(REGISTRY) and "| `droid_lerobot` | 8 | 10 | 15 | concat_view | none | diffusers |" in rows
+    stale = tmp_path / "R.md"
+    stale.write_text(f"intro\n{BEGIN}\nold\n{END}\noutro\n")
+    assert update(stale) and not update(stale)
+    assert stale.read_text() == f"intro\n{BEGIN}\n{render()}\n{END}\noutro\n"
+    stale.write_text("no markers")
+    with pytest.raises(ValueError, match="lacks the markers"):
+        update(stale)
