@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,dist,remote]"
+	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""``worldstep`` command line: ``rollout``, ``eval``, ``info`` and ``bench``.
+"""``worldstep`` command line: ``rollout``, ``eval``, ``info``, ``stats`` and ``bench``.
 
 Every command parses its flags into config overrides and calls the SDK; bad values come back as the
 SDK's errors (``ConfigError``/``ValueError`` naming the key, value and allowed range) with exit code 2.
@@ -245,6 +245,40 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- stats ----------------------------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from worldstep.engine.models.cosmos3.action_stats import STAT_KEYS, ActionStats
+
+    from .action_data import load_array_actions, load_lerobot_actions
+
+    source = Path(args.source)
+    if source.suffix in (".npy", ".npz"):
+        rows, meta = load_array_actions(source, key=args.key), {"source": str(source)}
+    else:
+        rows, meta = load_lerobot_actions(source, column=args.column)
+    if args.dims is not None:
+        start, _, stop = args.dims.partition(":")
+        if not (start.isdigit() and stop.isdigit() and int(start) < int(stop) <= rows.shape[1]):
+            raise ValueError(f"--dims {args.dims!r} is invalid; allowed: START:STOP with 0 <= START < STOP <= "
+                             f"{rows.shape[1]}")
+        rows, meta["dims"] = rows[:, int(start):int(stop)], args.dims
+    stats = ActionStats.compute(rows, metadata=meta)
+    if args.out:
+        stats.to_json(args.out)
+    if args.json:
+        print(json.dumps(stats.to_dict(), indent=2))
+        return 0
+    print(f"{stats.metadata['count']} action rows, {stats.width} dimensions, from {source}")
+    print("dim " + "".join(f"{k:>12}" for k in STAT_KEYS))
+    for d in range(stats.width):
+        print(f"{d:>3} " + "".join(f"{float(getattr(stats, k)[d]):>12.5g}" for k in STAT_KEYS))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
 # --- bench ----------------------------------------------------------------------------------------
 
 
@@ -329,6 +363,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser(
+        "stats", help="per-dimension action statistics (q01, q99, mean, std, min, max) for ActionNormalizer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Arm embodiments (DROID, Bridge, fractal, UMI) take 10 numbers per step: the end-effector motion\n"
+               "dT = T_t^-1 T_t+1 as translation (3) + the first two rotation columns (6), then the gripper;\n"
+               "worldstep.action_data.relative_pose_actions builds them from absolute 4x4 poses.")
+    p.add_argument("source", help=".npy, .npz, a .parquet file or a LeRobot dataset folder (data/**/*.parquet)")
+    p.add_argument("--column", default="action", help="parquet column holding the actions (default action)")
+    p.add_argument("--key", help=".npz array name (default actions, action or the only array)")
+    p.add_argument("--dims", help="keep dimensions START:STOP, e.g. 0:10")
+    p.add_argument("--out", help="write the stats JSON (cosmos-framework's normalizer-stats format) here")
+    p.add_argument("--json", action="store_true", help="print the stats JSON instead of a table")
+    p.set_defaults(func=cmd_stats)
 
     _add_bench(sub)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")

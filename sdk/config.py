@@ -310,12 +310,13 @@ def _section_of(key: str) -> str:
     raise ConfigError(f"{key}: unknown key (allowed keys: {', '.join(_SECTIONS)}, {', '.join(allowed)})")
 
 
-CONFIG_NAMES = ("tiny", "cosmos3_edge", "pusher")
+CONFIG_NAMES = ("tiny", "cosmos3_edge", "cosmos3_nano", "pusher")
 """Configs shipped as package data (``worldstep.configs``)."""
 
 
 def load_config(name_or_path: str | os.PathLike) -> WorldstepConfig:
-    """A shipped config by name (``tiny``, ``cosmos3_edge``; ``-`` and ``_`` interchangeable) or a YAML path."""
+    """A shipped config by name (``tiny``, ``cosmos3_edge``, ``cosmos3_nano``; ``-`` and ``_`` interchangeable) or a
+    YAML path."""
     name = str(name_or_path)
     key = name.replace("-", "_").lower()
     if key in CONFIG_NAMES:

@@ -13,14 +13,18 @@ from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.models.cosmos3.checkpoint import shaped_like
 
 DROID = 8  # diffusers' domain id of "droid_lerobot" (10-wide actions)
+TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    arch = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", arch, seed=3)
+# Every parity test runs on an Edge-shaped (relu2, Nemotron norms) and a Nano-shaped (SwiGLU, RMSNorm,
+# q/k norm on text) tiny checkpoint.
+@pytest.fixture(scope="module", params=["edge", "nano"])
+def checkpoint(request, tmp_path_factory):
+    arch = shaped_like(TINY, request.param)
+    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}", arch, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,19 @@ def _image(size: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("chunk", [pytest.param(4, marks=pytest.mark.exactness), 8])
 def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, chunk):
     """One window covering the whole clip reproduces Cosmos3OmniPipeline forward dynamics latents."""
+    _assert_one_window_matches(checkpoint, pipeline, guidance, chunk)
+
+
+def test_one_window_matches_with_a_system_prompt(tmp_path):
+    """A checkpoint saved with `default_use_system_prompt` (model_index.json) is prompted the pipeline's way."""
+    arch = {**shaped_like(TINY, "nano"), "pipeline": {"default_use_system_prompt": True}}
+    folder = build_checkpoint(tmp_path / "tiny-nano-system", arch, seed=3)
+    pipeline = Cosmos3OmniPipeline.from_pretrained(folder)
+    assert pipeline.config.default_use_system_prompt is True
+    _assert_one_window_matches(folder, pipeline, guidance=3.0, chunk=4)
+
+
+def _assert_one_window_matches(checkpoint, pipeline, guidance, chunk):
     image, steps, negative = _image(256), 4, "blurry, static"
     actions = np.random.RandomState(1).uniform(-1, 1, (chunk, 10)).astype(np.float32)
     condition = CosmosActionCondition(

@@ -25,7 +25,7 @@ def test_public_api():
         assert hasattr(worldstep, name)
 
 
-@pytest.mark.parametrize("name", ["tiny", "cosmos3_edge", "cosmos3-edge"])
+@pytest.mark.parametrize("name", ["tiny", "cosmos3_edge", "cosmos3-edge", "cosmos3_nano", "cosmos3-nano"])
 def test_shipped_configs_load_and_round_trip(name, tmp_path):
     config = load_config(name)
     path = tmp_path / "c.yaml"

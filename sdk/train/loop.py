@@ -49,6 +49,10 @@ PROMPT = "A robot pushes a block to the goal."
 DOMAIN_ID = 0
 FPS = 24.0
 SIZE = 64
+# The embodiment a trained folder registers in its worldstep.json (PushSim's 2-D velocity actions, raw);
+# its domains are its own, so the Cosmos3 built-in names do not apply to it.
+EMBODIMENT = {"name": "pusher", "domain_id": DOMAIN_ID, "raw_width": 2, "fps": FPS, "view_point": "ego_view",
+              "normalization": "none"}
 
 
 @dataclass
@@ -382,7 +386,8 @@ def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
     pipeline.save_pretrained(path, safe_serialization=True)
     (path / "worldstep.json").write_text(json.dumps({"height": SIZE, "width": SIZE, "fps": FPS,
                                                      "prompt": PROMPT, "domain_id": DOMAIN_ID,
-                                                     "config": "pusher"}, indent=2))  # run settings of a folder
+                                                     "config": "pusher", "builtin_embodiments": False,
+                                                     "embodiments": [EMBODIMENT]}, indent=2))  # run settings
     return path
 
 

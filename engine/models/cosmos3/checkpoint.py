@@ -46,6 +46,36 @@ _SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
+# The switches that tell the released families apart in an `architecture["transformer"]` block (the
+# rest is size): Edge is a Nemotron-style backbone (relu2 MLP, Nemotron RMSNorm, no text q/k norm, a
+# k-norm on text keys seen by generation queries); Nano is Qwen3-style (SwiGLU MLP, RMSNorm, q/k norm
+# on text, no extra k-norm) -- diffusers' `Cosmos3OmniTransformer` defaults are Nano's.
+FAMILY_SWITCHES: dict[str, dict[str, Any]] = {
+    "edge": {"hidden_act": "relu2", "qk_norm_for_text": False, "use_und_k_norm_for_gen": True},
+    "nano": {"hidden_act": "silu", "qk_norm_for_text": True, "use_und_k_norm_for_gen": False},
+}
+# `architecture["pipeline"]`: the `Cosmos3OmniPipeline` options a checkpoint is saved with.
+_PIPELINE_DEFAULTS: dict[str, bool] = {"default_use_system_prompt": False, "use_native_flow_schedule": True}
+
+
+def shaped_like(architecture: dict[str, Any], family: str) -> dict[str, Any]:
+    """A copy of `architecture` with the transformer switches of `family` (`edge` or `nano`), sizes kept."""
+    if family not in FAMILY_SWITCHES:
+        raise ValueError(f"family={family!r} is invalid; allowed: {sorted(FAMILY_SWITCHES)}")
+    return {**architecture, "transformer": {**architecture["transformer"], **FAMILY_SWITCHES[family]}}
+
+
+def _pipeline_options(architecture: dict[str, Any]) -> dict[str, bool]:
+    options = dict(architecture.get("pipeline") or {})
+    unknown = sorted(set(options) - set(_PIPELINE_DEFAULTS))
+    if unknown:
+        raise ValueError(f"architecture.pipeline keys {unknown} are unknown; allowed: {sorted(_PIPELINE_DEFAULTS)}")
+    for key, value in options.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"architecture.pipeline.{key}={value!r} is invalid; allowed: true or false")
+    return {**_PIPELINE_DEFAULTS, **options}
+
+
 def build_tokenizer(vocab_size: int):
     """A small character-level BPE tokenizer with the Qwen-style chat template and special tokens."""
     from tokenizers import Tokenizer, models, trainers
@@ -94,7 +124,8 @@ def _randomize_(module: torch.nn.Module, generator: torch.Generator, std: float 
 
 
 def build_pipeline(architecture: dict[str, Any], seed: int = 0):
-    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by an `architecture` block."""
+    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by an `architecture` block
+    (`transformer`, `vae`, and optionally `pipeline`: `default_use_system_prompt`, `use_native_flow_schedule`)."""
     from diffusers import (
         AutoencoderKLWan,
         Cosmos3OmniPipeline,
@@ -102,6 +133,7 @@ def build_pipeline(architecture: dict[str, Any], seed: int = 0):
         UniPCMultistepScheduler,
     )
 
+    options = _pipeline_options(architecture)  # checked before any weights are made
     generator = torch.Generator().manual_seed(seed)
     transformer_arch = dict(architecture["transformer"])
     torch.manual_seed(seed)
@@ -117,8 +149,7 @@ def build_pipeline(architecture: dict[str, Any], seed: int = 0):
         vae=vae,
         scheduler=scheduler,
         enable_safety_checker=False,
-        default_use_system_prompt=False,
-        use_native_flow_schedule=True,
+        **options,
     )
 
 
