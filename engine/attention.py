@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from worldstep.engine.kv import PagedAllocationManager, PageTable, StreamKey
+from worldstep.engine.kv import PagedKVCache, PageTable, StreamKey
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
@@ -94,7 +94,7 @@ class PagedAttentionBatch:
     new batch): a batch whose tables went stale raises `StaleStreamError`.
     """
 
-    cache: PagedAllocationManager
+    cache: PagedKVCache
     tables: list[PageTable]
     q_lens: list[int]
     backend: AttentionBackendName | str
@@ -188,7 +188,7 @@ def _stream_kv(
     entry = batch._gathered.get((table.key, layer))
     needed = table.seq_len + k_new.shape[0]
     if entry is not None and entry.epoch == table.prefix_epoch and entry.k.shape[0] >= needed:
-        batch.cache.check_current(table)
+        batch.cache.table.check_current(table)
     else:
         if entry is None or entry.k.shape[0] < needed:
             shape = (needed, *k_new.shape[1:])  # [S+n, Hkv, D]
@@ -225,7 +225,7 @@ def flashinfer_attention(
     import flashinfer  # lazily: CUDA only
 
     for table in batch.tables:
-        batch.cache.check_current(table)
+        batch.cache.table.check_current(table)
     plan = batch._flashinfer_plan
     if plan is None or plan.num_qo_heads != q.shape[1]:
         plan = batch._flashinfer_plan = _plan_flashinfer(flashinfer, batch, q.shape[1])

@@ -10,10 +10,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+from worldstep.engine.checks import is_int
 from worldstep.engine.kv import KVPoolExhausted
-
-from .checks import check_actions, is_int
-from .world_model_env import RESET_OPTION_KEYS, WorldModelEnv
+from worldstep.envs.episode import RESET_OPTION_KEYS, reset_request
+from worldstep.envs.world_model_env import WorldModelEnv
 
 
 class WorldModelVectorEnv(VectorEnv):
@@ -21,7 +21,7 @@ class WorldModelVectorEnv(VectorEnv):
 
     Each sub-environment is a :class:`WorldModelEnv` holding its own rollout session and RNG; they share
     the model's weights and KV page pool. ``step`` sends every live session through ONE
-    ``model.step_batch`` call (one batched forward per denoising step). Sub-environment ``i`` reset with
+    ``model.step`` call (one batched forward per denoising step). Sub-environment ``i`` reset with
     seed ``s`` produces the frames a single ``WorldModelEnv`` reset with seed ``s`` produces, within
     float32 rounding: each session's attention and decoder calls are the ones it makes alone, but the
     linear layers run one GEMM over every session's tokens, which may round differently with the row
@@ -59,7 +59,7 @@ class WorldModelVectorEnv(VectorEnv):
         seeds = self._split_seed(seed)
         per_env = self._split_options(options)
         for env, opts in zip(self.envs, per_env):  # every check before any session opens
-            env._check_options(opts)
+            reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
         super().reset(seed=seeds[0])
         results = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, per_env)]
         self._options = per_env
@@ -70,11 +70,14 @@ class WorldModelVectorEnv(VectorEnv):
         return self._stack([obs for obs, _ in results]), infos
 
     def step(self, actions: np.ndarray):
-        actions = check_actions(actions, self.action_space.shape)
-        for i, env in enumerate(self.envs):
-            if not self._autoreset[i]:
-                env._begin_step(actions[i])  # raises ResetNeeded before any engine work
+        actions = np.asarray(actions) if not hasattr(actions, "detach") else actions.detach().cpu().numpy()
+        if actions.shape != self.action_space.shape:
+            raise ValueError(f"actions.shape={actions.shape} is invalid; allowed: {self.action_space.shape} "
+                             "(num_envs, chunk_size, action width)")
         live = [i for i in range(self.num_envs) if not self._autoreset[i]]
+        for i in live:
+            if self.envs[i].episode is None or not self.envs[i].episode.live:
+                raise gym.error.ResetNeeded(f"Cannot call step() before reset(): sub-environment {i} has no episode")
         outcomes: dict[int, tuple] = {}
         for i in np.flatnonzero(self._autoreset):
             obs, info = self.envs[i].reset(options=self._options[i])
@@ -106,25 +109,19 @@ class WorldModelVectorEnv(VectorEnv):
     # --- helpers ---------------------------------------------------------------------------
 
     def _step_live(self, live: list[int], actions: np.ndarray) -> dict[int, tuple]:
-        """One batched engine call for the live sub-environments.
+        """One engine call for the live sub-environments (the engine checks each row's actions once).
 
         When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
         only those that do not fit end by truncation.
         """
         if not live:
             return {}
-        sessions = [self.envs[i]._session for i in live]
+        episodes = [self.envs[i].episode for i in live]
         try:
-            results = self.model.step_batch(sessions, [actions[i] for i in live])
-        except KVPoolExhausted:
-            return {i: self._step_alone(self.envs[i], actions[i]) for i in live}
-        return {i: self.envs[i]._finish_step(r, actions[i]) for i, r in zip(live, results)}
-
-    @staticmethod
-    def _step_alone(env: WorldModelEnv, actions: np.ndarray) -> tuple:
-        if env._session.closed:  # the failed batch closed it
-            return env._exhausted_step()
-        return env.step(actions)
+            results = self.model.step([e.session for e in episodes], [actions[i] for i in live])
+        except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
+            return {i: self.envs[i].step(actions[i]) if e.live else e.exhausted() for i, e in zip(live, episodes)}
+        return {i: e.outcome(r, np.asarray(actions[i], np.float32)) for i, e, r in zip(live, episodes, results)}
 
     def _split_seed(self, seed) -> list[int | None]:
         if seed is None:
@@ -166,7 +163,7 @@ class WorldModelVectorEnv(VectorEnv):
 
 
 def _flat_timings(info: dict[str, Any]) -> dict[str, Any]:
-    """``WindowTimings`` as a dict of floats, so vector infos hold float arrays."""
+    """The engine's ``PhaseTimings`` as a dict of floats, so vector infos hold float arrays."""
     if "timings" not in info:
         return info
     return {**info, "timings": dataclasses.asdict(info["timings"])}

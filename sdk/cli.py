@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from worldstep.envs.registration import ENV_IDS
+from .registration import WORLD_MODEL_IDS
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
 
@@ -37,7 +37,7 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, dict[str, Any]]:
-    model = args.config or ENV_IDS[args.env][0]
+    model = args.config or WORLD_MODEL_IDS[args.env]
     overrides = _parse_set(args.set)
     for key in ("device", "prompt", "domain_id", "image", "context_frames"):
         value = getattr(args, key, None)
@@ -49,7 +49,7 @@ def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, d
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(ENV_IDS),
+    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(WORLD_MODEL_IDS),
                        help=f"registered env id whose config to use (default {DEFAULT_ENV})")
     group.add_argument("--config", help="config name (tiny, cosmos3_edge), .yaml path, checkpoint folder or hub id")
     parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the config's)")

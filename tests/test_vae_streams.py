@@ -67,7 +67,7 @@ def test_cap_zero_means_no_cap():
 
 def test_an_aborted_stream_frees_its_slot_for_the_next():
     dec = WarmWanDecoder(VAE, DecoderOptions(max_warm_streams=1))
-    with pytest.raises(RuntimeError, match="episode aborted"), dec.open_stream() as s:
+    with pytest.raises(RuntimeError, match="episode aborted"), dec.stream() as s:
         dec.decode(s, random_latents(2, GRID))
         assert dec.live_warm_streams == 1
         raise RuntimeError("episode aborted")
@@ -109,8 +109,8 @@ def test_close_releases_cache_context_and_slot():
         dec.decode(s, random_latents(2, GRID))
     assert dec.live_warm_streams == 3 and all(dec.cache_bytes(s) > 0 for s in streams)
     for i, s in enumerate(streams):
-        s.close()
-        s.close()  # idempotent
+        dec.close_stream(s)
+        dec.close_stream(s)  # idempotent
         assert dec.live_warm_streams == 2 - i
         assert dec.cache_bytes(s) == 0 and s.context is None and s.context_bytes == 0
     with pytest.raises(ValueError, match="closed"):

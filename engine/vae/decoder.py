@@ -13,10 +13,11 @@ only the new frames (the stateless path).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -77,7 +78,16 @@ class WarmWanDecoder:
 
     def open_stream(self) -> DecodeStream:
         """A new stream; it picks warm or stateless at its first window."""
-        return DecodeStream(stream_id=next(_stream_ids), decoder=self)
+        return DecodeStream(stream_id=next(_stream_ids), owner=id(self))
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[DecodeStream]:
+        """`open_stream` as a context manager: the stream is closed on any exit (an aborted episode too)."""
+        stream = self.open_stream()
+        try:
+            yield stream
+        finally:
+            self.close_stream(stream)
 
     def close_stream(self, stream: DecodeStream) -> None:
         """Free the stream's cache and context and its warm slot. Idempotent; waits for a decode of
@@ -90,8 +100,6 @@ class WarmWanDecoder:
             if stream.slot_release is not None:
                 stream.slot_release()  # runs once; also unregisters the collection hook
 
-    abort_stream = close_stream
-
     def fork_stream(self, stream: DecodeStream) -> DecodeStream:
         """An independent copy of `stream` at the same point: cache and retained context are shared
         snapshots (slots and context are replaced, never edited), so the two may diverge freely.
@@ -103,7 +111,7 @@ class WarmWanDecoder:
         with stream.lock:
             fork = DecodeStream(
                 stream_id=next(_stream_ids),
-                decoder=self,
+                owner=id(self),
                 latents_decoded=stream.latents_decoded,
                 frames_decoded=stream.frames_decoded,
                 grid=stream.grid,
@@ -244,7 +252,7 @@ class WarmWanDecoder:
     def _check_owner(self, stream: DecodeStream) -> None:
         if not isinstance(stream, DecodeStream):
             raise TypeError(f"stream must be a DecodeStream, got {type(stream).__name__}")
-        if stream.decoder is not self:
+        if stream.owner != id(self):
             raise ValueError(f"stream {stream.stream_id} belongs to another WarmWanDecoder")
 
     def _check_open(self, stream: DecodeStream) -> None:

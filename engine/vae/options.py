@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, field_validator
-
-_SWITCHES = ("warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv")
-_COUNTS = {  # key -> (lowest allowed value, what the value means)
-    "latents_per_call": (0, "latents per steady decoder call; 0 = a whole window per call"),
-    "max_warm_streams": (0, "warm caches per decoder; 0 = no cap"),
-    "context_latents": (1, "latents re-decoded ahead of a window that has no warm cache"),
-}
+from ..checks import check_int
+from ..settings import NonNegativeInt, PositiveInt, StrictModel
 
 
-class DecoderOptions(BaseModel):
-    """Switches of `WarmWanDecoder`; YAML keys of the same names.
+class DecoderOptions(StrictModel):
+    """Switches of `WarmWanDecoder`; the YAML config's ``decoder`` section is this model.
 
     Attributes:
         warm_cache: keep each stream's causal-conv cache so a window decodes only its new latents
-            (within float32 rounding of one whole-stream decode). Off: every window re-decodes `context_latents` of
-            context from an empty cache (an approximation, ~(K + w) / w slower).
+            (within float32 rounding of one whole-stream decode). Off: every window re-decodes
+            `context_latents` of context from an empty cache (an approximation, ~(K + w) / w slower).
         latents_per_call: latents per decoder call on steady windows. 1 issues exactly
             `vae.decode`'s decoder calls (frames within `WHOLE_STREAM_DECODE_ATOL` of one whole-stream
             decode and identical for any window pattern; smallest transient peak). 0 decodes a whole
@@ -48,36 +40,13 @@ class DecoderOptions(BaseModel):
             frames.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
     warm_cache: bool = True
-    latents_per_call: int = 1
+    latents_per_call: NonNegativeInt = 1
     channels_last: bool = False
     cudnn_benchmark: bool = False
     onednn_conv: bool = False
-    max_warm_streams: int = 0
-    context_latents: int = 8
-
-    @field_validator(*_SWITCHES, mode="before")
-    @classmethod
-    def _real_boolean(cls, value: Any, info) -> Any:
-        # A YAML string "false" is truthy: refuse it instead of reading it as True.
-        if not isinstance(value, bool):
-            raise ValueError(
-                f"{info.field_name} must be a boolean (true or false), got {value!r} ({type(value).__name__})"
-            )
-        return value
-
-    @field_validator(*_COUNTS, mode="before")
-    @classmethod
-    def _count_in_range(cls, value: Any, info) -> Any:
-        lowest, meaning = _COUNTS[info.field_name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(
-                f"{info.field_name} must be an integer >= {lowest} ({meaning}), "
-                f"got {value!r} ({type(value).__name__})"
-            )
-        return value
+    max_warm_streams: NonNegativeInt = 0
+    context_latents: PositiveInt = 8
 
     def validate_for_window(self, latents_per_window: int) -> None:
         """Raise ValueError when `latents_per_call` exceeds a window's latent frames.
@@ -85,10 +54,7 @@ class DecoderOptions(BaseModel):
         Args:
             latents_per_window: latent frames of a full (not the short last) window.
         """
-        if isinstance(latents_per_window, bool) or not isinstance(latents_per_window, int):
-            raise ValueError(f"latents_per_window must be an integer >= 1, got {latents_per_window!r}")
-        if latents_per_window < 1:
-            raise ValueError(f"latents_per_window must be an integer >= 1, got {latents_per_window}")
+        check_int("latents_per_window", latents_per_window, 1)
         if self.latents_per_call > latents_per_window:
             raise ValueError(
                 f"latents_per_call = {self.latents_per_call} is larger than a window's "

@@ -1,5 +1,5 @@
-"""`worldstep bench decode`: the decoder engineer's `run_decode_bench` (warm streaming decode vs the
-stateless context re-decode, measured in lockstep), wrapped in the bench's table and JSON format."""
+"""`worldstep bench decode`: `run_decode_bench` (warm streaming decode vs the stateless context re-decode,
+measured in lockstep), wrapped in the bench's table and JSON format."""
 
 from __future__ import annotations
 
@@ -18,11 +18,8 @@ _QUICK: dict[str, Any] = {
 
 def run_decode(settings: DecodeSettings, progress: Progress) -> BenchResult:
     result = BenchResult("decode", describe_machine(), settings=vars(settings).copy())
-    try:
-        from worldstep.engine.vae.bench import run_decode_bench
-    except ImportError as err:
-        result.notes.append(f"skipped: worldstep.engine.vae.bench.run_decode_bench is not available ({err}).")
-        return result
+    from .decode_lockstep import run_decode_bench
+
     if settings.quick:
         kwargs = dict(_QUICK)
     else:
@@ -43,7 +40,7 @@ def _table(f: dict[str, Any]) -> Table:
         columns=["latents / window", "frames", "warm ms", "stateless ms", "speedup", "stateless PSNR dB"],
         note=(f"Warm windows vs one whole-stream vae.decode: max |diff| {f['warm_max_abs_diff']:.1e} "
               f"({'within' if f['warm_within_bound'] else 'OUTSIDE'} the stated float32 rounding bound). "
-              "Stateless PSNR '–' means identical."),
+              "PSNR of the uint8 frames (60 dB = identical)."),
     )
     for r in f["windows"]:
         table.add(r["latents_per_window"], r["frames_per_window"], r["warm_ms"], r["stateless_ms"], r["speedup"],

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..config import WorldstepConfig
-from ..evaluate import EpisodeConfig, EpisodeResult, EvalReport, _episodes
+from ..episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
 from ..policies import Policy
 from .scheduler import ShardScheduler
 from .worker import EpisodeOutput, EvalWorker, Shard
@@ -75,7 +75,7 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
     if batch_size is not None:
         _check_int("batch_size", batch_size, 1)
     config = _config_of(model)
-    eps = _episodes(episodes, seed)
+    eps = episode_configs(episodes, seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 

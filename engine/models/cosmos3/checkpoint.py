@@ -13,10 +13,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .architecture import Cosmos3Architecture
 
 # Characters the embedded tokenizer knows; anything else maps to <unk>.
 _ALPHABET = [chr(c) for c in range(32, 127)] + ["\n"]
@@ -44,36 +47,6 @@ _SCHEDULER_CONFIG: dict[str, Any] = {
     "lower_order_final": True,
     "final_sigmas_type": "zero",
 }
-
-
-# The switches that tell the released families apart in an `architecture["transformer"]` block (the
-# rest is size): Edge is a Nemotron-style backbone (relu2 MLP, Nemotron RMSNorm, no text q/k norm, a
-# k-norm on text keys seen by generation queries); Nano is Qwen3-style (SwiGLU MLP, RMSNorm, q/k norm
-# on text, no extra k-norm) -- diffusers' `Cosmos3OmniTransformer` defaults are Nano's.
-FAMILY_SWITCHES: dict[str, dict[str, Any]] = {
-    "edge": {"hidden_act": "relu2", "qk_norm_for_text": False, "use_und_k_norm_for_gen": True},
-    "nano": {"hidden_act": "silu", "qk_norm_for_text": True, "use_und_k_norm_for_gen": False},
-}
-# `architecture["pipeline"]`: the `Cosmos3OmniPipeline` options a checkpoint is saved with.
-_PIPELINE_DEFAULTS: dict[str, bool] = {"default_use_system_prompt": False, "use_native_flow_schedule": True}
-
-
-def shaped_like(architecture: dict[str, Any], family: str) -> dict[str, Any]:
-    """A copy of `architecture` with the transformer switches of `family` (`edge` or `nano`), sizes kept."""
-    if family not in FAMILY_SWITCHES:
-        raise ValueError(f"family={family!r} is invalid; allowed: {sorted(FAMILY_SWITCHES)}")
-    return {**architecture, "transformer": {**architecture["transformer"], **FAMILY_SWITCHES[family]}}
-
-
-def _pipeline_options(architecture: dict[str, Any]) -> dict[str, bool]:
-    options = dict(architecture.get("pipeline") or {})
-    unknown = sorted(set(options) - set(_PIPELINE_DEFAULTS))
-    if unknown:
-        raise ValueError(f"architecture.pipeline keys {unknown} are unknown; allowed: {sorted(_PIPELINE_DEFAULTS)}")
-    for key, value in options.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"architecture.pipeline.{key}={value!r} is invalid; allowed: true or false")
-    return {**_PIPELINE_DEFAULTS, **options}
 
 
 def build_tokenizer(vocab_size: int):
@@ -123,9 +96,8 @@ def _randomize_(module: torch.nn.Module, generator: torch.Generator, std: float 
                 param.copy_(std * torch.randn(param.shape, generator=generator))
 
 
-def build_pipeline(architecture: dict[str, Any], seed: int = 0):
-    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by an `architecture` block
-    (`transformer`, `vae`, and optionally `pipeline`: `default_use_system_prompt`, `use_native_flow_schedule`)."""
+def build_pipeline(architecture: Cosmos3Architecture | Mapping[str, Any], seed: int = 0):
+    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by ``architecture``."""
     from diffusers import (
         AutoencoderKLWan,
         Cosmos3OmniPipeline,
@@ -133,13 +105,13 @@ def build_pipeline(architecture: dict[str, Any], seed: int = 0):
         UniPCMultistepScheduler,
     )
 
-    options = _pipeline_options(architecture)  # checked before any weights are made
+    architecture = Cosmos3Architecture.of(architecture)  # checked before any weights are made
     generator = torch.Generator().manual_seed(seed)
-    transformer_arch = dict(architecture["transformer"])
+    transformer_arch = dict(architecture.transformer)
     torch.manual_seed(seed)
     transformer = Cosmos3OmniTransformer(**transformer_arch)
     _randomize_(transformer, generator)
-    vae = AutoencoderKLWan(**_vae_kwargs(architecture["vae"], generator))
+    vae = AutoencoderKLWan(**_vae_kwargs(architecture.vae, generator))
     _randomize_(vae, generator, std=0.1)
     scheduler = UniPCMultistepScheduler(**_SCHEDULER_CONFIG)
     tokenizer = build_tokenizer(int(transformer_arch["vocab_size"]))
@@ -149,17 +121,18 @@ def build_pipeline(architecture: dict[str, Any], seed: int = 0):
         vae=vae,
         scheduler=scheduler,
         enable_safety_checker=False,
-        **options,
+        **architecture.pipeline.model_dump(),
     )
 
 
-def build_checkpoint(path: str | os.PathLike, architecture: dict[str, Any], seed: int = 0) -> Path:
+def build_checkpoint(path: str | os.PathLike, architecture: Cosmos3Architecture | Mapping[str, Any],
+                     seed: int = 0) -> Path:
     """Write a random-weight checkpoint in the diffusers layout to `path` and return it."""
     path = Path(path)
+    architecture = Cosmos3Architecture.of(architecture)
     pipeline = build_pipeline(architecture, seed=seed)
     pipeline.save_pretrained(path, safe_serialization=True)
-    media = {k: architecture[k] for k in ("height", "width", "fps") if k in architecture}
-    (path / "worldstep.json").write_text(json.dumps({"seed": seed, **media}, indent=2))
+    (path / "worldstep.json").write_text(json.dumps({"seed": seed, **architecture.media}, indent=2))
     return path
 
 
@@ -169,11 +142,12 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(os.environ.get("WORLDSTEP_CACHE", Path.home() / ".cache" / "worldstep"))
 
 
-def ensure_embedded_checkpoint(
-    name: str, architecture: dict[str, Any], cache_dir: str | os.PathLike | None = None, seed: int = 0
-) -> Path:
+def ensure_embedded_checkpoint(name: str, architecture: Cosmos3Architecture | Mapping[str, Any],
+                               cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Build an embedded model's checkpoint once (keyed by its architecture) and return its folder."""
-    digest = hashlib.sha256(json.dumps([architecture, seed], sort_keys=True).encode()).hexdigest()[:12]
+    architecture = Cosmos3Architecture.of(architecture)
+    key = [architecture.model_dump(mode="json"), seed]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = _cache_root(cache_dir) / "models" / f"{name}-{digest}"
     if (target / "model_index.json").exists():
         return target

@@ -21,10 +21,15 @@ import torch
 from diffusers import AutoencoderKLWan
 from tqdm.auto import tqdm
 
-from .decoder import WHOLE_STREAM_DECODE_ATOL, WarmWanDecoder
-from .latents import LatentNorm
-from .options import DecoderOptions
-from .stream import StreamPath
+from worldstep.engine.vae import (
+    WHOLE_STREAM_DECODE_ATOL,
+    DecoderOptions,
+    LatentNorm,
+    StreamPath,
+    WarmWanDecoder,
+    frames_from_pixels,
+)
+from worldstep.fidelity.metrics import psnr
 
 
 def build_bench_vae(
@@ -40,12 +45,6 @@ def build_bench_vae(
         latents_mean=(torch.randn(z_dim, generator=g) * 0.5).tolist(),
         latents_std=(torch.rand(z_dim, generator=g) + 0.5).tolist(),
     ).eval()
-
-
-def _psnr(a: torch.Tensor, b: torch.Tensor) -> float | None:
-    """PSNR in dB of pixels in [-1, 1] (peak 1 on the [0, 1] scale); None when identical."""
-    mse = float(((a.double() - b.double()) / 2).pow(2).mean())
-    return None if mse == 0 else 10 * math.log10(1 / mse)
 
 
 def _window_plan(window_latents: Sequence[int], timed_windows: int, context_latents: int) -> list[tuple[int, bool]]:
@@ -88,14 +87,14 @@ def _lockstep(vae, z: torch.Tensor, plan, context_latents: int, progress: bool) 
     cache_bytes = dec.cache_bytes(warm)
     for stream in (warm, cold):
         if stream is not None:
-            stream.close()
+            dec.close_stream(stream)
     return times, outs, cache_bytes
 
 
 def _steady_cache_bytes(vae, height: int, width: int, z_dim: int) -> int:
     """A warm stream's cache after 2 latents (every slot holds its steady 2 time steps by then)."""
     dec = WarmWanDecoder(vae)
-    with dec.open_stream() as s:
+    with dec.stream() as s:
         dec.decode_pixels(s, torch.zeros(1, z_dim, 2, height // 16, width // 16))
         return dec.cache_bytes(s)
 
@@ -123,9 +122,14 @@ def _rows(times, outs, whole: torch.Tensor) -> tuple[list[dict], float]:
             "warm_cpu_ms": round(ms["warm_cpu"], 2),
             "stateless_cpu_ms": round(ms["stateless_cpu"], 2),
             "cpu_speedup": round(ms["stateless_cpu"] / ms["warm_cpu"], 3),
-            "stateless_psnr_db": _psnr(torch.cat(per_w[w]["cold"], 2), torch.cat(per_w[w]["ref"], 2)),
+            "stateless_psnr_db": _frames_psnr(torch.cat(per_w[w]["cold"], 2), torch.cat(per_w[w]["ref"], 2)),
         })
     return rows, max_diff
+
+
+def _frames_psnr(pixels: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean per-frame PSNR of the uint8 frames users get from two `[1, 3, T, H, W]` pixel tensors."""
+    return round(float(psnr(frames_from_pixels(pixels), frames_from_pixels(reference)).mean()), 2)
 
 
 @dataclass(frozen=True)
@@ -179,8 +183,8 @@ def run_decode_bench(
 
     Returns:
         dict with `config`; `windows` (per window size: warm_ms, stateless_ms, speedup, the same as
-        process CPU time warm_cpu_ms, stateless_cpu_ms, cpu_speedup, and stateless_psnr_db; None =
-        identical); `warm_max_abs_diff` / `warm_within_bound` (all warm windows vs `vae.decode` of the
+        process CPU time warm_cpu_ms, stateless_cpu_ms, cpu_speedup, and stateless_psnr_db: the uint8
+        frames' PSNR, 60 dB when identical); `warm_max_abs_diff` / `warm_within_bound` (all warm windows vs `vae.decode` of the
         whole stream, against `WHOLE_STREAM_DECODE_ATOL`); `stream_cache_bytes` (the timed warm stream's cache); `cache` (steady warm
         cache bytes per stream at each size); `cache_scaling` (byte ratio / pixel ratio of the last
         vs first size; 1.0 = linear in H*W); `elapsed_s`.
@@ -252,11 +256,11 @@ def format_table(result: dict) -> str:
         f"{'warm cpu ms':>11} {'stateless cpu ms':>16} {'cpu speedup':>11} {'stateless PSNR':>15}",
     ]
     for r in result["windows"]:
-        psnr = "identical" if r["stateless_psnr_db"] is None else f"{r['stateless_psnr_db']:.1f} dB"
+        psnr_db = f"{r['stateless_psnr_db']:.1f} dB"
         lines.append(
             f"{r['latents_per_window']:>14} {r['frames_per_window']:>6} {r['warm_ms']:>9.1f} "
             f"{r['stateless_ms']:>12.1f} {r['speedup']:>7.2f}x {r['warm_cpu_ms']:>11.1f} "
-            f"{r['stateless_cpu_ms']:>16.1f} {r['cpu_speedup']:>10.2f}x {psnr:>15}"
+            f"{r['stateless_cpu_ms']:>16.1f} {r['cpu_speedup']:>10.2f}x {psnr_db:>15}"
         )
     lines.append(
         f"warm vs whole-stream vae.decode: max |diff| {result['warm_max_abs_diff']:.2e} "

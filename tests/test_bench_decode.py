@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
+from worldstep.bench.decode_lockstep import format_table, run_decode_bench
 from worldstep.engine.vae import WHOLE_STREAM_DECODE_ATOL
-from worldstep.engine.vae.bench import format_table, run_decode_bench
 
 
 def test_decode_bench_smoke(capsys):
