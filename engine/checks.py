@@ -54,8 +54,10 @@ def check_image(field: str, value: Any) -> np.ndarray:
         return value.copy()
     if value.dtype.kind != "f":
         raise ValueError(f"{field}.dtype={value.dtype} is invalid; allowed: uint8 (0..255) or float (0..1)")
-    if not np.all(np.isfinite(value)) or value.min() < 0 or value.max() > 1:
-        raise ValueError(f"{field} float values in [{np.nanmin(value):.4g}, {np.nanmax(value):.4g}] are invalid; "
+    if not np.all(np.isfinite(value)):
+        raise ValueError(f"{field} contains NaN or inf; allowed: finite float values in [0, 1]")
+    if value.min() < 0 or value.max() > 1:
+        raise ValueError(f"{field} float values in [{value.min():.4g}, {value.max():.4g}] are invalid; "
                          "allowed: finite values in [0, 1]")
     return value.copy()
 
@@ -77,7 +79,8 @@ def check_actions(field: str, actions: Any, shape: tuple[int, int], *, low: floa
         raise ValueError(f"{field} contain NaN or inf at {where}; allowed: finite values")
     lo, hi = (float(array.min()), float(array.max())) if array.size else (0.0, 0.0)
     if (low is not None and lo < low) or (high is not None and hi > high):
-        raise ValueError(f"{field} range [{lo:.4g}, {hi:.4g}] is invalid; allowed: [{low}, {high}]")
+        bounds = f"[{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+        raise ValueError(f"{field} range [{lo:.4g}, {hi:.4g}] is invalid; allowed: {bounds}")
     return array.astype(np.float32, copy=True)
 
 

@@ -89,9 +89,9 @@ class Scheduler:
         if pages <= table.num_free_pages:
             return
         for session_id in self._idle(set(keep)):
-            if not table.is_offloaded(session_id) and self.cache.offload.offload(session_id):
-                if pages <= table.num_free_pages:
-                    return
+            moved = not table.is_offloaded(session_id) and self.cache.offload.offload(session_id)
+            if moved and pages <= table.num_free_pages:
+                return
         raise KVPoolExhausted(pages, table.num_free_pages)
 
     def _idle(self, keep: set[str]) -> list[str]:

@@ -45,13 +45,30 @@ def describe_error(error: dict[str, Any], owner: type[BaseModel] | None) -> str:
     if kind == "value_error":
         must = str(ctx.get("error", error["msg"]))
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-        must = f"{sign[kind]} {next(iter(ctx.values()))}"
+        must = f"{_SIGNS[kind]} {next(iter(ctx.values()))}"
     elif kind == "literal_error":
         must = f"one of {ctx.get('expected', error['msg'])}"
     else:
         must = _MUST_BE.get(kind, error["msg"])
+        bounds = _bounds(owner, error["loc"])
+        if bounds and kind in ("int_type", "float_type"):  # say the range too: "an integer >= 0 (not ...)"
+            noun, _, rest = must.partition(" (")
+            must = f"{noun} {bounds}" + (f" ({rest}" if rest else "")
     return f"{key} = {error.get('input')!r}: must be {must}"
+
+
+_SIGNS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def _bounds(owner: type[BaseModel] | None, loc: tuple) -> str:
+    """The field's numeric range as text (">= 0", "> 0 and <= 8"), from its annotation's constraints."""
+    field = owner.model_fields.get(str(loc[-1])) if owner is not None and loc else None
+    parts = []
+    for item in getattr(field, "metadata", ()):
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(item, attr, None) is not None:
+                parts.append(f"{sign} {getattr(item, attr)}")
+    return " and ".join(parts)
 
 
 def _owner_of(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

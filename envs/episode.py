@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 from worldstep.engine.checks import check_image, check_int, check_prompt
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, KVStats, RolloutKnobs, RolloutSession, WindowResult
+from worldstep.engine.models.cosmos3 import (
+    Cosmos3WorldModel,
+    KVStats,
+    RolloutKnobs,
+    RolloutSession,
+    WindowResult,
+)
 
 from .scene import SimulatorScene, draw_tabletop
 

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium import spaces
 from worldstep.engine.checks import check_callable, check_image, check_int, check_prompt
 from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs
 from worldstep.envs.episode import ACTION_BOUNDS, Episode, EpisodeRules, first_frame, reset_request
 from worldstep.envs.scene import SimulatorScene
-
-from gymnasium import spaces
 
 
 class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
@@ -147,7 +147,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     @property
     def max_windows(self) -> int:
+        """Windows per episode before truncation (settable: applies from the next window on)."""
         return self.rules.max_windows
+
+    @max_windows.setter
+    def max_windows(self, value: int) -> None:
+        self.rules = dataclasses.replace(self.rules, max_windows=check_int("max_windows", value, 1))
+        if self.episode is not None:
+            self.episode.rules = self.rules
 
     # --- gymnasium API ---------------------------------------------------------------------
 

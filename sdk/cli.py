@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from .registration import WORLD_MODEL_IDS
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
@@ -99,7 +100,7 @@ def parse_dataclass_args(cls: type, argv: list[str] | None = None):
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from .evaluate import rollout
+    from .local import rollout
     from .policies import make_policy
     from .world import make_env
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from .policies import _chunk_shape
+from .policies import chunk_shape
 
 __all__ = [
     "ActionMode",
@@ -260,7 +260,7 @@ class RemotePolicy:
                  action_key: str = "actions", action_mode: str | ActionMode = ActionMode.EXACT,
                  clip: bool = False, timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
                  api_key: str | None = None, max_queries_per_window: int = 8) -> None:
-        self.shape = _chunk_shape(action_space)
+        self.shape = chunk_shape(action_space)
         self.obs_keys = _check_obs_keys(DEFAULT_OBS_KEYS if obs_keys is None else obs_keys)
         if ObsSource.PROMPT in self.obs_keys.values() and not (isinstance(prompt, str) and prompt.strip()):
             raise ValueError(f"prompt={prompt!r} is invalid; obs_keys maps "

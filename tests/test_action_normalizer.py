@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from worldstep.engine.models.cosmos3.action_normalizer import ActionNormalizer, ActionRangeWarning
 from worldstep.engine.models.cosmos3.action_stats import ActionStats
-from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry, NormalizationKind
+from worldstep.engine.models.cosmos3.embodiment import NormalizationKind
+from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
 
 REGISTRY = EmbodimentRegistry.default()
 

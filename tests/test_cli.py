@@ -26,7 +26,7 @@ def test_rollout_writes_mp4_and_summary(world, tmp_path, capsys):  # noqa: F811
     with av.open(str(out)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 1 + 8
     assert "8 frames in 2 windows" in capsys.readouterr().out
-    assert world.model.kv.num_used_pages == 0
+    assert world.model.kv.table.num_used_pages == 0
 
 
 def test_rollout_replay_policy(world, tmp_path):  # noqa: F811

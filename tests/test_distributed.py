@@ -229,7 +229,7 @@ def test_actor_resources_fit_the_cluster():
 
 def test_shards_stream_per_episode_unless_batched():
     from worldstep.distributed.ray_eval import _shards
-    from worldstep.evaluate import EpisodeConfig
+    from worldstep.episodes import EpisodeConfig
 
     eps = [EpisodeConfig(seed=i) for i in range(5)]
     assert [s.indices for s in _shards(eps, False, None, 2)] == [[0], [1], [2], [3], [4]]

@@ -13,18 +13,20 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionConditi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from worldstep.engine.models.cosmos3.embodiment import (
+    Embodiment,
+    EmbodimentSource,
+    NormalizationKind,
+    embodiment_from_json,
+    embodiment_to_json,
+    view_points,
+)
 from worldstep.engine.models.cosmos3.embodiments import (
     EXTRAS,
     TRAINING_DEFAULTS,
-    Embodiment,
     EmbodimentRegistry,
-    EmbodimentSource,
-    NormalizationKind,
     checkpoint_registry,
-    embodiment_from_json,
-    embodiment_to_json,
     folder_registry,
-    view_points,
 )
 
 REGISTRY = EmbodimentRegistry.default()

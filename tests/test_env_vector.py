@@ -26,8 +26,8 @@ def test_make_vec_returns_the_batched_env(world):  # noqa: F811
 def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypatch):  # noqa: F811
     envs = worldstep.world.make_vec_env(world, num_envs=2, max_windows=2)
     calls = []
-    original = world.model.step_batch
-    monkeypatch.setattr(world.model, "step_batch", lambda s, a: calls.append(len(s)) or original(s, a))
+    original = world.model.step
+    monkeypatch.setattr(world.model, "step", lambda s, a, **k: calls.append(len(s)) or original(s, a, **k))
     space = envs.single_action_space
     actions = [np.stack([ramp(space, 0.4), ramp(space, -0.4)]), np.stack([zeros(space), ramp(space, 0.8)])]
 
@@ -59,7 +59,7 @@ def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypa
         assert np.array_equal(autoreset[i], again["frames"])  # a reset decodes frame 0 alone in both: same calls
         env.close()
     envs.close()
-    assert world.model.kv.num_used_pages == 0
+    assert world.model.kv.table.num_used_pages == 0
 
 
 def test_vector_bad_inputs(world):  # noqa: F811
@@ -78,4 +78,4 @@ def test_vector_bad_inputs(world):  # noqa: F811
         WorldModelVectorEnv(world.model, 0, world.knobs)
     envs.close()
     envs.close()
-    assert world.model.kv.num_used_pages == 0
+    assert world.model.kv.table.num_used_pages == 0

@@ -6,13 +6,13 @@ import inspect
 import json
 
 from diffusers import Cosmos3OmniTransformer
-from worldstep import load_config
+from worldstep import ConfigError, load_config
 from worldstep.cli import main
-from worldstep.engine.models.cosmos3.checkpoint import FAMILY_SWITCHES, shaped_like
+from worldstep.engine.models.cosmos3 import FAMILY_SWITCHES
 
 
 def test_nano_numbers_are_the_released_model():
-    t = load_config("cosmos3_nano").model.architecture["transformer"]
+    t = load_config("cosmos3_nano").model.architecture.transformer
     assert (t["hidden_size"], t["num_hidden_layers"], t["num_attention_heads"], t["num_key_value_heads"]) == (
         4096, 36, 32, 8)
     assert (t["head_dim"], t["intermediate_size"], t["vocab_size"], t["rope_theta"]) == (128, 12288, 151936, 5e6)
@@ -28,10 +28,10 @@ def test_nano_numbers_are_the_released_model():
 def test_family_switches_match_the_shipped_configs():
     for name, family in (("cosmos3_nano", "nano"), ("cosmos3_edge", "edge"), ("tiny", "edge")):
         arch = load_config(name).model.architecture
-        assert shaped_like(arch, family) == arch, name
+        assert arch.shaped_like(family) == arch, name
     nano = load_config("cosmos3_nano").model.architecture
     edge = load_config("cosmos3_edge").model.architecture
-    assert nano["vae"] == edge["vae"]  # one Wan 2.2 VAE
+    assert nano.vae == edge.vae  # one Wan 2.2 VAE
     assert FAMILY_SWITCHES["nano"]["hidden_act"] == "silu" and FAMILY_SWITCHES["edge"]["hidden_act"] == "relu2"
 
 
@@ -52,8 +52,11 @@ def test_builder_refuses_bad_family_and_pipeline_options():
 
     tiny = load_config("tiny").model.architecture
     with pytest.raises(ValueError, match="family='mini' is invalid; allowed: \\['edge', 'nano'\\]"):
-        shaped_like(tiny, "mini")
-    with pytest.raises(ValueError, match="keys \\['system'\\] are unknown"):
-        build_pipeline({**tiny, "pipeline": {"system": True}})
-    with pytest.raises(ValueError, match="default_use_system_prompt='yes' is invalid"):
-        build_pipeline({**tiny, "pipeline": {"default_use_system_prompt": "yes"}})
+        tiny.shaped_like("mini")
+    block = tiny.model_dump()
+    with pytest.raises(ConfigError, match="pipeline.system: unknown key"):
+        build_pipeline({**block, "pipeline": {"system": True}})
+    with pytest.raises(ConfigError, match="pipeline.default_use_system_prompt = 'yes': must be a boolean"):
+        build_pipeline({**block, "pipeline": {"default_use_system_prompt": "yes"}})
+    with pytest.raises(ConfigError, match=r"transformer = .*unknown: \['hiden_size'\]"):
+        build_pipeline({**block, "transformer": {**block["transformer"], "hiden_size": 8}})

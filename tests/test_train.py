@@ -82,8 +82,8 @@ def test_text_kv_is_differentiable_and_equals_engine_prefill():
 
 
 def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
-    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
     from worldstep.envs.push_sim import PushSimEnv
     from worldstep.train import main
     from worldstep.train.loop import DOMAIN_ID, PROMPT
@@ -106,9 +106,9 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     assert (world.spec.height, world.spec.width) == (64, 64)
     obs, _ = PushSimEnv().reset(seed=0)
     session = world.open_session(obs["frames"][0], PROMPT, DOMAIN_ID, knobs=RolloutKnobs(context_frames=1),
-                                 generator=torch.Generator().manual_seed(0))
+                                 generator=torch.Generator().manual_seed(0), action_width=2)
     for _ in range(2):
-        result = session.step(np.zeros((4, 2), np.float32))
+        result = world.step([session], [np.zeros((4, 2), np.float32)])[0]
         assert result.frames.shape == (4, 64, 64, 3) and result.frames.dtype == np.uint8
 
     # a snapshot export of the same run carries the same weights
@@ -136,8 +136,8 @@ def test_shipped_pusher_checkpoint_follows_actions():
     """The embedded `pusher` weights load from package data and move the effector the way actions say."""
     from pathlib import Path
 
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
-    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
     from worldstep.envs.push_sim import PushSimEnv, detect_objects
 
     path = Path(__file__).parents[1] / "configs" / "models" / "pusher"
@@ -147,10 +147,11 @@ def test_shipped_pusher_checkpoint_follows_actions():
     moved = []
     for direction in (1.0, -1.0):
         session = world.open_session(obs["frames"][0], meta["prompt"], meta["domain_id"],
-                                     knobs=RolloutKnobs(context_frames=4), generator=torch.Generator().manual_seed(0))
+                                     knobs=RolloutKnobs(context_frames=4), generator=torch.Generator().manual_seed(0),
+                                     action_width=2)
         actions = np.zeros((4, 2), np.float32)
         actions[:, 0] = direction
-        frames = session.step(actions).frames
+        frames = world.step([session], [actions])[0].frames
         moved.append(detect_objects(frames[-1])["effector"][0] - info["effector"][0])
-        session.close()
+        world.close(session)
     assert moved[0] > 4 and moved[1] < -4  # 4 steps of 3 px: about +-12 px in the simulator

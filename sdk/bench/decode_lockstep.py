@@ -11,7 +11,6 @@ float32 rounding (`WHOLE_STREAM_DECODE_ATOL`), the stateless path is an approxim
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,6 @@ from dataclasses import asdict, dataclass
 import torch
 from diffusers import AutoencoderKLWan
 from tqdm.auto import tqdm
-
 from worldstep.engine.vae import (
     WHOLE_STREAM_DECODE_ATOL,
     DecoderOptions,

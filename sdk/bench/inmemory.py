@@ -41,7 +41,7 @@ def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, 
     """`Cosmos3Components` of `arch` with random weights in `dtype` on `device` (VAE included)."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
     from worldstep.engine.models.cosmos3 import Cosmos3Components
-    from worldstep.engine.models.cosmos3.checkpoint import _SCHEDULER_CONFIG, build_tokenizer
+    from worldstep.engine.models.cosmos3.checkpoint import SCHEDULER_CONFIG, build_tokenizer
 
     transformer_arch = dict(arch.architecture["transformer"])
     vae_arch = dict(arch.architecture["vae"])
@@ -57,7 +57,7 @@ def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, 
     vae.eval().requires_grad_(False)
     return Cosmos3Components(
         path=Path(f"<in-memory {arch.name}>"), transformer=transformer, vae=vae,
-        scheduler_config=dict(_SCHEDULER_CONFIG), tokenizer=build_tokenizer(int(transformer_arch["vocab_size"])),
+        scheduler_config=dict(SCHEDULER_CONFIG), tokenizer=build_tokenizer(int(transformer_arch["vocab_size"])),
         use_native_flow_schedule=True, default_use_system_prompt=False,
         media={k: arch.architecture[k] for k in ("height", "width", "fps") if k in arch.architecture},
     )

@@ -107,7 +107,7 @@ def _run_task(path: str, threads: int, settings: RolloutSettings, task: tuple) -
     from worldstep.world import resolve_config
 
     torch.set_num_threads(threads)
-    decoder = resolve_config(path).decoder.to_options()  # as the folder's config decodes (worldstep.json)
+    decoder = resolve_config(path).decoder  # as the folder's config decodes (worldstep.json)
     world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=32768,
                                               decoder_options=decoder)
     try:
@@ -120,7 +120,7 @@ def _run_task(path: str, threads: int, settings: RolloutSettings, task: tuple) -
         policies = [graded_policies(settings.chunk_size)[i] for i in ids]
         return model_episodes(world, policies, seeds, max_windows, settings, policy_ids=ids)
     finally:
-        world.close()
+        world.close_all()
 
 
 @torch.no_grad()

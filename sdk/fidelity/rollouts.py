@@ -21,7 +21,7 @@ class RolloutSettings:
     flow_shift: float = 5.0
 
     def knobs(self, mode: str):
-        from worldstep.engine.models.cosmos3.spec import RolloutKnobs
+        from worldstep.engine.models.cosmos3 import RolloutKnobs
 
         return RolloutKnobs(chunk_size=self.chunk_size, num_steps=self.num_steps, context_frames=self.context_frames,
                             window_mode=mode, flow_shift=self.flow_shift)
@@ -33,16 +33,16 @@ def open_loop(world, first_frames: np.ndarray, actions: np.ndarray, settings: Ro
     chunk = settings.chunk_size
     windows = actions.shape[1] // chunk
     sessions = [world.open_session(frame, settings.prompt, settings.domain_id, knobs=settings.knobs(mode),
-                                   generator=torch.Generator().manual_seed(seed + i))
+                                   generator=torch.Generator().manual_seed(seed + i), action_width=actions.shape[-1])
                 for i, frame in enumerate(first_frames)]
     out = []
     try:
         for w in range(windows):
-            results = world.step_batch(sessions, [a[w * chunk:(w + 1) * chunk] for a in actions])
+            results = world.step(sessions, [a[w * chunk:(w + 1) * chunk] for a in actions])
             out.append(np.stack([r.frames for r in results]))
     finally:
         for s in sessions:
-            s.close()
+            world.close(s)
     return np.concatenate(out, axis=1)
 
 
@@ -90,7 +90,8 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, se
             agent.reset(seed=seed)
             session = world.open_session(obs["frames"][0], settings.prompt, settings.domain_id,
                                          knobs=settings.knobs(mode),
-                                         generator=torch.Generator().manual_seed(10_000 * p_index + seed))
+                                         generator=torch.Generator().manual_seed(10_000 * p_index + seed),
+                                         action_width=PushSimEnv(chunk_size=chunk).action_space.shape[1])
             jobs.append({"agent": agent, "seed": seed, "obs": obs, "goal": _goal(obs), "session": session,
                          "done": False, "success": False, "windows": 0})
     try:
@@ -98,16 +99,16 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, se
             live = [j for j in jobs if not j["done"]]
             if not live:
                 break
-            results = world.step_batch([j["session"] for j in live], [j["agent"](j["obs"]) for j in live])
+            results = world.step([j["session"] for j in live], [j["agent"](j["obs"]) for j in live])
             for job, result in zip(live, results):
                 job["obs"] = {"frames": result.frames}
                 job["windows"] += 1
                 if any(frame_success(f, job["goal"]) for f in result.frames):
                     job["success"], job["done"] = True, True
-                    job["session"].close()
+                    world.close(job["session"])
     finally:
         for j in jobs:
-            j["session"].close()
+            world.close(j["session"])
     return [EpisodeResult(j["agent"].name, j["seed"], j["success"], j["windows"]) for j in jobs]
 
 

@@ -376,11 +376,11 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
 def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
     """Write the diffusers layout `Cosmos3WorldModel.from_pretrained` reads, plus `worldstep.json`."""
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
-    from worldstep.engine.models.cosmos3.checkpoint import _SCHEDULER_CONFIG
+    from worldstep.engine.models.cosmos3.checkpoint import SCHEDULER_CONFIG
 
     pipeline = Cosmos3OmniPipeline(
         transformer=transformer, text_tokenizer=tokenizer, vae=vae,
-        scheduler=UniPCMultistepScheduler(**_SCHEDULER_CONFIG), enable_safety_checker=False,
+        scheduler=UniPCMultistepScheduler(**SCHEDULER_CONFIG), enable_safety_checker=False,
         default_use_system_prompt=False, use_native_flow_schedule=True,
     )
     pipeline.save_pretrained(path, safe_serialization=True)

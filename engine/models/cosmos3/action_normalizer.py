@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .action_stats import ActionStats
-from .embodiments import Embodiment, NormalizationKind
+from .embodiment import Embodiment, NormalizationKind
 
 EPS = 1e-8  # cosmos-framework's floor on q99 - q01 and on std
 

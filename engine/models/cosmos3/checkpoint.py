@@ -36,7 +36,7 @@ _CORPUS = [
     "user assistant system robot arm gripper block table scene video camera wrist view third person",
 ]
 # Scheduler settings of the Cosmos3 action pipeline (UniPC, flow prediction, bh2, order 2).
-_SCHEDULER_CONFIG: dict[str, Any] = {
+SCHEDULER_CONFIG: dict[str, Any] = {
     "num_train_timesteps": 1000,
     "prediction_type": "flow_prediction",
     "use_flow_sigmas": True,
@@ -113,7 +113,7 @@ def build_pipeline(architecture: Cosmos3Architecture | Mapping[str, Any], seed: 
     _randomize_(transformer, generator)
     vae = AutoencoderKLWan(**_vae_kwargs(architecture.vae, generator))
     _randomize_(vae, generator, std=0.1)
-    scheduler = UniPCMultistepScheduler(**_SCHEDULER_CONFIG)
+    scheduler = UniPCMultistepScheduler(**SCHEDULER_CONFIG)
     tokenizer = build_tokenizer(int(transformer_arch["vocab_size"]))
     return Cosmos3OmniPipeline(
         transformer=transformer,
