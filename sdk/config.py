@@ -2,12 +2,12 @@
 
 A config file has five sections (see ``configs/tiny.yaml``)::
 
-    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend
+    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend, cuda_graphs
     rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt,
              view_point, decode                                  (the engine's ``RolloutKnobs``)
     cache:   page_size, num_pages, cpu_offload_pages
     decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, onednn_conv, max_warm_streams,
-             context_latents                                     (the engine's ``DecoderOptions``)
+             context_latents, dtype                              (the engine's ``DecoderOptions``)
     env:     max_windows, prompt, domain_id, image, action_width, simulator
 
 Every model is frozen, rejects unknown keys and uses strict types: an integer knob refuses ``true`` and
@@ -66,6 +66,8 @@ class ModelConfig(StrictModel):
     """weights and activations dtype (None: float32, the engine's default)"""
     attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
     """``sdpa`` runs anywhere, ``flashinfer`` uses paged kernels on CUDA, ``auto`` picks"""
+    cuda_graphs: bool = False
+    """replay each window's denoise steps from one captured CUDA graph (CUDA with ``sdpa`` only)"""
 
     @field_validator("name", "checkpoint")
     @classmethod

@@ -159,6 +159,7 @@ def _load_model(config: WorldstepConfig, share: bool):
         num_pages=config.cache.num_pages, page_size=config.cache.page_size,
         cpu_offload_pages=config.cache.cpu_offload_pages, attention_backend=m.attention_backend,
         decoder_options=config.decoder, height=m.height, width=m.width, fps=m.fps, name=m.name,
+        cuda_graphs=m.cuda_graphs,
     )
     if share:
         _SHARED[key] = model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 
@@ -354,3 +355,18 @@ def test_streams_refuse_misuse():
     with s.lock, pytest.raises(ValueError, match="being decoded"):
         dec.decode(s, random_latents(1, GRID))
     assert s.latents_decoded == 0 and s.path is None
+
+
+def test_decoder_dtype_runs_a_private_copy_in_that_dtype():
+    vae = tiny_wan22(seed=6)  # float32, shared: it must stay so
+    z = random_latents(5, GRID, seed=62)
+    dec = WarmWanDecoder(vae, DecoderOptions(dtype="bfloat16"))
+    stream = dec.open_stream()
+    got = torch.cat(decode_windows(dec, stream, z, [1, 3, 1]), dim=2)
+    assert all(p.dtype == torch.float32 for p in vae.parameters()) and dec._decoder is not vae.decoder
+    assert all(t.dtype == torch.bfloat16 for t in slot_tensors(stream.slots))  # half the cache bytes
+    # the same calls as a bf16 VAE makes (the pipeline's bf16 decode), pixels handed back in the latents' dtype
+    reference = stream_pixels(copy.deepcopy(vae).to(torch.bfloat16), z).to(torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, reference)
+    same = WarmWanDecoder(vae, DecoderOptions(dtype="float32"))
+    assert same._decoder is vae.decoder  # the VAE's own dtype needs no copy

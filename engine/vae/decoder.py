@@ -56,16 +56,16 @@ class WarmWanDecoder:
         self.options = options if options is not None else DecoderOptions()
         weight = vae.post_quant_conv.weight
         self.device: torch.device = weight.device
-        self.dtype: torch.dtype = weight.dtype
+        self.dtype: torch.dtype = getattr(torch, self.options.dtype) if self.options.dtype else weight.dtype
         self.z_dim: int = vae.config.z_dim
         self.patch_size: int | None = vae.config.patch_size
         self.temporal_factor: int = 2 ** sum(bool(t) for t in vae.config.temperal_downsample)
         self._norm = LatentNorm.from_vae(vae, self.device, self.dtype)
         self._decoder = decoder_copy(vae.decoder, channels_last=self.options.channels_last,
-                                     onednn_conv=self.options.onednn_conv)
+                                     onednn_conv=self.options.onednn_conv, dtype=self.dtype)
         self._runner = WindowRunner(
             decoder=self._decoder,
-            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv),
+            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv, dtype=self.dtype),
             num_slots=count_slots(self._decoder),
             latents_per_call=self.options.latents_per_call,
             channels_last=self.options.channels_last,
@@ -164,13 +164,16 @@ class WarmWanDecoder:
         Args:
             streams: distinct open streams of this decoder.
             latents: per stream, normalised `[C, t, h, w]` or `[1, C, t, h, w]`.
-            output: "frames" (uint8 `[T, H, W, 3]` numpy) or "pixels" (see `decode_pixels`).
+            output: "frames" (uint8 `[T, H, W, 3]` numpy), "pixels" (see `decode_pixels`) or "device"
+                (uint8 `[T, H, W, 3]` left on the decoder's device: nothing waits for the device, so the
+                caller can queue more work before fetching; the latents' finiteness is then the caller's
+                to check, also without a wait).
         Returns:
-            per stream, its window on the CPU.
+            per stream, its window (on the CPU unless ``output="device"``).
         """
-        if output not in ("frames", "pixels"):
-            raise ValueError(f"output must be 'frames' or 'pixels', got {output!r}")
-        windows = self._check_batch(streams, latents)
+        if output not in ("frames", "pixels", "device"):
+            raise ValueError(f"output must be 'frames', 'pixels' or 'device', got {output!r}")
+        windows = self._check_batch(streams, latents, check_finite=output != "device")
         held: list[threading.Lock] = []
         try:
             for s in streams:
@@ -260,7 +263,8 @@ class WarmWanDecoder:
         if stream.closed:
             raise ValueError(f"stream {stream.stream_id} is closed; open a new one with open_stream()")
 
-    def _check_batch(self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _check_batch(self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor],
+                     check_finite: bool = True) -> list[torch.Tensor]:
         if len(streams) != len(latents) or not streams:
             raise ValueError(f"need one latents tensor per stream, got {len(streams)} streams, {len(latents)} tensors")
         if len({id(s) for s in streams}) != len(streams):
@@ -268,10 +272,10 @@ class WarmWanDecoder:
         windows = []
         for s, z in zip(streams, latents):
             self._check_open(s)
-            windows.append(self._check_latents(s, z))
+            windows.append(self._check_latents(s, z, check_finite))
         return windows
 
-    def _check_latents(self, stream: DecodeStream, z: torch.Tensor) -> torch.Tensor:
+    def _check_latents(self, stream: DecodeStream, z: torch.Tensor, check_finite: bool = True) -> torch.Tensor:
         """The window as `[1, C, t, h, w]` on the decoder's device, or ValueError naming `latents`."""
         if not isinstance(z, torch.Tensor) or not z.is_floating_point():
             raise ValueError(f"latents must be a floating-point torch.Tensor, got {type(z).__name__}")
@@ -284,6 +288,6 @@ class WarmWanDecoder:
         if stream.grid is not None and tuple(z.shape[3:]) != stream.grid:
             raise ValueError(f"latents grid {tuple(z.shape[3:])} differs from stream grid {stream.grid}")
         z = z.to(self.device)
-        if not bool(torch.isfinite(z).all()):
+        if check_finite and not bool(torch.isfinite(z).all()):  # a host wait: callers queueing work check later
             raise ValueError("latents contain NaN or Inf; a warm cache would carry them into every later window")
         return z

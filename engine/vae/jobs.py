@@ -16,10 +16,10 @@ from torch import nn
 
 from .cache import Slot, empty_cache
 from .causal import call_sizes, run_decoder
-from .frames import frames_from_pixels, pixels_from_decoder
+from .frames import frames_u8, pixels_from_decoder
 from .stream import DecodeStream
 
-Output = Literal["frames", "pixels"]
+Output = Literal["frames", "pixels", "device"]
 
 
 @dataclass(eq=False)
@@ -43,7 +43,7 @@ class WindowJob:
     cold: bool
     out_dtype: torch.dtype
     output: Output
-    parts: list[np.ndarray | torch.Tensor] = field(default_factory=list)  # per call, on the CPU
+    parts: list[torch.Tensor] = field(default_factory=list)  # per call, on the device
     num_frames: int = 0
     x_new: torch.Tensor | None = None
     slots: list[Slot] | None = None
@@ -54,15 +54,21 @@ class WindowJob:
         return 0 if self.context is None else self.context.shape[2]
 
     def keep(self, pixels: torch.Tensor) -> None:
-        """Store one call's output on the CPU. Args: pixels `[1, 3, T_call, H, W]` in [-1, 1]."""
+        """Keep one call's output on the device (one host copy per window, in `result`).
+
+        Args: pixels `[1, 3, T_call, H, W]` in [-1, 1].
+        """
         pixels = pixels.to(self.out_dtype)
         self.num_frames += pixels.shape[2]
-        self.parts.append(pixels.cpu() if self.output == "pixels" else frames_from_pixels(pixels))
+        self.parts.append(pixels if self.output == "pixels" else frames_u8(pixels))
 
     def result(self) -> np.ndarray | torch.Tensor:
+        """The window: pixels `[1, 3, T, H, W]` on the CPU, uint8 frames `[T, H, W, 3]` as numpy, or (``device``)
+        uint8 frames left on the device for the caller to fetch."""
         if self.output == "pixels":
-            return torch.cat(self.parts, dim=2)  # [1,3,T,H,W]
-        return np.concatenate(self.parts, axis=0)  # [T,H,W,3]
+            return torch.cat(self.parts, dim=2).cpu()  # [1,3,T,H,W]
+        frames = torch.cat(self.parts, dim=0)  # [T,H,W,3]
+        return frames if self.output == "device" else frames.cpu().numpy()
 
 
 @dataclass(frozen=True)

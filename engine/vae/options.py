@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ..checks import check_int
 from ..settings import NonNegativeInt, PositiveInt, StrictModel
 
@@ -34,6 +36,9 @@ class DecoderOptions(StrictModel):
         max_warm_streams: warm caches per decoder (0 = no cap). A stream that starts its first
             window while the cap is reached stays stateless for its whole life. The cap counts
             streams, not bytes: size it from `cache_bytes` at the served resolution and dtype.
+        dtype: the dtype the decoder runs in (None: the VAE's own). Another dtype than the VAE's runs on a
+            private copy of the decoder in that dtype (the shared VAE keeps its weights); bfloat16 halves
+            the cache and the decoder's time on a GPU, at bf16 rounding (docs/exactness.md).
         context_latents: latents a stream retains and re-decodes ahead of a window that has no
             warm cache (stateless streams, or a warm stream whose cache was dropped by a failed
             decode). At least 1: a later window's first latent needs a predecessor to yield its 4
@@ -47,6 +52,7 @@ class DecoderOptions(StrictModel):
     onednn_conv: bool = False
     max_warm_streams: NonNegativeInt = 0
     context_latents: PositiveInt = 8
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def validate_for_window(self, latents_per_window: int) -> None:
         """Raise ValueError when `latents_per_call` exceeds a window's latent frames.

@@ -11,18 +11,21 @@ import torch
 from torch import nn
 
 
-def decoder_copy(decoder: nn.Module, *, channels_last: bool = False, onednn_conv: bool = False) -> nn.Module:
+def decoder_copy(decoder: nn.Module, *, channels_last: bool = False, onednn_conv: bool = False,
+                 dtype: torch.dtype | None = None) -> nn.Module:
     """The module the warm decoder runs: `decoder` itself, or a deep copy when a switch is on, so the
     shared module (used by `vae.decode`, other users) keeps its layout and kernels.
 
     `channels_last`: 3-D conv weights in `channels_last_3d`, 2-D ones in `channels_last` (cache slots the
     copy writes are clones of dense channels-last slices, so they stay compact). `onednn_conv`: every
     3-D conv of the copy calls oneDNN directly on CPU float32 inputs (see `DecoderOptions.onednn_conv`).
-    A copy costs a second set of decoder weights.
+    `dtype`: the copy's weights in that dtype (`DecoderOptions.dtype`). A copy costs a second set of decoder
+    weights.
     """
-    if not (channels_last or onednn_conv):
+    convert = dtype is not None and dtype != next(decoder.parameters()).dtype
+    if not (channels_last or onednn_conv or convert):
         return decoder
-    dup = copy.deepcopy(decoder)
+    dup = copy.deepcopy(decoder).to(dtype) if convert else copy.deepcopy(decoder)
     for m in dup.modules():
         if isinstance(m, nn.Conv3d):
             if channels_last:

@@ -9,21 +9,24 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
-import numpy as np
 import torch
 
-from ...attention import resolve_backend
+from ...attention import AttentionBackendName, resolve_backend
 from ...checks import check_actions, check_image, check_int, check_prompt
+from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamKey, StreamLabel
-from ...scheduler import Scheduler, group
+from ...lanes import DecodeLane
+from ...scheduler import Scheduler
 from ...vae import DecoderOptions, WarmWanDecoder, encode_first_frame
+from .graphs import check_cuda_graphs
 from .knobs import RolloutKnobs
 from .loader import Cosmos3Components, load_components, model_spec
 from .prompt import tokenize_action_prompt
 from .runner import prefill_text
 from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
 from .spec import KVStats, PhaseTimings, WindowResult
-from .window import WindowContext, group_key, run_window
+from .stepping import run_step, window_result
+from .window import WindowContext
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -38,7 +41,11 @@ class Cosmos3WorldModel:
     def __init__(self, components: Cosmos3Components, *, device: torch.device, num_pages: int = 512, page_size: int = 16,
                  cpu_offload_pages: int = 0, attention_backend: str = "auto",
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
-                 width: int | None = None, fps: float | None = None, name: str | None = None) -> None:
+                 width: int | None = None, fps: float | None = None, name: str | None = None,
+                 overlap_decode: bool | None = None, cuda_graphs: bool = False) -> None:
+        """``overlap_decode``: split a step's batch in halves so one half's decode (on its own CUDA stream)
+        overlaps the other's denoise; None: on for CUDA, off on a CPU (where nothing can overlap).
+        ``cuda_graphs``: replay each window's denoise steps from one captured CUDA graph (CUDA, sdpa)."""
         self.components = components
         self.transformer, self.vae, self.device = components.transformer, components.vae, device
         self.dtype = next(self.transformer.parameters()).dtype
@@ -50,8 +57,12 @@ class Cosmos3WorldModel:
         self.scheduler = Scheduler(self.kv)
         self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
         backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
+        kernels = FlashinferKernels(device) if backend is AttentionBackendName.FLASHINFER else None
+        graphs = check_cuda_graphs(cuda_graphs, device, backend)
         self.window = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
-                                    components.use_native_flow_schedule, device, self.dtype)
+                                    components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
+        self.lane = DecodeLane(device)
+        self.overlap_decode = device.type == "cuda" if overlap_decode is None else bool(overlap_decode)
         self._sessions: dict[str, RolloutSession] = {}
         self._lock = threading.Lock()
 
@@ -210,18 +221,25 @@ class Cosmos3WorldModel:
             low, high = s.action_bounds or (None, None)
             field = "actions" if len(sessions) == 1 else f"actions[{i}]"
             checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
-        results: list[WindowResult | None] = [None] * len(sessions)
         with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
             for s in sorted(sessions, key=lambda s: s.session_id):
                 stack.enter_context(s.busy)
             for s in sessions:
                 s.check_open()  # closed by another thread while we waited
             self.scheduler.admit([s.session_id for s in sessions], self._pages_to_commit(sessions))
-            for members in group(sessions, group_key):
-                part = self._run_group([sessions[i] for i in members], [checked[i] for i in members], decode)
-                for i, result in zip(members, part):
-                    results[i] = result
-        return results
+            before = [s.window_index for s in sessions]
+            try:
+                rows = run_step(self.window, self.decoder, self.lane, sessions, checked, decode=decode,
+                                overlap=self.overlap_decode)
+            except SessionClosedError:
+                if [s.window_index for s in sessions] == before:  # nothing committed: the others may step again
+                    raise
+                self._close_all_locked(sessions)
+                raise
+            except BaseException:  # a failed window never leaves half-committed state behind
+                self._close_all_locked(sessions)
+                raise
+        return [window_result(*row, kv=self.kv_stats(s)) for s, row in zip(sessions, rows)]
 
     def decode(self, session: RolloutSession, result: WindowResult) -> WindowResult:
         """Fill in the frames of a window stepped with ``decode=False`` (windows of a session in order)."""
@@ -242,27 +260,7 @@ class Cosmos3WorldModel:
                     needed += table.pages_for(seq + tokens) - table.pages_for(seq) + 1
         return needed
 
-    def _run_group(self, sessions: list[RolloutSession], actions: list[np.ndarray], decode: bool) -> list[WindowResult]:
-        rng_states = [s.generator.get_state() for s in sessions]
-        try:
-            out = run_window(self.window, sessions, actions)
-            results = []
-            for s, latents in zip(sessions, out.latents):
-                frame_start, frame_end = s.frame_span()
-                s.last_latents, s.window_index = latents, s.window_index + 1
-                results.append(WindowResult(s.window_index - 1, latents.cpu(), None, frame_start, frame_end,
-                                            PhaseTimings(out.denoise_s, out.commit_s, 0.0), self.kv_stats(s)))
-            if decode:
-                for s, result in zip(sessions, results):
-                    if s.decode_stream is not None:
-                        self.decode(s, result)
-            return results
-        except SessionClosedError:
-            for s, state in zip(sessions, rng_states):  # untouched sessions can simply step again
-                s.generator.set_state(state)
-            raise
-        except BaseException:
-            for s in sessions:  # a failed window never leaves half-committed state behind
-                s.abort.set()
-                self._close_locked(s)
-            raise
+    def _close_all_locked(self, sessions: list[RolloutSession]) -> None:
+        for s in sessions:
+            s.abort.set()
+            self._close_locked(s)

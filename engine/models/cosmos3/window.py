@@ -9,7 +9,6 @@ is elementwise per sample, so each row gets exactly what a scheduler of its own 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,10 @@ import torch
 from torch import nn
 
 from ...attention import AttentionBackendName, PagedAttentionBatch
+from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamLabel
+from ...lanes import PhaseClock
+from .graphs import GraphedSteps
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
 from .session import RolloutSession, SessionClosedError
@@ -38,15 +40,8 @@ class WindowContext:
     native_flow_schedule: bool
     device: torch.device
     dtype: torch.dtype
-
-
-@dataclass
-class WindowOutput:
-    """Per session the window's new latents ``[C, n, h, w]`` (float32, on the device), and phase times."""
-
-    latents: list[torch.Tensor]
-    denoise_s: float
-    commit_s: float
+    kernels: FlashinferKernels | None = None  # the model's, when its backend is flashinfer
+    cuda_graphs: bool = False  # replay each window's denoise steps from one captured graph (graphs.py)
 
 
 def group_key(session: RolloutSession) -> tuple:
@@ -66,29 +61,32 @@ class _Job:
     num_tokens: int  # vision + action tokens of one row
 
 
-def run_window(ctx: WindowContext, sessions: list[RolloutSession], actions: list[np.ndarray]) -> WindowOutput:
+def run_window(ctx: WindowContext, sessions: list[RolloutSession], actions: list[np.ndarray],
+               clock: PhaseClock) -> list[torch.Tensor]:
     """Denoise (and in kv mode commit) the next window of every session of one group.
 
     Args:
         sessions: open sessions with equal `group_key`, each admitted into the page pool.
         actions: per session, ``[chunk, width]`` float32 actions, already checked.
+        clock: marked ``denoise_end`` and ``commit_end`` (no wait for the device).
+    Returns:
+        per session the window's new latents ``[C, n, h, w]``, float32, on the device.
     """
     if len({group_key(s) for s in sessions}) != 1:
         raise ValueError("sessions of one window must share group_key (steps, shift, mode, window shape)")
     jobs = [_prepare(ctx, s, a) for s, a in zip(sessions, actions)]
     rows = [(job, label) for job in jobs for label in job.session.labels]
     tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.stream_keys()]
-    batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend)
+    batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend, ctx.kernels)
     rotaries = [_row_rotary(ctx, job, label) for job, label in rows]
     cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
 
-    t0 = time.perf_counter()
     _denoise(ctx, jobs, batch, cos, sin)
-    t1 = time.perf_counter()
+    clock.mark("denoise_end")
     if sessions[0].knobs.window_mode == "kv":
         _commit(ctx, jobs, batch, cos, sin)
-    t2 = time.perf_counter()
-    return WindowOutput([job.latents[:, job.clean:].float() for job in jobs], t1 - t0, t2 - t1)
+    clock.mark("commit_end")
+    return [job.latents[:, job.clean:].float() for job in jobs]
 
 
 def _prepare(ctx: WindowContext, session: RolloutSession, actions: np.ndarray) -> _Job:
@@ -150,13 +148,19 @@ def _scheduler(ctx: WindowContext, session: RolloutSession):
         scheduler.set_timesteps(knobs.num_steps, device=ctx.device, sigmas=sigmas)
     else:
         scheduler.set_timesteps(knobs.num_steps, device=ctx.device)
+    scheduler.set_begin_index(0)  # else its first step finds its own index with a host wait (`.item()`)
     return scheduler
 
 
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     scheduler = _scheduler(ctx, jobs[0].session)
+    if ctx.cuda_graphs:
+        forward = GraphedSteps(ctx.transformer, cos, sin, batch)
+    else:
+        def forward(hidden: torch.Tensor) -> torch.Tensor:
+            return gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
     for t, step in zip(scheduler.timesteps, scheduler.timesteps.tolist()):  # host floats: no sync per step
-        out = gen_forward(ctx.transformer, _hidden(ctx, jobs, step), cos, sin, batch).hidden
+        out = forward(_hidden(ctx, jobs, step))
         offset, velocity = 0, []
         for job in jobs:
             rows = []
