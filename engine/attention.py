@@ -15,6 +15,7 @@ from enum import Enum
 
 import torch
 import torch.nn.functional as F
+from worldstep.engine.checks import check_int
 from worldstep.engine.flashinfer_kernels import FlashinferKernels, Layout
 from worldstep.engine.kv import PagedKVCache, PageTable, StreamKey
 
@@ -110,9 +111,8 @@ class PagedAttentionBatch:
             )
         if not all(isinstance(t, PageTable) for t in self.tables):
             raise ValueError("tables must hold PageTable snapshots from cache.page_table()")
-        for n in self.q_lens:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"q_lens must hold ints >= 1, got {self.q_lens}")
+        for i, n in enumerate(self.q_lens):
+            check_int(f"q_lens[{i}]", n, 1)
         self.backend = resolve_backend(
             self.backend, self.cache.device, dtype=self.cache.kv.dtype, head_dim=self.cache.head_dim
         )

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from worldstep.engine.checks import check_int
 
 from .policies import chunk_shape
 
@@ -283,9 +284,7 @@ class RemotePolicy:
         if not isinstance(clip, bool):
             raise TypeError(f"clip={clip!r} is invalid; allowed: True or False")
         self.clip = clip
-        if isinstance(max_queries_per_window, bool) or not isinstance(max_queries_per_window, int) \
-                or max_queries_per_window < 1:
-            raise ValueError(f"max_queries_per_window={max_queries_per_window!r} is invalid; allowed: an int >= 1")
+        check_int("max_queries_per_window", max_queries_per_window, 1)
         self.max_queries_per_window = max_queries_per_window
         self.client = PolicyClient(endpoint, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
                                    api_key=api_key)

@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
+from worldstep.engine.checks import check_int
 
 from ..config import WorldstepConfig
 from ..episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
@@ -70,10 +71,10 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
     if isinstance(model, (gym.Env, gym.vector.VectorEnv)):
         raise ValueError("backend='ray' needs a model (a name, config, checkpoint or World), not an env: every "
                          "Ray actor loads its own copy of the model")
-    _check_int("num_workers", num_workers, 1)
-    _check_int("max_retries", max_retries, 0)
+    check_int("num_workers", num_workers, 1)
+    check_int("max_retries", max_retries, 0)
     if batch_size is not None:
-        _check_int("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1)
     config = _config_of(model)
     eps = episode_configs(episodes, seed)
     out_dir = Path(out_dir)
@@ -141,17 +142,12 @@ def action_shape(config: WorldstepConfig) -> tuple[int, int] | None:
     without loading the model: a Ray driver need not hold a copy. None when only loading would tell."""
     width = config.env.action_width
     if width is None:
-        transformer = (config.model.architecture or {}).get("transformer", {})
-        width = transformer.get("action_dim")
+        architecture = config.model.architecture
+        width = None if architecture is None else architecture.transformer.get("action_dim")
     if width is None:
         path = Path(config.model.checkpoint) / "transformer" / "config.json"
         width = json.loads(path.read_text()).get("action_dim") if path.is_file() else None
     return None if width is None else (config.rollout.chunk_size, int(width))
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= {low}")
 
 
 def _config_of(model: Any) -> WorldstepConfig:

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ...checks import check_int
+
 
 @functools.cache
 def resolution_bins() -> dict[int, dict[str, tuple[int, int]]]:
@@ -93,8 +95,7 @@ class FramePlan:
 def plan_first_frame(height: int, width: int, tier: int | None = None, spatial: int = 16) -> FramePlan:
     """The canvas arithmetic alone (no pixels): tier, bin, content size, padding, kept latents."""
     for name, value, low in (("height", height, spatial), ("width", width, spatial), ("spatial", spatial, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= {low}")
+        check_int(name, value, low)
     floored = (height - height % spatial, width - width % spatial)
     bins = resolution_bins()
     if tier is None:
