@@ -5,7 +5,8 @@
 The GPU image (`image.txt`) has torch, transformers, accelerate, numpy, ... but none of worldstep's other
 dependencies and no flashinfer, and at most 64 MiB travels with the checkout. The kit holds:
 
-- ``wheels/``: the pinned wheels of `kit-requirements.txt` (cp312 manylinux x86-64 builds), and
+- ``tools/``: pip, setuptools and wheel, to install offline whatever pip the image has (never installed).
+- ``wheels/``: the other pinned wheels of `kit-requirements.txt` (cp312 manylinux x86-64 builds), and
   flashinfer-python 0.7.4 repacked with only what worldstep's backend needs: every Python module that
   `import flashinfer` loads plus the packages the batch-prefill path calls (top level, ``jit``,
   ``attention``, ``trace``), ``data/include``, and from ``data/csrc``, ``data/cutlass``, ``data/cccl`` and
@@ -51,6 +52,7 @@ PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_24_x8
 # elsewhere only the modules `import flashinfer` loads are kept.
 WHOLE_PACKAGES = ("jit", "attention", "trace")
 CSRC_GLOBS = ("batch_prefill*", "cascade.cu", "flashinfer_cascade_binding.cu")
+TOOLS = ("pip", "setuptools", "wheel")  # installers, kept apart in tools/: never installed into the venv
 
 
 def log(text: str) -> None:
@@ -126,7 +128,7 @@ def preprocess_deps(command: list[str], root: Path) -> set[str]:
             argv = shlex.split(line[3:])
             out = Path(tmp) / f"deps{i}.d"
             argv[argv.index("-o") + 1] = str(out)
-            subprocess.run([*argv, "-M"], check=True, capture_output=True)
+            subprocess.run([*argv, "-M"], check=True, capture_output=True, text=True)
             names = out.read_text().replace("\\\n", " ").split()[1:]
             deps.update(str(Path(n).resolve()) for n in names if str(Path(n).resolve()).startswith(str(root)))
     return deps
@@ -151,8 +153,11 @@ def probe(out_json: Path, aot: bool) -> None:
 
     sys.addaudithook(audit)
     import flashinfer  # noqa: F401
-    from flashinfer import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper  # noqa: F401
-    from flashinfer import merge_state  # noqa: F401
+    from flashinfer import (  # noqa: F401
+        BatchPrefillWithPagedKVCacheWrapper,
+        BatchPrefillWithRaggedKVCacheWrapper,
+        merge_state,  # noqa: F401
+    )
 
     sys.path.insert(0, str(HERE))
     import flashinfer_modules
@@ -276,7 +281,10 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     wheels = out / "wheels"
     log("downloading the pinned cp312 wheels")
-    download_wheels(wheels)
+    (out / "tools").mkdir(parents=True)
+    for wheel in download_wheels(wheels):
+        if wheel.name.split("-")[0] in TOOLS:
+            wheel.rename(out / "tools" / wheel.name)
     curand = curand_headers(work, out / "cuda-include")
     log("unpacking flashinfer-python 0.7.4")
     tree = unpack(cached_download(FLASHINFER, work / "dl"), work / "flashinfer-full")
