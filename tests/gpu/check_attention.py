@@ -11,7 +11,7 @@ tokens; window 0 adds the clean frame, 1966). The rows are built through the cac
 |----------------|-----------------------------------------------------------------------|-------|
 | main           | 38 text tokens + 4 windows, older frames released past 8 latent frames | 1576  |
 | uncond         | 14 text tokens + the same windows (the CFG stream)                     | 1576  |
-| long_prompt    | 300 text tokens + 2 windows (nothing released)                         | 1576  |
+| long_prompt    | 300 text tokens + 2 windows                                            | 1576  |
 | fork           | `fork()` of main (shared pages), then a window of its own (tail COW)   | 1576  |
 | text_only      | 14 text tokens (less than one page)                                    | 1966  |
 | no_context     | nothing                                                                | 1966  |
