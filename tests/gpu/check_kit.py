@@ -1,14 +1,15 @@
 """GPU check 0: the installed kit, and flashinfer's modules made ready (prebuilt, cached or compiled now).
 
-    python tests/gpu/check_kit.py [--out DIR]                 # on the GPU: load every module, say where from
-    python tests/gpu/check_kit.py --device cpu [--out DIR]    # dry run: imports, and the JIT sources complete
+    python tests/gpu/check_kit.py [--device cpu] [--out DIR]          # kit.json: versions, prebuilt modules found
+    python tests/gpu/check_kit.py --ready [--device cpu] [--out DIR]  # flashinfer_ready.json
 
-Records the versions the checks run with, then for each module of `flashinfer_modules.py` whether a
-prebuilt .so ships in the kit (``aot``) or one sits in the JIT workspace already (``jit_cached``). On CUDA
-it then runs one Edge-shaped flashinfer attention batch, which loads (or compiles) them, and records how
-long that took and what flashinfer compiled (its `FLASHINFER_JIT_BUILD_LOG`). On the CPU it instead runs
-nvcc's preprocessor over every source of every module against the installed, trimmed flashinfer tree:
-a header missing from the kit fails here, not on the GPU.
+The inventory records the versions the checks run with and, for each module of `flashinfer_modules.py`,
+whether flashinfer finds a prebuilt .so from the kit (``aot``) or one in the JIT workspace (``jit_cached``);
+every module the kit's MANIFEST says it prebuilt must be found. `--ready` on CUDA runs one Edge-shaped
+flashinfer attention batch, which loads (or compiles) them, and records how long that took and what
+flashinfer compiled (its `FLASHINFER_JIT_BUILD_LOG`); on the CPU it runs nvcc's preprocessor over every
+source of every module against the installed, trimmed flashinfer tree instead: a header missing from the
+kit fails here, not on the GPU.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 #   setup             a venv over the image's python3 (--system-site-packages), the kit's wheels installed
 #                     offline (--no-index --no-deps), worldstep from this checkout (--no-deps)
 #   kit               versions; flashinfer modules prebuilt in the kit or cached (check_kit.py)
-#   bench_sdpa        worldstep bench gpu on sdpa, no JIT needed: windows, sessions, official recipe
+#   bench_sdpa        worldstep bench gpu on sdpa, no JIT needed: windows, official recipe, sessions 1 and 8
 #   flashinfer_ready  loads flashinfer's modules (prebuilt) or compiles them into the run's one JIT cache
 #   attention         check_attention.py: flashinfer vs sdpa vs fp32 at Edge geometry
 #   cosmos3_backends  check_cosmos3_backends.py: Edge windows and a rollout, flashinfer vs sdpa
-#   bench_flashinfer  worldstep bench gpu on flashinfer: windows, sessions, backends
+#   bench_flashinfer  worldstep bench gpu on flashinfer: windows, sessions 1/4/8, backends
 # Every figure is JSON under $OUT (summary.json: each step's exit code, seconds and limit; logs/: output).
 # A failed step makes the exit status 1 and the later steps still run; a step that would start past the
 # run's budget is skipped and named in summary.json.
@@ -104,12 +104,13 @@ if [ "$DEVICE" = cpu ]; then
   export FLASHINFER_CUDA_ARCH_LIST=9.0a  # no GPU to ask: name the H200's arch
   BENCH+=(--arch tiny --allow-cpu --height 256 --width 256 --steps 1 --guidance 1,2 --windows 1 --sessions 1,2
           --session-steps 1 --official-steps 1)
+  SDPA_SESSIONS=1,2
   FLASHINFER_BACKEND=auto  # sdpa on a CPU: the same code path
 fi
 
 step kit 60 "$PY" tests/gpu/check_kit.py "${CHECK[@]}"
-step bench_sdpa 150 "${BENCH[@]}" --attention-backend sdpa --sections windows,sessions,official \
-  --json "$OUT/bench_gpu_sdpa.json" --partial-json "$OUT/bench_gpu_sdpa.json"
+step bench_sdpa 150 "${BENCH[@]}" --attention-backend sdpa --sections windows,official,sessions \
+  --sessions "${SDPA_SESSIONS:-1,8}" --json "$OUT/bench_gpu_sdpa.json" --partial-json "$OUT/bench_gpu_sdpa.json"
 step flashinfer_ready 240 "$PY" tests/gpu/check_kit.py "${CHECK[@]}" --ready
 step attention 60 "$PY" tests/gpu/check_attention.py "${CHECK[@]}"
 step cosmos3_backends 120 "$PY" tests/gpu/check_cosmos3_backends.py "${CHECK[@]}"
