@@ -38,13 +38,13 @@ VAE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
+    _check(settings)
     result = BenchResult("gpu", describe_machine(), settings=vars(settings).copy())
     if not torch.cuda.is_available() and not settings.allow_cpu:
         reason = "no CUDA device on this machine; bench gpu measured nothing (run it on a GPU machine)"
         result.results = {"skipped": True, "reason": reason}
         result.notes.append(reason)
         return result
-    _check(settings)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     arch = bench_arch(settings.arch)
@@ -60,12 +60,20 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
         "tokens_per_frame": model.spec.tokens_per_frame, "peak_tflops": peak,
         "transformer_params": parameter_count(model.transformer), "vae_params": parameter_count(model.vae),
     }
+
+    def checkpoint() -> None:
+        if settings.partial_json:
+            result.write_json(settings.partial_json)
+
     for section in settings.sections:
         progress(f"section {section}")
         start = time.perf_counter()
         if section == "windows":
-            result.results["runs"] = [_measure(model, arch, settings, steps, guidance, peak, progress)
-                                      for steps in settings.steps for guidance in settings.guidance]
+            result.results["runs"] = []
+            for steps in settings.steps:
+                for guidance in settings.guidance:
+                    result.results["runs"].append(_measure(model, arch, settings, steps, guidance, peak, progress))
+                    checkpoint()
             result.tables.append(_table(result.results))
         elif section == "sessions":
             from .gpu_sessions import measure_sessions, sessions_table
@@ -81,8 +89,7 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
             result.results["backends"] = _measure_backends(components, arch, settings, device, progress)
             result.tables.append(_backends_table(result.results))
         result.results.setdefault("section_s", {})[section] = round(time.perf_counter() - start, 1)
-        if settings.partial_json:
-            result.write_json(settings.partial_json)
+        checkpoint()
     return result
 
 

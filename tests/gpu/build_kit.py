@@ -199,8 +199,17 @@ def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path
     if curand_include is not None:
         env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-isystem {curand_include}"
     out = work / "probe.json"
+    key = hashlib.sha256("|".join([FLASHINFER, (HERE / "flashinfer_modules.py").read_text(), str(aot),
+                                   _nvcc_version(nvcc) if nvcc else "", str(curand_include)]).encode()).hexdigest()
+    if out.exists():  # the probe takes minutes (nvcc preprocessing; the first prebuild much longer)
+        cached = json.loads(out.read_text())
+        if cached.get("key") == key and all(Path(m["so"]).exists() for m in cached["modules"] if "so" in m):
+            log("reusing the probe of an identical earlier build")
+            return cached
     run([sys.executable, __file__, "--probe", str(out)] + (["--aot", "on"] if aot else []), env=env)
-    return json.loads(out.read_text())
+    probed = json.loads(out.read_text())
+    out.write_text(json.dumps({**probed, "key": key}, indent=1))
+    return probed
 
 
 # --- the trimmed flashinfer wheel -----------------------------------------------------------------
@@ -210,7 +219,7 @@ def keep(rel: str, recorded: set[str]) -> bool:
     """Whether a path of the full flashinfer package (relative to its parent folder) goes into the kit."""
     parts = rel.split("/")
     if parts[0] != "flashinfer":
-        return True  # dist-info
+        return parts[0].endswith(".dist-info")  # the wheel's other top-level files (b12x, build_*.py) stay out
     if rel in recorded:
         return True
     if parts[1] == "data":
@@ -261,9 +270,13 @@ def curand_headers(work: Path, dest: Path) -> Path:
     wheel = cached_download(CURAND, work / "dl")
     dest.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if "/include/curand" in name and name.endswith(".h"):
-                (dest / Path(name).name).write_bytes(z.read(name))
+        for info in z.infolist():
+            if "/include/curand" in info.filename and info.filename.endswith(".h"):
+                target = dest / Path(info.filename).name
+                target.write_bytes(z.read(info))
+                # the wheel's own time, so a rebuilt kit does not make ninja recompile the prebuilt modules
+                stamp = time.mktime((*info.date_time, 0, 0, -1))
+                os.utime(target, (stamp, stamp))
     return dest
 
 

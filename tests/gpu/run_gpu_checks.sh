@@ -16,6 +16,7 @@
 # Env:   BASE_PY  python to build the venv over (python3)     GPU_KIT  the kit folder (gpukit)
 #        OUT      figures (runs/gpu)                           GPU_CHECK_BUDGET_S  whole run (470)
 #        WORK     venv, JIT cache, checkpoints (${TMPDIR:-/tmp}/worldstep-gpu)
+#        GPU_CHECK_TIME_SCALE  multiplies every step's limit (1; the dry run on a CPU uses more)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=cuda
@@ -47,6 +48,7 @@ step() {
     STATUS=1
     return
   fi
+  max=$((max * ${GPU_CHECK_TIME_SCALE:-1}))  # the dry run on a busy 2-core box scales every limit
   local limit=$((max < left ? max : left)) start=$(date +%s%N)
   echo "== $name (limit ${limit}s)"
   timeout -k 10 "$limit" "$@" 2>&1 | tail -c 300000 > "$OUT/logs/$name.log"
