@@ -17,6 +17,8 @@ dependencies and no flashinfer, and at most 64 MiB travels with the checkout. Th
   loads ``data/aot/<name>/<name>.so`` before it considers a JIT build). Source JIT stays the fallback.
 - ``cuda-include/``: curand headers (CUTLASS includes ``curand_kernel.h``; a pip-assembled CUDA toolkit
   has no curand), passed to a JIT build only when the machine's toolkit lacks them.
+- ``cuda-stubs/``: an empty ``libcuda.so`` (SONAME libcuda.so.1) for the link of a JIT build where the
+  toolkit has no ``lib64/stubs`` (the driver's libcuda.so.1 serves it at load time).
 - ``MANIFEST.json``: every file with its size, the prebuilt modules, and where each part came from.
 
 Downloads and builds are cached under ``--work`` (outside the kit); prebuilding the FA3 module takes
@@ -182,7 +184,8 @@ def probe(out_json: Path, aot: bool) -> None:
     out_json.write_text(json.dumps({"root": str(root), "files": files, "modules": modules}, indent=1))
 
 
-def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path | None) -> dict:
+def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path | None,
+              cuda_stubs: Path | None) -> dict:
     """Install flashinfer's CPU-side needs (cp311/this Python) next to the unpacked wheel and probe it."""
     site = work / "probe-site"
     if not (site / "tvm_ffi").exists():
@@ -198,9 +201,12 @@ def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path
         env.setdefault("CUDA_HOME", str(nvcc.parent.parent))
     if curand_include is not None:
         env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-isystem {curand_include}"
+    if cuda_stubs is not None:
+        env["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{cuda_stubs}"
     out = work / "probe.json"
     key = hashlib.sha256("|".join([FLASHINFER, (HERE / "flashinfer_modules.py").read_text(), str(aot),
-                                   _nvcc_version(nvcc) if nvcc else "", str(curand_include)]).encode()).hexdigest()
+                                   _nvcc_version(nvcc) if nvcc else "", str(curand_include),
+                                   str(cuda_stubs)]).encode()).hexdigest()
     if out.exists():  # the probe takes minutes (nvcc preprocessing; the first prebuild much longer)
         cached = json.loads(out.read_text())
         if cached.get("key") == key and all(Path(m["so"]).exists() for m in cached["modules"] if "so" in m):
@@ -280,6 +286,27 @@ def curand_headers(work: Path, dest: Path) -> Path:
     return dest
 
 
+def cuda_stub(dest: Path) -> Path:
+    """An empty `libcuda.so` (SONAME libcuda.so.1) for flashinfer's `-lcuda` where no driver stub exists.
+
+    Linking a shared module against a stub only records the dependency; the driver's own libcuda.so.1
+    serves it at load time (CUDA ships such stubs in lib64/stubs; a pip-assembled toolkit has none).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    stub = dest / "libcuda.so"
+    if not stub.exists():
+        source = dest / "libcuda_stub.c"
+        source.write_text("/* stub: the driver's libcuda.so.1 provides every symbol at load time */\n")
+        run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(source)])
+        source.unlink()
+    return dest
+
+
+def toolkit_has_cuda_stub() -> bool:
+    nvcc = nvcc_path()
+    return nvcc is not None and (nvcc.parent.parent / "lib64" / "stubs" / "libcuda.so").exists()
+
+
 def toolkit_has_curand() -> bool:
     nvcc = nvcc_path()
     return nvcc is not None and any((nvcc.parent.parent / d / "curand_kernel.h").exists()
@@ -308,7 +335,9 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     if nvcc is None:
         raise SystemExit("building the kit needs nvcc: the header set comes from nvcc's own preprocessing")
     log(f"probing flashinfer (nvcc {nvcc}; prebuild for sm_90a: {'yes' if aot else 'no'})")
-    probed = run_probe(work, tree, aot, None if toolkit_has_curand() else curand)
+    stubs = cuda_stub(out / "cuda-stubs")
+    probed = run_probe(work, tree, aot, None if toolkit_has_curand() else curand,
+                       None if toolkit_has_cuda_stub() else stubs)
     recorded = {Path(f).relative_to(Path(probed["root"]).parent).as_posix() for f in probed["files"]}
     built = {m["name"]: Path(m["so"]) for m in probed["modules"] if "so" in m}
     fi_wheel = wheels / "flashinfer_python-0.7.4-py3-none-any.whl"

@@ -49,7 +49,7 @@ fi
 DKIT=$DRY/kit
 rm -rf "$DKIT"
 mkdir -p "$DKIT/wheels"
-cp -r "$KIT/tools" "$KIT/cuda-include" "$KIT/MANIFEST.json" "$DKIT/"
+cp -r "$KIT/tools" "$KIT/cuda-include" "$KIT/cuda-stubs" "$KIT/MANIFEST.json" "$DKIT/"
 SPECS=()
 for w in "$KIT"/wheels/*.whl; do
   case $(basename "$w") in

@@ -31,7 +31,7 @@ done
 BASE_PY=${BASE_PY:-python3}
 KIT=$(realpath "${GPU_KIT:-gpukit}")
 OUT=$(mkdir -p "${OUT:-runs/gpu}" && realpath "${OUT:-runs/gpu}")
-WORK=${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}
+WORK=$(mkdir -p "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}" && realpath "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}")
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
 T0=$(date +%s)
 STATUS=0
@@ -98,6 +98,9 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 if [ ! -e "$CUDA_HOME/include/curand_kernel.h" ] && [ ! -e "$CUDA_HOME/targets/x86_64-linux/include/curand_kernel.h" ]; then
   export FLASHINFER_EXTRA_CUDAFLAGS="-isystem $KIT/cuda-include"  # CUTLASS includes curand_kernel.h
+fi
+if [ ! -e "$CUDA_HOME/lib64/stubs/libcuda.so" ]; then
+  export FLASHINFER_EXTRA_LDFLAGS="-L$KIT/cuda-stubs"  # flashinfer links -lcuda; the driver serves it at load
 fi
 CHECK=(--device "$DEVICE" "${TINY[@]}" --out "$OUT")
 BENCH=("$PY" -m worldstep.bench gpu)
