@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 PINS = HERE / "kit-requirements.txt"
 MAX_MIB = 60
+TRAVEL_MIB = 64  # the checkout's tracked files plus the carried kit
 FLASHINFER = "flashinfer-python==0.7.4"
 CURAND = "nvidia-curand>=10.4,<10.5"  # CUDA 13.x
 # The GPU image runs CPython 3.12 on glibc 2.39 (Ubuntu 24.04): every manylinux tag up to 2_28 fits.
@@ -377,10 +378,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{size / 2**20:8.2f} MiB  {name}")
     print(f"{manifest['total_mib']:8.2f} MiB  total (limit {args.max_mib:g} MiB); prebuilt flashinfer modules: "
           f"{', '.join(manifest['flashinfer']['aot_modules']) or 'none (source JIT on the GPU)'}")
+    tracked = tracked_mib()
+    if tracked is not None:
+        print(f"{tracked + manifest['total_mib']:8.2f} MiB  with the checkout's tracked files ({tracked:.2f} MiB); "
+              f"at most {TRAVEL_MIB} MiB travels to the GPU machine")
     if manifest["total_mib"] > args.max_mib:
         print(f"error: the kit is {manifest['total_mib']} MiB, over {args.max_mib:g} MiB", file=sys.stderr)
         return 1
     return 0
+
+
+def tracked_mib() -> float | None:
+    """Size of the files git tracks here (they travel with the kit), or None outside a git checkout."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode:
+        return None
+    names = [n for n in listed.stdout.decode().split("\0") if n]
+    return sum((ROOT / n).stat().st_size for n in names if (ROOT / n).is_file()) / 2**20
 
 
 if __name__ == "__main__":
