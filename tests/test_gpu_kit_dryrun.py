@@ -1,9 +1,10 @@
 """`make gpu-kit-dryrun` end to end: the GPU run's script over a stand-in of the GPU image, on this CPU.
 
-Slow (run with `-m slow`): on the 2-core dev box the dry run takes ~15 minutes when the kit and the
-stand-in image venv exist (its setup builds the image venv once, ~5 minutes, and the kit when missing:
-~3 minutes without prebuilt modules, much longer the first time it prebuilds them). It needs nvcc, which
-the kit's header set comes from.
+Slow (run with `-m slow`). Measured on the shared 2-core dev box: 8 min 16 s with the kit and the
+stand-in image venv in place (load ~14); 24 min 51 s when it also built the image venv (load ~10). A
+missing kit is built first: ~7 minutes once `build/gpukit-work` holds the prebuilt modules, over an hour
+the first time it prebuilds them (`--aot off` kits take ~5 minutes). It needs nvcc, which the kit's
+header set comes from.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ while (($#)); do
 done
 BASE_PY=${BASE_PY:-python3}
 KIT=$(realpath "${GPU_KIT:-gpukit}")
+if [ ! -f "$KIT/MANIFEST.json" ]; then
+  echo "no GPU kit at $KIT: run 'make gpu-kit' on the CPU machine and carry it (carry: [\"gpukit\"])" >&2
+  exit 2
+fi
 OUT=$(mkdir -p "${OUT:-runs/gpu}" && realpath "${OUT:-runs/gpu}")
 WORK=$(mkdir -p "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}" && realpath "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}")
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
