@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # an NVIDIA driver gets the default (CUDA) build of the same release.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean gpu-kit gpu-kit-dryrun gpu-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,3 +28,22 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# --- the GPU path (tests/gpu/README.md) --------------------------------------------------------------------
+KIT ?= gpukit
+
+# The kit: what the offline GPU machine lacks (wheels, a trimmed flashinfer with its modules prebuilt for
+# sm_90a when nvcc is here, curand headers), <= 60 MiB, git-ignored; carry it to the GPU with the checkout.
+gpu-kit: $(VENV)/.installed
+	$(PY) tests/gpu/build_kit.py --out $(KIT)
+
+$(KIT)/MANIFEST.json:
+	$(MAKE) gpu-kit
+
+# The kit's dry run on this CPU machine: the GPU run's own script over a stand-in of the GPU image.
+gpu-kit-dryrun: $(KIT)/MANIFEST.json
+	tests/gpu/dryrun.sh
+
+# On the GPU machine, the kit carried along: every check and figure, as JSON under $$OUT, in one run.
+gpu-check:
+	tests/gpu/run_gpu_checks.sh

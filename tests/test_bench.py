@@ -114,13 +114,36 @@ def test_gpu_without_cuda_exits_zero(tmp_path):
 
 def test_gpu_code_path_on_cpu(tmp_path):
     doc = _run(tmp_path, "gpu", "--arch", "tiny", "--allow-cpu", "--steps", "1", "--guidance", "1,2",
-               "--windows", "1")
+               "--windows", "1", "--sections", "windows")
     runs = doc["results"]["runs"]
     assert [(r["num_steps"], r["cfg"]) for r in runs] == [(1, False), (1, True)]
     for r in runs:
         assert _positive(r["ms_per_denoise_step"]) and _positive(r["real_time_factor"])
         assert _positive(r["forward_tflop"]) and r["mfu"] is None  # no known peak for a CPU
+        assert r["latents_finite"] is True
     assert runs[1]["forward_tflop"] > runs[0]["forward_tflop"]  # CFG adds the uncond row
+    assert doc["results"]["vae_dtype"] == "float32"  # the VAE users get, not the transformer's dtype
+
+
+def test_gpu_sessions_official_backends_on_cpu(tmp_path):
+    partial = tmp_path / "partial.json"
+    doc = _run(tmp_path, "gpu", "--arch", "tiny", "--allow-cpu", "--windows", "1", "--sessions", "1,2",
+               "--session-steps", "1", "--official-steps", "1", "--sections", "sessions,official,backends",
+               "--partial-json", str(partial))
+    f = doc["results"]
+    assert [s["sessions"] for s in f["sessions"]] == [1, 2]
+    for s in f["sessions"]:
+        assert 0 < s["peak_kv_pages"] <= s["plan_kv_pages"]  # sampled after each commit's release: <= the plan
+        assert s["kv_pages_after_close"] == 0 and _positive(s["env_steps_per_s"])
+    assert f["sessions"][1]["plan_kv_pages"] == 2 * f["sessions"][0]["plan_kv_pages"]
+    # 128x128 is no pipeline canvas: the recipe would pad, so the comparison refuses instead of flattering
+    assert f["official"]["skipped"] is True and "canvas" in f["official"]["reason"]
+    assert set(f["backends"]["ms_per_denoise_step"]) == {"sdpa"} and "flashinfer" in f["backends"]["flashinfer_note"]
+    assert json.loads(partial.read_text())["results"]["section_s"].keys() == {"sessions", "official", "backends"}
+
+
+def test_gpu_bad_section_is_refused(tmp_path):
+    assert main(["gpu", "--allow-cpu", "--arch", "tiny", "--sections", "windows,everything", *FAST]) == 2
 
 
 def test_profile_and_report(tmp_path, cache):

@@ -4,13 +4,15 @@ Each chunk is one `Cosmos3OmniPipeline` forward-dynamics call conditioned on the
 FRAME: the pipeline encodes that frame, denoises the whole clip (prompt, clean frame, window
 latents, actions: the text pathway runs at every step), decodes the whole clip, and the caller
 takes its last frame as the next chunk's image. It loads from the same checkpoint folder as
-worldstep, so both run on identical weights, scheduler and prompt template.
+worldstep, so both run on identical weights, scheduler and prompt template; on a GPU (`bench gpu`) it
+wraps the very modules worldstep runs (`pipeline_from_components`), since Edge is built in memory.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,15 +41,23 @@ class _PhaseClock:
 
         setattr(vae, name, timed)  # instance attribute: this pipeline's VAE only
 
+    def remove(self, vae) -> None:
+        """Take the wrappers off (the VAE may be shared with a worldstep model)."""
+        for name in ("encode", "decode"):
+            vae.__dict__.pop(name, None)
+
 
 class OfficialRecipe:
     """Chunk-by-chunk forward dynamics with `Cosmos3OmniPipeline`, re-encoding the last frame each chunk."""
 
-    def __init__(self, checkpoint: str | Path, *, image: np.ndarray, prompt: str, chunk_size: int,
+    def __init__(self, checkpoint: str | Path | Any, *, image: np.ndarray, prompt: str, chunk_size: int,
                  num_steps: int, guidance_scale: float = 1.0, negative_prompt: str = "", seed: int = 0) -> None:
+        """`checkpoint`: a checkpoint folder, or a built `Cosmos3OmniPipeline` (`pipeline_from_components`)."""
         from diffusers import Cosmos3OmniPipeline
 
-        self.pipeline = Cosmos3OmniPipeline.from_pretrained(checkpoint)
+        if isinstance(checkpoint, (str, Path)):
+            checkpoint = Cosmos3OmniPipeline.from_pretrained(checkpoint)
+        self.pipeline = checkpoint
         self.pipeline.set_progress_bar_config(disable=True)
         self.clock = _PhaseClock(self.pipeline.vae)
         self.frame = np.asarray(image, dtype=np.uint8)
@@ -75,6 +85,18 @@ class OfficialRecipe:
         frames = (np.asarray(video) * 255.0).round().clip(0, 255).astype(np.uint8)
         self.frame = frames[-1]
         return frames[1:]
+
+
+def pipeline_from_components(components):
+    """A `Cosmos3OmniPipeline` over a loaded model's own modules (shared, not copied)."""
+    from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+
+    return Cosmos3OmniPipeline(
+        transformer=components.transformer, text_tokenizer=components.tokenizer, vae=components.vae,
+        scheduler=UniPCMultistepScheduler.from_config(components.scheduler_config), enable_safety_checker=False,
+        default_use_system_prompt=components.default_use_system_prompt,
+        use_native_flow_schedule=components.use_native_flow_schedule,
+    )
 
 
 def _tier(height: int, width: int) -> int:

@@ -53,13 +53,24 @@ class SoakSettings:
 @dataclass
 class GpuSettings:
     arch: str = _help("architecture (edge: Cosmos3-Edge at full size)", default="edge")
+    sections: list[str] = _help("what to measure, in order: windows, sessions, official, backends",
+                                default_factory=lambda: ["windows", "sessions", "official", "backends"])
+    attention_backend: str = _help("attention backend of the windows/sessions/official sections: auto, sdpa, "
+                                   "flashinfer", default="auto")
+    vae_dtype: str = _help("VAE dtype (float32: what load() gives users today; bfloat16)", default="float32")
     steps: list[int] = _help("denoise steps of the real-time-factor runs", default_factory=lambda: [4, 30])
     guidance: list[float] = _help("guidance scales (1 = no CFG)", default_factory=lambda: [1.0, 3.0])
+    sessions: list[int] = _help("numbers of sessions stepped together (sessions section)",
+                                default_factory=lambda: [1, 4, 8])
+    session_steps: int = _help("denoise steps of the sessions and backends sections", default=4)
+    official_steps: int = _help("denoise steps of the official-recipe comparison", default=4)
     height: int | None = _help("frame height (default: the arch's, 480 for edge)", default=None)
     width: int | None = _help("frame width (default: the arch's, 832 for edge)", default=None)
     windows: int = _help("measured windows per setting (after one warm-up window)", default=2)
     peak_tflops: float | None = _help("device peak dense bf16 TFLOP/s (default: looked up by name)", default=None)
     allow_cpu: bool = _help("run on CPU anyway (tests: --arch tiny --allow-cpu)", default=False)
+    partial_json: str | None = _help("also write the figures here after each section (kept if a run is cut)",
+                                     default=None)
 
 
 @dataclass
