@@ -118,14 +118,14 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
         for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
             flops = forward_flops(shape, rows(model, [session])).total
             start = time.perf_counter()
-            r = session.step(actions)
+            r = model.step([session], [actions])[0]
             wall = time.perf_counter() - start
             if w > 0:  # window 0 warms kernels, allocators and the decoder cache
                 windows.append({"wall_s": wall, "denoise_s": r.timings.denoise_s, "commit_s": r.timings.commit_s,
                                 "decode_s": r.timings.decode_s, "forward_flops": flops,
                                 "finite": bool(torch.isfinite(r.latents).all())})
     finally:
-        session.close()
+        model.close(session)
     step_s = median([w["denoise_s"] / steps for w in windows])
     flops = median([w["forward_flops"] for w in windows])
     achieved = flops / step_s / 1e12 if step_s > 0 else float("nan")
@@ -183,12 +183,12 @@ def _measure_backends(components, arch, settings: GpuSettings, device: torch.dev
             try:
                 seconds = []
                 for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
-                    results = model.step_batch(sessions, [actions] * count)
+                    results = model.step(sessions, [actions] * count)
                     if w > 0:
                         seconds.append(results[0].timings.denoise_s / knobs.num_steps)
             finally:
                 for s in sessions:
-                    s.close()
+                    model.close(s)
             per_count[str(count)] = 1e3 * median(seconds)
         out["ms_per_denoise_step"][backend.value] = per_count
     fi, sd = out["ms_per_denoise_step"].get("flashinfer"), out["ms_per_denoise_step"]["sdpa"]

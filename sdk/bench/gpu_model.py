@@ -27,16 +27,14 @@ def open_sessions(model, arch, knobs, count: int, seed: int = 0, domains: list[i
     `domains[i]`, default the arch's)."""
     frame = first_frame(model.spec.height, model.spec.width)
     domains = domains or [arch.domain_id] * count
-    return [model.open_session(frame, PROMPT, domains[i], knobs=knobs,
-                               generator=torch.Generator().manual_seed(seed + i)) for i in range(count)]
+    return [model.open_session(frame, PROMPT, domains[i], knobs=knobs, generator=torch.Generator().manual_seed(seed + i),
+                               action_width=arch.action_width) for i in range(count)]
 
 
 def rows(model, sessions: list) -> list[tuple[int, int]]:
     """(fresh tokens, attended tokens) per row of the sessions' next window, for the FLOP count."""
     out = []
     for session in sessions:
-        q = session.knobs.latents_per_window * model.spec.tokens_per_frame + session.knobs.chunk_size
-        if session.window_index == 0:
-            q += model.spec.tokens_per_frame  # the clean conditioning frame rides in window 0
-        out += [(q, model.kv.page_table((session.session_id, label)).seq_len + q) for label in session.labels]
+        q = session.plan.units * model.spec.tokens_per_frame + session.knobs.chunk_size  # the next window's tokens
+        out += [(q, model.kv.page_table(key).seq_len + q) for key in session.stream_keys()]
     return out

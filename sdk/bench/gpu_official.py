@@ -50,11 +50,11 @@ def measure_official(components, model, arch, settings: GpuSettings, progress: P
     try:
         for i, actions in enumerate(chunks):
             start = time.perf_counter()
-            session.step(actions)
+            model.step([session], [actions])[0]
             if i > 0:
                 worldstep.append(time.perf_counter() - start)
     finally:
-        session.close()
+        model.close(session)
     return {
         "skipped": False, "num_steps": steps, "chunk_size": arch.chunk_size,
         "official_ms_per_step": 1e3 * median(official), "official_encode_ms": 1e3 * median(encode),

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from figures import Timer, parse_args, rel_diff, resolve_device, within, write
 from worldstep.engine.attention import AttentionBackendName, PagedAttentionBatch, paged_attention
-from worldstep.engine.kv import PagedAllocationManager
+from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel, check_invariants
 from worldstep.engine.windowing import WindowSchedule
 
 BOUND = 1.6e-2
@@ -79,7 +79,7 @@ class Rows:
     def __init__(self, geo: Geometry, device: torch.device, dtype: torch.dtype, seed: int = 0) -> None:
         self.geo, self.device, self.dtype = geo, device, dtype
         self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.cache = PagedAllocationManager(num_layers=geo.layers, num_pages=geo.num_pages, page_size=geo.page_size,
+        self.cache = PagedKVCache(num_layers=geo.layers, num_pages=geo.num_pages, page_size=geo.page_size,
                                             num_kv_heads=geo.kv_heads, head_dim=geo.head_dim, dtype=dtype,
                                             device=device)
         self.windows: dict[str, int] = {}
@@ -89,17 +89,17 @@ class Rows:
             self._create(name, text)
             for _ in range(windows):
                 self.commit(name)
-        self.cache.fork(("main", "main"), ("fork", "main"))
+        self.cache.table.fork(StreamKey("main", StreamLabel.MAIN), StreamKey("fork", StreamLabel.MAIN))
         self.windows["fork"] = self.windows["main"]
         self.commit("fork")
-        self.cache.create_stream(("no_context", "main"))
+        self.cache.table.create_stream(StreamKey("no_context", StreamLabel.MAIN))
         self.windows["no_context"] = 0
 
     def _create(self, name: str, text: int) -> None:
-        key = (name, "main")
-        self.cache.create_stream(key)
+        key = StreamKey(name, StreamLabel.MAIN)
+        self.cache.table.create_stream(key)
         self.cache.append(key, *self._kv(text))
-        self.cache.protect_prefix(key, text)
+        self.cache.table.protect_prefix(key, text)
         self.windows[name] = 0
 
     def _kv(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,25 +112,25 @@ class Rows:
 
     def commit(self, name: str) -> None:
         """Append one window's K/V, then release what lies past the horizon (as the engine's commit does)."""
-        key, g = (name, "main"), self.geo
+        key, g = StreamKey(name, StreamLabel.MAIN), self.geo
         self.cache.append(key, *self._kv(self.fresh(name)))
         self.windows[name] += 1
         schedule = WindowSchedule(None, g.latents_per_window, context_units=g.context_frames)
         text = self.cache.page_table(key).protected_prefix_tokens
-        self.cache.apply_retention(key, schedule.retention(g.unit, text))
+        self.cache.table.apply_retention(key, schedule.retention(g.unit, text))
 
     def names(self) -> list[str]:
         return ["main", "uncond", "long_prompt", "fork", "text_only", "no_context"]
 
     def batch(self, backend: AttentionBackendName) -> PagedAttentionBatch:
         names = self.names()
-        return PagedAttentionBatch(self.cache, [self.cache.page_table((n, "main")) for n in names],
+        return PagedAttentionBatch(self.cache, [self.cache.page_table(StreamKey(n, StreamLabel.MAIN)) for n in names],
                                    [self.fresh(n) for n in names], backend)
 
     def describe(self) -> list[dict]:
         out = []
         for n in self.names():
-            t = self.cache.page_table((n, "main"))
+            t = self.cache.page_table(StreamKey(n, StreamLabel.MAIN))
             out.append({"row": n, "committed": t.seq_len, "released": t.released_tokens, "pages": len(t.pages),
                         "fresh": self.fresh(n), "text": t.protected_prefix_tokens})
         return out
@@ -141,7 +141,7 @@ def reference(rows: Rows, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     g, out, start = rows.geo, torch.empty(q.shape, dtype=torch.float32, device=q.device), 0
     for name in rows.names():
         n = rows.fresh(name)
-        k_ctx, v_ctx = rows.cache.gather((name, "main"), layer)  # [S, Hkv, D]
+        k_ctx, v_ctx = rows.cache.gather(StreamKey(name, StreamLabel.MAIN), layer)  # [S, Hkv, D]
         k = torch.cat([k_ctx, k_new[start:start + n]]).float().repeat_interleave(g.heads // g.kv_heads, 1)
         v = torch.cat([v_ctx, v_new[start:start + n]]).float().repeat_interleave(g.heads // g.kv_heads, 1)
         scores = torch.einsum("qhd,khd->hqk", q[start:start + n].float(), k) / g.head_dim ** 0.5  # [H, n, S+n]
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.commit("main")  # a commit that releases pages; the tables change, so a new batch
     doc["rows_after"] = rows.describe()
     doc["results"] += run_phase(rows, backends, steps=1, phase="after_release")
-    rows.cache.check_invariants()
+    check_invariants(rows.cache)
     ok = all(r["ok"] for r in doc["results"])
     worst = {k: max(r[k] for r in doc["results"]) for k in doc["results"][0] if k.endswith("_vs_reference")
              or k == "flashinfer_vs_sdpa"}

@@ -37,9 +37,9 @@ def one_window(model, arch) -> list[torch.Tensor]:
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=4, decode=False)
     session = open_sessions(model, arch, knobs, 1)[0]
     try:
-        return [session.step(action_chunks(1, arch)[0]).latents]
+        return [model.step([session], [action_chunks(1, arch)[0]])[0].latents]
     finally:
-        session.close()
+        model.close(session)
 
 
 def rollout(model, arch, windows: int = 5) -> list[torch.Tensor]:
@@ -53,12 +53,12 @@ def rollout(model, arch, windows: int = 5) -> list[torch.Tensor]:
     try:
         for w in range(windows):
             if w == 2:
-                sessions.append(sessions[0].fork(generator=torch.Generator().manual_seed(99)))
-            results = model.step_batch(sessions, chunks[w * 3: w * 3 + len(sessions)])
+                sessions.append(model.fork(sessions[0], generator=torch.Generator().manual_seed(99)))
+            results = model.step(sessions, chunks[w * 3: w * 3 + len(sessions)])
             out += [r.latents for r in results]
     finally:
         for s in sessions:
-            s.close()
+            model.close(s)
     return out
 
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["window"] = compare(one_window(models["reference"], arch), one_window(models["candidate"], arch), WINDOW_BOUND)
     write(args.out, "cosmos3_backends", {**doc, "ok": False, "partial": True})
     doc["rollout"] = compare(rollout(models["reference"], arch), rollout(models["candidate"], arch), ROLLOUT_BOUND)
-    doc["pages_after_close"] = {k: m.kv.num_used_pages for k, m in models.items()}
+    doc["pages_after_close"] = {k: m.kv.table.num_used_pages for k, m in models.items()}
     ok = (all(r["ok"] for r in doc["window"] + doc["rollout"]) and len(doc["rollout"]) == 2 + 2 + 3 * 3
           and not any(doc["pages_after_close"].values()))
     doc["worst"] = {part: max(r["rel_diff"] for r in doc[part]) for part in ("window", "rollout")}

@@ -52,16 +52,16 @@ def toolchain() -> dict:
 def warm_up(device: torch.device) -> float:
     """One flashinfer batch at Edge geometry (two rows with context, one without): loads every module."""
     from worldstep.engine.attention import AttentionBackendName, PagedAttentionBatch, paged_attention
-    from worldstep.engine.kv import PagedAllocationManager
+    from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
 
-    cache = PagedAllocationManager(num_layers=1, num_pages=16, page_size=128, num_kv_heads=8, head_dim=128,
+    cache = PagedKVCache(num_layers=1, num_pages=16, page_size=128, num_kv_heads=8, head_dim=128,
                                    dtype=torch.bfloat16, device=device)
     for name, n in (("a", 300), ("b", 129)):
-        cache.create_stream((name, "main"))
+        cache.table.create_stream(StreamKey(name, StreamLabel.MAIN))
         k = torch.randn(1, n, 8, 128, device=device, dtype=torch.bfloat16)
-        cache.append((name, "main"), k, k)
-    cache.create_stream(("c", "main"))
-    tables = [cache.page_table((n, "main")) for n in "abc"]
+        cache.append(StreamKey(name, StreamLabel.MAIN), k, k)
+    cache.table.create_stream(StreamKey("c", StreamLabel.MAIN))
+    tables = [cache.page_table(StreamKey(n, StreamLabel.MAIN)) for n in "abc"]
     start = time.perf_counter()
     batch = PagedAttentionBatch(cache, tables, [394, 200, 394], AttentionBackendName.FLASHINFER)
     q = torch.randn(988, 16, 128, device=device, dtype=torch.bfloat16)

@@ -79,6 +79,11 @@ class Cosmos3WorldModel:
         return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * self.dtype.itemsize
 
     @property
+    def backend(self) -> AttentionBackendName:
+        """The attention backend the model resolved to (``auto`` chose it for this device)."""
+        return self.window.backend
+
+    @property
     def live_sessions(self) -> int:
         return len(self._sessions)
 
