@@ -1,7 +1,9 @@
 """worldstep.envs: the gymnasium surface of worldstep.
 
 ``WorldModelEnv`` (one rollout per env), ``WorldModelVectorEnv`` (N rollouts batched through one model),
-the ``RecordRollout`` wrapper and the registered ids ``worldstep/Tiny-v0`` and ``worldstep/Cosmos3Edge-v0``.
+the wrappers ``RecordRollout`` (every frame to mp4) and ``ImageObservation`` (frames as one image for image RL),
+``fork_env`` (fork through gym.make's wrappers), ``PushSimEnv`` and the registered ids (``ENV_IDS`` and
+``worldstep/PushSim-v0``).
 The classes import the engine (torch, diffusers) on first use, so ``import worldstep`` stays fast.
 """
 
@@ -13,9 +15,11 @@ from .registration import ENV_IDS, register_envs
 
 _LAZY = {
     "WorldModelEnv": ".world_model_env",
-    "WindowTimings": ".world_model_env",
     "WorldModelVectorEnv": ".vector_env",
     "RecordRollout": ".wrappers",
+    "ImageObservation": ".wrappers",
+    "fork_env": ".wrappers",
+    "PushSimEnv": ".push_sim",
     "Mp4Writer": ".video",
 }
 

@@ -11,6 +11,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from worldstep.engine.kv import KVPoolExhausted
+from worldstep.engine.models.cosmos3 import SessionClosedError
 
 from .checks import check_actions, is_int
 from .world_model_env import RESET_OPTION_KEYS, WorldModelEnv
@@ -31,10 +32,12 @@ class WorldModelVectorEnv(VectorEnv):
     ``reset(seed=s)`` seeds sub-environment ``i`` with ``s + i`` (or ``seed[i]`` for a list). Each
     ``options`` key (``image``, ``prompt``, ``domain_id``) takes one value for every sub-environment or a
     list/tuple of ``num_envs`` values. Infos are arrays with ``_key`` masks; ``timings`` holds float
-    arrays ``denoise_s``, ``commit_s``, ``decode_s``.
+    arrays ``denoise_s``, ``commit_s``, ``decode_s`` and ``kv`` int arrays ``pages_in_use``, ... (the fields
+    of a single env's ``PhaseTimings`` and ``KVStats``).
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 24, "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24,
+                "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, model, num_envs: int, knobs=None, **env_kwargs: Any) -> None:
         if not is_int(num_envs) or num_envs < 1:
@@ -44,7 +47,8 @@ class WorldModelVectorEnv(VectorEnv):
         self.model = model
         first = self.envs[0]
         self.render_mode = first.render_mode
-        self.metadata = {**type(self).metadata, "render_fps": first.metadata["render_fps"]}
+        self.metadata = {**type(self).metadata, "render_fps": first.metadata["render_fps"],
+                         "frame_fps": first.metadata["frame_fps"]}
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -63,20 +67,18 @@ class WorldModelVectorEnv(VectorEnv):
         self._autoreset[:] = False
         infos: dict[str, Any] = {}
         for i, (_, info) in enumerate(results):
-            infos = self._add_info(infos, info, i)
+            infos = self._add_info(infos, _flat_records(info), i)
         return self._stack([obs for obs, _ in results]), infos
 
     def step(self, actions: np.ndarray):
         actions = check_actions(actions, self.action_space.shape)
-        for i, env in enumerate(self.envs):
-            if not self._autoreset[i]:
-                env._begin_step(actions[i])  # raises ResetNeeded before any engine work
-        live = [i for i in range(self.num_envs) if not self._autoreset[i]]
+        # each live session is read once, here: a concurrent close() cannot swap it to None mid-step
+        sessions = {i: env._begin_step(actions[i])[1] for i, env in enumerate(self.envs) if not self._autoreset[i]}
         outcomes: dict[int, tuple] = {}
         for i in np.flatnonzero(self._autoreset):
             obs, info = self.envs[i].reset(options=self._options[i])
             outcomes[i] = (obs, 0.0, False, False, info)
-        outcomes.update(self._step_live(live, actions))
+        outcomes.update(self._step_live(sessions, actions))
 
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -86,7 +88,7 @@ class WorldModelVectorEnv(VectorEnv):
         for i in range(self.num_envs):
             obs, rewards[i], terminations[i], truncations[i], info = outcomes[i]
             observations.append(obs)
-            infos = self._add_info(infos, _flat_timings(info), i)
+            infos = self._add_info(infos, _flat_records(info), i)
         self._autoreset = terminations | truncations
         return self._stack(observations), rewards, terminations, truncations, infos
 
@@ -102,24 +104,27 @@ class WorldModelVectorEnv(VectorEnv):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _step_live(self, live: list[int], actions: np.ndarray) -> dict[int, tuple]:
-        """One batched engine call for the live sub-environments.
+    def _step_live(self, sessions: dict[int, Any], actions: np.ndarray) -> dict[int, tuple]:
+        """One batched engine call for the live sub-environments (index -> its session).
 
         When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
         only those that do not fit end by truncation.
         """
-        if not live:
+        if not sessions:
             return {}
-        sessions = [self.envs[i]._session for i in live]
+        live = list(sessions)
         try:
-            results = self.model.step_batch(sessions, [actions[i] for i in live])
+            results = self.model.step_batch([sessions[i] for i in live], [actions[i] for i in live])
         except KVPoolExhausted:
-            return {i: self._step_alone(self.envs[i], actions[i]) for i in live}
+            return {i: self._step_alone(self.envs[i], sessions[i], actions[i]) for i in live}
+        except SessionClosedError as err:
+            raise gym.error.ClosedEnvironmentError(
+                "the vector env was closed while step() ran; call reset() to start new episodes") from err
         return {i: self.envs[i]._finish_step(r, actions[i]) for i, r in zip(live, results)}
 
     @staticmethod
-    def _step_alone(env: WorldModelEnv, actions: np.ndarray) -> tuple:
-        if env._session.closed:  # the failed batch closed it
+    def _step_alone(env: WorldModelEnv, session, actions: np.ndarray) -> tuple:
+        if session.closed:  # the failed batch closed it
             return env._exhausted_step()
         return env.step(actions)
 
@@ -139,6 +144,7 @@ class WorldModelVectorEnv(VectorEnv):
             return [{} for _ in range(self.num_envs)]
         if not isinstance(options, dict):
             raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
+        self.envs[0]._check_options({k: None for k in options})  # unknown keys raise, naming the allowed ones
         per_env: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         for key in RESET_OPTION_KEYS:
             if key not in options:
@@ -162,8 +168,7 @@ class WorldModelVectorEnv(VectorEnv):
         return concatenate(self.single_observation_space, observations, out)
 
 
-def _flat_timings(info: dict[str, Any]) -> dict[str, Any]:
-    """``WindowTimings`` as a dict of floats, so vector infos hold float arrays."""
-    if "timings" not in info:
-        return info
-    return {**info, "timings": dataclasses.asdict(info["timings"])}
+def _flat_records(info: dict[str, Any]) -> dict[str, Any]:
+    """``timings`` (``PhaseTimings``) and ``kv`` (``KVStats``) as dicts of numbers, so vector infos hold
+    one number array per field."""
+    return {k: dataclasses.asdict(v) if k in ("timings", "kv") else v for k, v in info.items()}

@@ -16,6 +16,7 @@ Every model is frozen, rejects unknown keys and uses strict types: an integer kn
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import os
 import re
@@ -30,6 +31,7 @@ __all__ = [
     "CacheConfig",
     "ConfigError",
     "DecoderConfig",
+    "UnknownKeyError",
     "EnvConfig",
     "ModelConfig",
     "RolloutConfig",
@@ -43,6 +45,22 @@ _DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 class ConfigError(ValueError):
     """A config value or key is not allowed; the message names the key, the value and the allowed range."""
+
+
+class UnknownKeyError(ConfigError, TypeError):
+    """An unknown config key, e.g. a keyword argument of ``gym.make`` or ``make_env`` that no section has.
+
+    Both a ``ConfigError`` and a ``TypeError``, as Python reports an unexpected keyword argument: callers
+    that probe optional keywords (torchrl passes ``frameskip=`` and retries without it) read it as such.
+    """
+
+
+def unknown_key_message(key: str, allowed: list[str] | tuple[str, ...]) -> str:
+    """``KEY: unknown key (unexpected keyword argument 'KEY'; did you mean 'NEAR'?); allowed keys: ...``."""
+    near = difflib.get_close_matches(key.split(".")[-1], allowed, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"{key}: unknown key (unexpected keyword argument {key.split('.')[-1]!r}{hint}); allowed keys: " + \
+        ", ".join(allowed)
 
 
 # Messages for pydantic's error types, phrased as what the value must be.
@@ -67,8 +85,7 @@ def _describe(error: dict[str, Any], owner: type[BaseModel] | None) -> str:
     if kind == "missing":
         return f"{key}: required key is missing"
     if kind == "extra_forbidden":
-        allowed = ", ".join(owner.model_fields) if owner is not None else "?"
-        return f"{key}: unknown key (allowed keys: {allowed})"
+        return unknown_key_message(key, list(owner.model_fields) if owner is not None else [])
     if kind == "value_error":
         must = str(ctx.get("error", error["msg"]))
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
@@ -102,7 +119,8 @@ class _Config(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             lines = [_describe(e, _owner_of(type(self), e["loc"])) for e in exc.errors()]
-            raise ConfigError("\n".join(lines)) from None
+            unknown = all(e["type"] == "extra_forbidden" for e in exc.errors())
+            raise (UnknownKeyError if unknown else ConfigError)("\n".join(lines)) from None
 
     def replace(self, **changes: Any):
         """A validated copy with ``changes`` applied (the same rules as the constructor)."""
@@ -307,7 +325,7 @@ def _section_of(key: str) -> str:
         if key in WorldstepConfig.model_fields[section].annotation.model_fields:
             return section
     allowed = sorted(k for s in _SECTIONS for k in WorldstepConfig.model_fields[s].annotation.model_fields)
-    raise ConfigError(f"{key}: unknown key (allowed keys: {', '.join(_SECTIONS)}, {', '.join(allowed)})")
+    raise UnknownKeyError(unknown_key_message(key, [*_SECTIONS, *allowed]))
 
 
 CONFIG_NAMES = ("tiny", "cosmos3_edge", "pusher")

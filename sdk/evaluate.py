@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -14,9 +13,10 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
-from worldstep.envs.video import Mp4Writer
+from worldstep.envs.video import Mp4Writer, frame_fps
 
 from .config import ConfigError, NonNegativeInt, PositiveInt, _Config
+from .outputs import write_json
 from .policies import Policy
 
 __all__ = ["EpisodeConfig", "EpisodeResult", "EvalReport", "evaluate", "rollout"]
@@ -33,8 +33,9 @@ class EpisodeConfig(_Config):
     """embodiment domain"""
     image: str | None = None
     """path of the first frame (PNG/JPEG/.npy)"""
-    max_windows: PositiveInt = 8
-    """windows before the episode is cut off"""
+    max_windows: PositiveInt | None = None
+    """windows before the episode is cut off (None: the env's ``max_windows``, i.e. the config's
+    ``env.max_windows``)"""
 
 
 @dataclass
@@ -52,7 +53,7 @@ class EpisodeResult:
     wall_s: float = 0.0
     frames_per_second: float = 0.0
     video: str | None = None
-    status: Literal["ok", "failed"] = "ok"
+    status: Literal["ok", "failed", "interrupted"] = "ok"
     error: str | None = None
     """why a failed episode stopped (its policy raised, or its Ray worker died past the retries)"""
 
@@ -76,6 +77,12 @@ class EvalReport:
     policy: str
     batched: bool
     episodes: list[EpisodeResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    """wall-clock seconds of the whole run (batched episodes overlap, so this is not their sum)"""
+    status: Literal["ok", "interrupted"] = "ok"
+    """``interrupted``: Ctrl-C stopped the run; ``episodes`` holds the ones that finished"""
+    windows_completed: int = 0
+    """windows generated in all, an interrupted episode's included"""
 
     @property
     def success_rate(self) -> float:
@@ -86,19 +93,21 @@ class EvalReport:
         return float(np.mean([e.episode_return for e in self.episodes])) if self.episodes else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        wall = sum(e.wall_s for e in self.episodes)
         frames = sum(e.frames for e in self.episodes)
         return {
+            "status": self.status,
             "model": self.model,
             "policy": self.policy,
             "batched": self.batched,
+            "windows_completed": max(self.windows_completed, sum(e.windows for e in self.episodes)),
             "num_episodes": len(self.episodes),
             "num_failed": sum(e.status == "failed" for e in self.episodes),
             "success_rate": self.success_rate,
             "mean_return": self.mean_return,
             "mean_windows": float(np.mean([e.windows for e in self.episodes])) if self.episodes else 0.0,
             "total_frames": frames,
-            "total_wall_s": wall,
+            "total_wall_s": self.wall_s,
+            "frames_per_second": frames / self.wall_s if self.wall_s > 0 else 0.0,
             "episodes": [asdict(e) for e in self.episodes],
         }
 
@@ -120,7 +129,8 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
     """One closed-loop episode: reset, then ``policy(obs)`` -> ``env.step`` until it ends or ``max_windows``.
 
     With ``video_path`` every frame (the first frame, then every frame of every window) goes to an mp4
-    at the env's ``render_fps``. With ``policy_errors="record"`` an exception raised by the policy (a
+    at the env's ``frame_fps``, renamed into place when the episode ends (an exception, Ctrl-C included,
+    leaves ``video_path`` as it was). With ``policy_errors="record"`` an exception raised by the policy (a
     remote policy's timeout, say) ends the episode with ``status="failed"`` instead of propagating.
     """
     if policy_errors not in ("raise", "record"):
@@ -134,7 +144,7 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
             raise
         return result.fail(err).finish(start)
     obs, _ = env.reset(seed=seed, options=options)
-    writer = None if video_path is None else Mp4Writer(video_path, env.metadata["render_fps"])
+    writer = None if video_path is None else Mp4Writer(video_path, frame_fps(env))
     bar = tqdm(total=max_windows, desc="rollout", unit="window", disable=not progress)
     try:
         if writer is not None:
@@ -155,10 +165,14 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
                 on_window()
             if terminated or truncated:
                 break
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
+    if writer is not None:
+        writer.close()
     return result.finish(start)
 
 
@@ -174,7 +188,9 @@ def _record(result: EpisodeResult, writer: Mp4Writer | None, frames: np.ndarray,
     result.terminated, result.truncated = bool(terminated), bool(truncated)
 
 
-def _episodes(episodes: int | Sequence[dict | EpisodeConfig], seed: int) -> list[EpisodeConfig]:
+def _episodes(episodes: int | Sequence[dict | EpisodeConfig], seed: int,
+              max_windows: int | None = None) -> list[EpisodeConfig]:
+    """Episodes as configs; a missing seed is ``seed + index``, a missing ``max_windows`` the env's."""
     if isinstance(episodes, int) and not isinstance(episodes, bool):
         if episodes < 1:
             raise ValueError(f"episodes={episodes} is invalid; allowed: an int >= 1 or a list of episodes")
@@ -190,8 +206,28 @@ def _episodes(episodes: int | Sequence[dict | EpisodeConfig], seed: int) -> list
                 raise ConfigError("\n".join(f"episodes[{i}].{line}" for line in str(err).splitlines())) from None
         elif not isinstance(ep, EpisodeConfig):
             raise ValueError(f"episodes[{i}]={ep!r} is invalid; allowed: a dict or an EpisodeConfig")
-        out.append(ep if ep.seed is not None else ep.replace(seed=seed + i))
+        if ep.seed is None:
+            ep = ep.replace(seed=seed + i)
+        if ep.max_windows is None:
+            if max_windows is None:
+                raise ValueError(f"episodes[{i}].max_windows is missing and the env has no max_windows; "
+                                 "allowed: an int >= 1")
+            ep = ep.replace(max_windows=max_windows)
+        out.append(ep)
     return out
+
+
+def default_windows(env_or_world: Any) -> int | None:
+    """The episode length an env or World runs by default: its ``max_windows`` (the config's
+    ``env.max_windows``), else its registration's ``max_episode_steps``."""
+    config = getattr(env_or_world, "config", None)
+    if config is not None and hasattr(config, "env"):
+        return config.env.max_windows
+    inner = env_or_world.envs[0] if hasattr(env_or_world, "envs") else getattr(env_or_world, "unwrapped", None)
+    windows = getattr(inner, "max_windows", None)
+    if windows is None and getattr(env_or_world, "spec", None) is not None:
+        windows = env_or_world.spec.max_episode_steps
+    return windows
 
 
 def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | EpisodeConfig] = 1, *,
@@ -210,10 +246,12 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
             (implies ``batched``), or anything :func:`worldstep.load` takes (``"tiny"``, a ``World``, ...).
         policy: a :class:`~worldstep.policies.Policy`; batched runs use one deep copy per episode slot.
         episodes: a count, or a list of dicts / :class:`EpisodeConfig` (seed, prompt, domain_id, image,
-            max_windows).
+            max_windows; a missing ``max_windows`` is the env's, i.e. the config's ``env.max_windows``).
         success_fn: ``frames -> bool`` per window; ends the episode as a success. Give it here when
             ``env_or_model`` is a model; an env you built carries its own.
-        out_dir: where ``report.json`` and ``episode-XXX.mp4`` go.
+        out_dir: where ``report.json`` and ``episode-XXX.mp4`` go (each written under a temporary name and
+            renamed when complete; Ctrl-C writes ``report.json`` with ``"status": "interrupted"`` and the
+            episodes that finished, then re-raises ``KeyboardInterrupt``).
         batched: step episodes together through one vector env (one batched forward per step).
         batch_size: episodes per batch (default: all of them).
         seed: seed of episode ``i`` when it has none is ``seed + i``.
@@ -237,16 +275,17 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         raise ValueError("ray_address and num_workers only apply with backend='ray'")
     from .world import World, load, make_env, make_vec_env
 
-    eps = _episodes(episodes, seed)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     is_env = isinstance(env_or_model, (gym.Env, gym.vector.VectorEnv))
     if is_env and success_fn is not None:
         raise ValueError("success_fn is only used when evaluate builds the env; pass it to make_env/gym.make instead")
     batched = batched or isinstance(env_or_model, gym.vector.VectorEnv)
-    world = None if is_env else (env_or_model if isinstance(env_or_model, World) else load(env_or_model))
     if isinstance(env_or_model, gym.Env) and batched:
         raise ValueError("batched=True needs a model or a WorldModelVectorEnv, not a single env")
+    world = None if is_env else (env_or_model if isinstance(env_or_model, World) else load(env_or_model))
+    eps = _episodes(episodes, seed, default_windows(env_or_model if is_env else world))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     spec = getattr(env_or_model, "spec", None)
     model_name = world.config.model.name if world is not None else (spec.id if spec else type(env_or_model).__name__)
     report = EvalReport(model=model_name, policy=type(policy).__name__, batched=batched)
@@ -254,6 +293,11 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
     longest = max(ep.max_windows for ep in eps)
     env_kwargs = {"max_windows": longest, "success_fn": success_fn}
     bar = tqdm(total=sum(ep.max_windows for ep in eps), desc="evaluate", unit="window", disable=not progress)
+
+    def window_done() -> None:
+        report.windows_completed += 1
+        bar.update(1)
+
     try:
         if not batched:
             env = env_or_model if is_env else make_env(world, **env_kwargs)
@@ -261,7 +305,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
                 for i, ep in enumerate(eps):
                     result = rollout(env, policy, seed=ep.seed, max_windows=ep.max_windows,
                                      options=_reset_options(ep), video_path=videos[i], index=i,
-                                     on_window=lambda: bar.update(1), policy_errors="record")
+                                     on_window=window_done, policy_errors="record")
                     report.episodes.append(result)
                     bar.update(ep.max_windows - result.windows)  # windows an early end skipped
             finally:
@@ -274,17 +318,22 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
                 vec = env_or_model if is_env else make_vec_env(world, num_envs=len(group), **env_kwargs)
                 try:
                     report.episodes += _run_batch(vec, policy, [eps[i] for i in group], group,
-                                                  [videos[i] for i in group], bar)
+                                                  [videos[i] for i in group], bar, report)
                 finally:
                     if not is_env:
                         vec.close()
+    except KeyboardInterrupt:
+        report.status = "interrupted"
+        raise
     finally:
         bar.close()
-    (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+        report.wall_s = time.perf_counter() - started
+        write_json(out_dir / "report.json", report.to_dict())
     return report
 
 
-def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int], videos: list, bar) -> list:
+def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int], videos: list, bar,
+               report: EvalReport) -> list:
     """Episodes in the first ``len(eps)`` slots of ``vec``; extra slots repeat the last episode unrecorded."""
     n = vec.num_envs
     slots = eps + [eps[-1]] * (n - len(eps))
@@ -294,7 +343,7 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
     obs, _ = vec.reset(seed=[ep.seed for ep in slots], options=merged)
     policies = [copy.deepcopy(policy) for _ in slots]
     results = [EpisodeResult(index=i, seed=ep.seed) for i, ep in zip(indices, eps)]
-    writers = [None if v is None else Mp4Writer(v, vec.metadata["render_fps"]) for v in videos]
+    writers = [None if v is None else Mp4Writer(v, frame_fps(vec)) for v in videos]
     active = [i < len(eps) for i in range(n)]
 
     def fail(i: int, err: Exception) -> None:  # a policy raised: keep the episode, marked failed
@@ -331,6 +380,7 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
             for i in np.flatnonzero(active):
                 info = {k: bool(infos[k][i]) for k in ("is_success", "kv_exhausted") if k in infos and infos[f"_{k}"][i]}
                 _record(results[i], writers[i], obs["frames"][i], rewards[i], terms[i], truncs[i], info)
+                report.windows_completed += 1
                 bar.update(1)
                 if terms[i] or truncs[i] or results[i].windows >= eps[i].max_windows:
                     active[i] = False
@@ -338,8 +388,12 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
                     results[i].finish(start)
                     if writers[i] is not None:
                         writers[i].close()
-    finally:
+    except BaseException:
         for w in writers:
             if w is not None:
-                w.close()
+                w.abort()  # the episodes of this batch did not finish: no video replaces an earlier one
+        raise
+    for w in writers:
+        if w is not None:
+            w.close()
     return results

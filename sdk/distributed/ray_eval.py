@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..config import WorldstepConfig
 from ..evaluate import EpisodeConfig, EpisodeResult, EvalReport, _episodes
+from ..outputs import write_json
 from ..policies import Policy
 from .scheduler import ShardScheduler
 from .worker import EpisodeOutput, EvalWorker, Shard
@@ -75,7 +77,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
     if batch_size is not None:
         _check_int("batch_size", batch_size, 1)
     config = _config_of(model)
-    eps = _episodes(episodes, seed)
+    eps = _episodes(episodes, seed, config.env.max_windows)
+    started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -116,7 +119,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         if started_ray:
             ray.shutdown()
     report.episodes.sort(key=lambda e: e.index)
-    (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+    report.wall_s = time.perf_counter() - started
+    write_json(out_dir / "report.json", report.to_dict())
     return report
 
 

@@ -3,7 +3,7 @@
 from .checkpoint import build_checkpoint, build_pipeline, ensure_embedded_checkpoint
 from .loader import CheckpointNotFoundError, Cosmos3Components, load_components
 from .model import Cosmos3WorldModel
-from .session import RolloutSession
+from .session import RolloutSession, SessionClosedError
 from .spec import KVStats, ModelSpec, PhaseTimings, RolloutKnobs, WindowResult
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "PhaseTimings",
     "RolloutKnobs",
     "RolloutSession",
+    "SessionClosedError",
     "WindowResult",
     "build_checkpoint",
     "build_pipeline",

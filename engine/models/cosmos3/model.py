@@ -142,16 +142,9 @@ class Cosmos3WorldModel:
         self.decoder.options.validate_for_window(knobs.latents_per_window)
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
         spec = self.spec
-        tokens = tokenize_action_prompt(
-            self.components.tokenizer, prompt, knobs.negative_prompt, view_point=knobs.view_point,
-            num_frames=knobs.chunk_size + 1, fps=spec.fps, height=spec.height, width=spec.width,
-            use_system_prompt=self.components.default_use_system_prompt,
-        )
-        ids = {"main": tokens.cond, "uncond": tokens.uncond}
+        ids = self._prompt_ids(prompt, knobs)
         labels = ("main", "uncond") if knobs.uses_cfg else ("main",)
-        needed = sum(self._pages_for(len(ids[label]) + self.tokens_per_window(knobs) + spec.tokens_per_frame)
-                     for label in labels)
-        self._make_room(needed, set())
+        self._make_room(self._pages_to_open(ids, knobs), set())
         session_id = new_session_id()
         try:
             for label in labels:
@@ -170,6 +163,26 @@ class Cosmos3WorldModel:
         with self._lock:
             self._sessions[session_id] = session
         return session
+
+    def pages_to_open(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
+        """KV pages one session needs for its prompt (per CFG stream), first frame and first window: a pool
+        smaller than this can never run an episode with this prompt."""
+        knobs = knobs or RolloutKnobs()
+        return self._pages_to_open(self._prompt_ids(check_prompt(prompt), knobs), knobs)
+
+    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs) -> dict[str, list[int]]:
+        spec = self.spec
+        tokens = tokenize_action_prompt(
+            self.components.tokenizer, prompt, knobs.negative_prompt, view_point=knobs.view_point,
+            num_frames=knobs.chunk_size + 1, fps=spec.fps, height=spec.height, width=spec.width,
+            use_system_prompt=self.components.default_use_system_prompt,
+        )
+        return {"main": tokens.cond, "uncond": tokens.uncond}
+
+    def _pages_to_open(self, ids: dict[str, list[int]], knobs: RolloutKnobs) -> int:
+        labels = ("main", "uncond") if knobs.uses_cfg else ("main",)
+        first = self.tokens_per_window(knobs) + self.spec.tokens_per_frame
+        return sum(self._pages_for(len(ids[label]) + first) for label in labels)
 
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.kv.page_size)

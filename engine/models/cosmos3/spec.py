@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -83,9 +83,19 @@ class RolloutKnobs:
 
 @dataclass(frozen=True)
 class PhaseTimings:
-    denoise_s: float = 0.0
-    commit_s: float = 0.0
-    decode_s: float = 0.0
+    """Wall-clock seconds per phase of one window.
+
+    Timings are measurements, not state: two instances always compare equal, so two rollouts with the
+    same seed and actions have equal results and env infos (what gymnasium's determinism check compares).
+    """
+
+    denoise_s: float = field(default=0.0, compare=False)
+    commit_s: float = field(default=0.0, compare=False)
+    decode_s: float = field(default=0.0, compare=False)
+
+    @property
+    def total_s(self) -> float:
+        return self.denoise_s + self.commit_s + self.decode_s
 
 
 @dataclass(frozen=True)
