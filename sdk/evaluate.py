@@ -83,6 +83,8 @@ class EvalReport:
     """``interrupted``: Ctrl-C stopped the run; ``episodes`` holds the ones that finished"""
     windows_completed: int = 0
     """windows generated in all, an interrupted episode's included"""
+    run: dict[str, Any] = field(default_factory=dict)
+    """what the caller records about the run (the CLI: command, policy, seed, prompt, ``--set`` overrides)"""
 
     @property
     def success_rate(self) -> float:
@@ -108,6 +110,7 @@ class EvalReport:
             "total_frames": frames,
             "total_wall_s": self.wall_s,
             "frames_per_second": frames / self.wall_s if self.wall_s > 0 else 0.0,
+            "run": self.run,
             "episodes": [asdict(e) for e in self.episodes],
         }
 
@@ -235,7 +238,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
              out_dir: str | os.PathLike = "runs/eval", batched: bool = False, batch_size: int | None = None,
              seed: int = 0, record_video: bool = True, progress: bool = True,
              backend: Literal["local", "ray"] = "local", ray_address: str | None = None,
-             num_workers: int | None = None) -> EvalReport:
+             num_workers: int | None = None, run_info: dict[str, Any] | None = None) -> EvalReport:
     """Run ``policy`` for ``episodes`` and write ``out_dir/report.json`` plus one mp4 per episode.
 
     An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error``;
@@ -261,6 +264,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
             copy of the model (needs ``pip install 'worldstep[dist]'``; see ``docs/distributed.md``).
         ray_address: the Ray cluster to join (None: ``$RAY_ADDRESS``, else a new local one); ray only.
         num_workers: Ray actors, one model each (default 2); ray only.
+        run_info: recorded as ``run`` in ``report.json`` (JSON-serialisable).
     """
     if backend not in ("local", "ray"):
         raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
@@ -270,7 +274,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         return evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
                             batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,
                             progress=progress, ray_address=ray_address,
-                            num_workers=2 if num_workers is None else num_workers)
+                            num_workers=2 if num_workers is None else num_workers, run_info=run_info)
     if ray_address is not None or num_workers is not None:
         raise ValueError("ray_address and num_workers only apply with backend='ray'")
     from .world import World, load, make_env, make_vec_env
@@ -288,7 +292,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = getattr(env_or_model, "spec", None)
     model_name = world.config.model.name if world is not None else (spec.id if spec else type(env_or_model).__name__)
-    report = EvalReport(model=model_name, policy=type(policy).__name__, batched=batched)
+    report = EvalReport(model=model_name, policy=type(policy).__name__, batched=batched, run=dict(run_info or {}))
     videos = [out_dir / f"episode-{i:03d}.mp4" if record_video else None for i in range(len(eps))]
     longest = max(ep.max_windows for ep in eps)
     env_kwargs = {"max_windows": longest, "success_fn": success_fn}

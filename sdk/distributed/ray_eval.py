@@ -45,7 +45,7 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
                  batched: bool = False, batch_size: int | None = None, seed: int = 0, record_video: bool = True,
                  progress: bool = True, ray_address: str | None = None, num_workers: int = 2,
                  max_retries: int = 2, cpus_per_worker: float | None = None,
-                 timeout_s: float | None = None) -> EvalReport:
+                 timeout_s: float | None = None, run_info: dict[str, Any] | None = None) -> EvalReport:
     """:func:`worldstep.evaluate` over ``num_workers`` Ray actors; writes the same ``report.json`` and mp4s.
 
     Args:
@@ -67,6 +67,7 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         cpus_per_worker: CPU share per actor on CPU-only clusters (default: 0.5, less when that would not
             fit every actor on the cluster).
         timeout_s: raise ``TimeoutError`` when the whole evaluation takes longer (None: no limit).
+        run_info: recorded as ``run`` in ``report.json``.
     """
     ray = require_ray()
     if isinstance(model, (gym.Env, gym.vector.VectorEnv)):
@@ -98,7 +99,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
             return remote_cls.options(name=f"worldstep-eval-{run_id}-{k}", **options).remote(
                 config, policy, success_fn, batched, record_video, max(ep.max_windows for ep in eps))
 
-        report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched)
+        report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched,
+                            run=dict(run_info or {}))
         bar = tqdm(total=len(eps), desc=f"evaluate (ray, {workers} workers)", unit="episode", disable=not progress)
         scheduler = ShardScheduler(make_actor, workers, max_retries)
 
