@@ -21,6 +21,7 @@ _LAZY = {
     "fork_env": ".wrappers",
     "PushSimEnv": ".push_sim",
     "Mp4Writer": ".video",
+    "frame_fps": ".video",
 }
 
 __all__ = ["ENV_IDS", "register_envs", *_LAZY]
