@@ -309,7 +309,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def _check_pool(self, prompt: str, field: str) -> None:
         """ValueError when the page pool cannot hold one episode's prompt, first frame and first window."""
-        needed = self.model.pages_to_open(prompt, self.knobs)
+        needed = self.model.min_pages(prompt, self.knobs)
         pool = self.model.kv.allocator.num_pages
         if needed > pool:
             raise ValueError(

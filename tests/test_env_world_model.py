@@ -205,7 +205,7 @@ def test_fork_continues_independently(world):  # noqa: F811
 
 
 def test_running_out_of_pages_is_truncation(world):  # noqa: F811
-    pages = world.model.pages_to_open(world.config.env.prompt, world.knobs)  # the prompt and first window fit
+    pages = world.model.min_pages(world.config.env.prompt, world.knobs)  # the prompt and first window fit
     small = worldstep.load(world.config, num_pages=pages, context_frames=0)
     env = worldstep.make_env(small, max_windows=50)
     env.reset(seed=0)

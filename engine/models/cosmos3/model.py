@@ -164,11 +164,13 @@ class Cosmos3WorldModel:
             self._sessions[session_id] = session
         return session
 
-    def pages_to_open(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
-        """KV pages one session needs for its prompt (per CFG stream), first frame and first window: a pool
-        smaller than this can never run an episode with this prompt."""
+    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
+        """KV pages one session needs to open (prompt per CFG stream, first frame) and step its first window
+        (plus `_admit`'s one page of slack per stream): a pool smaller than this can never run an episode
+        with this prompt."""
         knobs = knobs or RolloutKnobs()
-        return self._pages_to_open(self._prompt_ids(check_prompt(prompt), knobs), knobs)
+        streams = 2 if knobs.uses_cfg else 1
+        return self._pages_to_open(self._prompt_ids(check_prompt(prompt), knobs), knobs) + streams
 
     def _prompt_ids(self, prompt: str, knobs: RolloutKnobs) -> dict[str, list[int]]:
         spec = self.spec
