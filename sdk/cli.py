@@ -52,8 +52,8 @@ def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, d
 
 
 def _prepare(args: argparse.Namespace, **extra: Any):
-    """(model, overrides, config): the config with every override applied and checked, the device and the
-    first-frame image checked; no model is loaded."""
+    """(model, config): the config with every override applied and checked, the device and the first-frame
+    image checked; no model is loaded. Commands hand the config itself to the SDK."""
     from .world import check_device, resolve_config
 
     model, overrides = _model_and_overrides(args, **extra)
@@ -61,7 +61,7 @@ def _prepare(args: argparse.Namespace, **extra: Any):
     if config.model.device != "auto":
         check_device(config.model.device)
     check_image_flag(getattr(args, "image", None))
-    return model, overrides, config
+    return model, config
 
 
 def _run_info(args: argparse.Namespace, model: str, config) -> dict[str, Any]:
@@ -156,16 +156,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from .policies import make_policy
     from .world import make_env
 
-    model, overrides, config = _prepare(args, max_windows=args.windows)
+    model, config = _prepare(args, max_windows=args.windows)
     success = success_judge(args.success, config)
     policy = _early_policy(args, config)
     check_replay_length(policy, args.windows, args.policy)
     summary = _summary_path(args)
     if args.truth:
-        return _rollout_truth(args, model, overrides, config, policy, summary)
+        return _rollout_truth(args, model, config, policy, summary)
     record = RunRecord(summary, "--summary", **_run_info(args, model, config))
     with record.guard(f"no video written ({args.out} unchanged)"):
-        env = make_env(model, success_fn=success, **overrides)
+        env = make_env(config, success_fn=success)
         try:
             if policy is None:
                 policy = make_policy(args.policy, env.action_space, seed=args.seed)
@@ -189,8 +189,7 @@ def _summary_path(args: argparse.Namespace) -> Path:
     return check_output_path(args.summary if args.summary else out.with_suffix(".json"), "--summary")
 
 
-def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, Any], config, policy,
-                   summary: Path) -> int:
+def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary: Path) -> int:
     import gymnasium as gym
 
     from .policies import make_policy
@@ -208,7 +207,7 @@ def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, An
     record = RunRecord(summary, "--summary", **_run_info(args, model, config), simulator=config.env.simulator)
     with record.guard(f"no video written ({args.out} unchanged)"):
         # the comparison runs every window: success is judged on both sides by rollout_with_truth, not by the env
-        env = make_env(model, success_fn="none", **overrides)
+        env = make_env(config, success_fn="none")
         truth = None
         try:
             truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
@@ -246,7 +245,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out-dir={args.out_dir!r} is invalid: it is a file; allowed: a folder")
     check_output_path(out_dir / "report.json", "--out-dir")
-    model, overrides, config = _prepare(args)
+    model, config = _prepare(args)
     success = success_judge(args.success, config)
     policy = _early_policy(args, config)
     longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
@@ -255,9 +254,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.ray:  # the actors load the model; the driver needs only its config
         from .distributed import driver_target
 
-        target, shape = driver_target(model, **overrides)
+        target, shape = driver_target(config)
     else:
-        target = load(model, **overrides)
+        target = load(config)
         shape = target.action_shape
     if policy is None:
         policy = make_policy(args.policy, shape, seed=args.seed)
@@ -295,7 +294,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .memory import plan, plan_for_world, weights_from_architecture, weights_of_world
     from .world import load
 
-    model, overrides, config = _prepare(args)
+    model, config = _prepare(args)
     out: dict[str, Any] = {"model": config.model.name, "checkpoint": config.model.checkpoint}
     try:
         world = load(config)
