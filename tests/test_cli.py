@@ -237,3 +237,27 @@ def test_truth_video_is_labelled(tmp_path, cache_dir):  # noqa: F811
     header = frames[:, :HEADER_PX].astype(int)
     assert (header[:, :, : 64 * 4] > 128).any() and (header[:, :, 66 * 4 :] > 128).any()  # both halves named
     assert not np.array_equal(header[0], header[-1])  # the caption changes: first frame, then window 0 and its PSNR
+
+
+def test_eval_on_pusher_judges_success_with_its_simulator(tmp_path, cache_dir):  # noqa: F811
+    """The headline bug: `eval --env worldstep/Pusher-v0 --policy push` reported 0% on every episode."""
+    import gymnasium as gym
+    from worldstep.policies import make_policy
+
+    # rule: the first seed from 0 where the push expert succeeds in the simulator within 7 windows
+    sim = gym.make("worldstep/PushSim-v0", disable_env_checker=True).unwrapped
+    expert = make_policy("push", sim.action_space)
+    for seed in range(50):
+        obs, _ = sim.reset(seed=seed)
+        expert.reset(seed)
+        first = obs["frames"][0]
+        if any(sim.success_from_frames(first, (obs := sim.step(expert(obs))[0])["frames"]) for _ in range(7)):
+            break
+    episodes = tmp_path / "episodes.yaml"
+    episodes.write_text(yaml.safe_dump([{"seed": seed, "max_windows": 12}]))
+    assert main(["eval", str(episodes), "--env", "worldstep/Pusher-v0", "--policy", "push", "--no-video", "--quiet",
+                 "--out-dir", str(tmp_path / "ev")]) == 0
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert report["run"]["success_judge"] == "sim"
+    # measured: seed 2, the simulator's expert succeeds at window 7 and the model's at window 9
+    assert report["success_rate"] == 1.0 and report["episodes"][0]["terminated"], report["episodes"]
