@@ -156,6 +156,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from .policies import make_policy
     from .world import make_env
 
+    if args.truth and args.image is not None:
+        raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
     model, config = _prepare(args, max_windows=args.windows)
     success = success_judge(args.success, config)
     policy = _early_policy(args, config)
@@ -196,8 +198,6 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
     from .truth import rollout_with_truth
     from .world import make_env
 
-    if args.image is not None:
-        raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
     if config.env.simulator is None:
         raise ValueError(f"--truth is invalid for config {model!r}: its env.simulator is None; allowed: a config "
                          f"that names its simulator (e.g. --env worldstep/Pusher-v0)")

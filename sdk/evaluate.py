@@ -44,6 +44,9 @@ class EpisodeResult:
 
     index: int
     seed: int
+    prompt: str | None = None
+    """the episode's prompt (its own, or the env's default)"""
+    domain_id: int | None = None
     windows: int = 0
     frames: int = 0
     episode_return: float = 0.0
@@ -139,7 +142,11 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
     if policy_errors not in ("raise", "record"):
         raise ValueError(f"policy_errors={policy_errors!r} is invalid; allowed: 'raise' or 'record'")
     start = time.perf_counter()
-    result = EpisodeResult(index=index, seed=-1 if seed is None else seed)
+    inner = getattr(env, "unwrapped", env)
+    given = options or {}
+    result = EpisodeResult(index=index, seed=-1 if seed is None else seed,
+                           prompt=given.get("prompt") or getattr(inner, "prompt", None),
+                           domain_id=given.get("domain_id", getattr(inner, "domain_id", None)))
     try:
         policy.reset(seed)
     except Exception as err:
@@ -346,7 +353,10 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
     start = time.perf_counter()
     obs, _ = vec.reset(seed=[ep.seed for ep in slots], options=merged)
     policies = [copy.deepcopy(policy) for _ in slots]
-    results = [EpisodeResult(index=i, seed=ep.seed) for i, ep in zip(indices, eps)]
+    subs = getattr(vec, "envs", [None] * n)  # a WorldModelVectorEnv's sub-environments hold the defaults
+    results = [EpisodeResult(index=i, seed=ep.seed, prompt=ep.prompt or getattr(sub, "prompt", None),
+                             domain_id=getattr(sub, "domain_id", None) if ep.domain_id is None else ep.domain_id)
+               for i, ep, sub in zip(indices, eps, subs)]
     writers = [None if v is None else Mp4Writer(v, frame_fps(vec)) for v in videos]
     active = [i < len(eps) for i in range(n)]
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
+from worldstep import load_config as worldstep_config
 from worldstep.cli import build_parser, main
 
 FAST = ["--set", "height=32", "--set", "width=32", "--set", "num_steps=1", "--device", "cpu"]
@@ -219,6 +220,8 @@ def test_eval_report_records_the_run_and_the_real_wall_time(world, tmp_path):  #
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert report["status"] == "ok" and report["windows_completed"] == 4
     assert report["run"]["policy"] == "random" and report["run"]["set"]["num_pages"] == 256
+    prompt = worldstep_config("tiny").env.prompt
+    assert [(e["prompt"], e["domain_id"]) for e in report["episodes"]] == [(prompt, 8), (prompt, 8)]
     # batched episodes overlap: the run's wall time is not their sum
     assert max(e["wall_s"] for e in report["episodes"]) <= report["total_wall_s"] <= elapsed
 
