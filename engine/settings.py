@@ -9,6 +9,7 @@ same way.
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,6 +17,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 class ConfigError(ValueError):
     """A config value or key is not allowed; the message names the key, the value and the allowed range."""
+
+
+class UnknownKeyError(ConfigError, TypeError):
+    """An unknown config key, e.g. a keyword argument of ``gym.make`` or ``make_env`` that no section has.
+
+    Both a ``ConfigError`` and a ``TypeError``, as Python reports an unexpected keyword argument: callers
+    that probe optional keywords (torchrl passes ``frameskip=`` and retries without it) read it as such.
+    """
+
+
+def unknown_key_message(key: str, allowed: list[str] | tuple[str, ...]) -> str:
+    """``KEY: unknown key (unexpected keyword argument 'KEY'; did you mean 'NEAR'?); allowed keys: ...``."""
+    near = difflib.get_close_matches(key.split(".")[-1], allowed, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return (f"{key}: unknown key (unexpected keyword argument {key.split('.')[-1]!r}{hint}); allowed keys: "
+            + ", ".join(allowed))
 
 
 # Messages for pydantic's error types, phrased as what the value must be.
@@ -40,8 +57,7 @@ def describe_error(error: dict[str, Any], owner: type[BaseModel] | None) -> str:
     if kind == "missing":
         return f"{key}: required key is missing"
     if kind == "extra_forbidden":
-        allowed = ", ".join(owner.model_fields) if owner is not None else "?"
-        return f"{key}: unknown key (allowed keys: {allowed})"
+        return unknown_key_message(key, list(owner.model_fields) if owner is not None else [])
     if kind == "value_error":
         must = str(ctx.get("error", error["msg"]))
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
@@ -92,7 +108,8 @@ class StrictModel(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             lines = [describe_error(e, _owner_of(type(self), e["loc"])) for e in exc.errors()]
-            raise ConfigError("\n".join(lines)) from None
+            unknown = all(e["type"] == "extra_forbidden" for e in exc.errors())
+            raise (UnknownKeyError if unknown else ConfigError)("\n".join(lines)) from None
 
     def replace(self, **changes: Any):
         """A validated copy with ``changes`` applied (the same rules as the constructor)."""

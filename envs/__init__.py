@@ -15,7 +15,11 @@ _LAZY = {
     "Episode": ".episode",
     "WorldModelVectorEnv": ".vector_env",
     "RecordRollout": ".wrappers",
+    "ImageObservation": ".wrappers",
+    "fork_env": ".wrappers",
+    "PushSimEnv": ".push_sim",
     "Mp4Writer": ".video",
+    "frame_fps": ".video",
 }
 
 __all__ = [*_LAZY]

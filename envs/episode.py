@@ -16,7 +16,6 @@ import torch
 from worldstep.engine.checks import check_image, check_int, check_prompt
 from worldstep.engine.models.cosmos3 import (
     Cosmos3WorldModel,
-    KVStats,
     RolloutKnobs,
     RolloutSession,
     WindowResult,
@@ -25,12 +24,17 @@ from worldstep.engine.models.cosmos3 import (
 from .scene import SimulatorScene, draw_tabletop
 
 RESET_OPTION_KEYS = ("image", "prompt", "domain_id")
+SUCCESS_MODES = ("sim", "none")
 ACTION_BOUNDS = (-1.0, 1.0)  # the envs' Box: normalised actions
 
 
 @dataclass(frozen=True)
 class EpisodeRules:
-    """What every episode of one env shares: the model, its knobs, and how a window is judged."""
+    """What every episode of one env shares: the model, its knobs, and how a window is judged.
+
+    Success comes from ``success_fn(frames)``, or from ``simulator_judge(first_frame, frames)`` (a simulator's
+    pixel rule, its goal read from the episode's first frame), or from neither (never successful).
+    """
 
     model: Cosmos3WorldModel
     knobs: RolloutKnobs
@@ -38,6 +42,12 @@ class EpisodeRules:
     action_width: int
     success_fn: Callable[[np.ndarray], bool] | None = None
     reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None
+    simulator_judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
+
+    def is_success(self, first_frame: np.ndarray, frames: np.ndarray) -> bool:
+        if self.simulator_judge is not None:
+            return bool(self.simulator_judge(first_frame, frames))
+        return bool(self.success_fn(frames)) if self.success_fn is not None else False
 
 
 @dataclass(frozen=True)
@@ -78,17 +88,13 @@ def first_frame(request: ResetRequest, scene: SimulatorScene | None, seed: int |
     return draw_tabletop(height, width, np_random), None
 
 
-def kv_info(stats: KVStats) -> dict[str, int]:
-    return {"pages_in_use": stats.pages_in_use, "protected_tokens": stats.protected_tokens,
-            "released_tokens": stats.released_tokens, "seq_len": stats.seq_len}
-
-
 class Episode:
     """The live rollout of one env between two resets."""
 
-    def __init__(self, rules: EpisodeRules, session: RolloutSession) -> None:
+    def __init__(self, rules: EpisodeRules, session: RolloutSession, first_image: np.ndarray) -> None:
         self.rules = rules
         self.session = session
+        self.first_image = first_image  # the image the episode started from (the simulator judge's goal)
         self.frames = np.repeat(session.first_frame[None], rules.knobs.chunk_size, axis=0)
         self.windows = 0
 
@@ -100,24 +106,24 @@ class Episode:
         session = rules.model.open_session(image, request.prompt, request.domain_id, knobs=rules.knobs,
                                            generator=generator, action_width=rules.action_width,
                                            action_bounds=ACTION_BOUNDS)
-        return cls(rules, session)
+        return cls(rules, session, image)
 
     @property
     def live(self) -> bool:
         return not self.session.closed
 
     def reset_info(self) -> dict[str, Any]:
-        return {"frame_start": 0, "frame_end": 1, "kv": kv_info(self.rules.model.kv_stats(self.session))}
+        return {"frame_start": 0, "frame_end": 1, "kv": self.rules.model.kv_stats(self.session)}
 
     def outcome(self, result: WindowResult, actions: np.ndarray) -> tuple:
         """``(obs, reward, terminated, truncated, info)`` of a window the model has stepped."""
         rules = self.rules
         self.windows += 1
         self.frames = result.frames
-        is_success = bool(rules.success_fn(result.frames)) if rules.success_fn is not None else False
+        is_success = rules.is_success(self.first_image, result.frames)
         reward = float(rules.reward_fn(result.frames, actions)) if rules.reward_fn is not None else float(is_success)
         info = {"window_index": result.window_index, "frame_start": result.frame_start,
-                "frame_end": result.frame_end, "timings": result.timings, "kv": kv_info(result.kv),
+                "frame_end": result.frame_end, "timings": result.timings, "kv": result.kv,
                 "is_success": is_success, "kv_exhausted": False}
         return self.observation(), reward, is_success, self.windows >= rules.max_windows, info
 
@@ -132,9 +138,20 @@ class Episode:
 
     def fork(self, generator: torch.Generator | None) -> Episode:
         """An episode continuing from this one (committed KV pages shared; the same RNG unless given one)."""
-        fork = Episode(self.rules, self.rules.model.fork(self.session, generator=generator))
+        fork = Episode(self.rules, self.rules.model.fork(self.session, generator=generator), self.first_image)
         fork.frames, fork.windows = self.frames.copy(), self.windows
         return fork
 
     def close(self) -> None:
         self.rules.model.close(self.session)
+
+
+def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field: str) -> None:
+    """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
+    first window."""
+    needed = model.min_pages(prompt, knobs)
+    pool = model.kv.table.allocator.num_pages
+    if needed > pool:
+        raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "
+                         f">= {needed} (the prompt, first frame and first window of one episode, "
+                         f"{model.kv.page_size} tokens per page)")

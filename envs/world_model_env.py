@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -13,8 +13,16 @@ import torch
 from gymnasium import spaces
 from worldstep.engine.checks import check_callable, check_image, check_int, check_prompt
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs
-from worldstep.envs.episode import ACTION_BOUNDS, Episode, EpisodeRules, first_frame, reset_request
+from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, SessionClosedError
+from worldstep.envs.episode import (
+    ACTION_BOUNDS,
+    SUCCESS_MODES,
+    Episode,
+    EpisodeRules,
+    check_pool,
+    first_frame,
+    reset_request,
+)
 from worldstep.envs.scene import SimulatorScene
 
 
@@ -46,12 +54,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | frames | the window's decoded RGB frames  | (chunk_size, H, W, 3)      | uint8 | 0   | 255 |
 
     After ``reset``, ``frames`` holds the model's decoded first frame (the VAE round trip of the given
-    image) repeated ``chunk_size`` times, so every observation has the same shape.
+    image) repeated ``chunk_size`` times, so every observation has the same shape. The frames play at
+    ``metadata["frame_fps"]`` (the model's fps); ``render()`` returns one frame per window, so
+    ``metadata["render_fps"]`` is ``frame_fps / chunk_size`` (what ``gymnasium.wrappers.RecordVideo`` needs).
 
     ## Rewards
 
     A world model predicts frames, not rewards. The reward is ``reward_fn(frames, actions)`` when one is
-    given, otherwise 1.0 for a window that ``success_fn(frames)`` judges successful and 0.0 else.
+    given, otherwise 1.0 for a window the success judge calls successful and 0.0 else.
 
     ## Starting State
 
@@ -65,23 +75,28 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     The episode ends if any one of the following occurs:
 
-    1. Termination: ``success_fn(frames)`` returns True for the window (``info["is_success"]``).
+    1. Termination: the success judge calls the window successful (``info["is_success"]``).
     2. Truncation: ``max_windows`` windows have been generated.
     3. Truncation: the KV page pool cannot hold the next window (``info["kv_exhausted"]``); the session
        is closed and its pages returned, the observation repeats the last frames. Reset to continue.
 
     ## Arguments
 
-    - ``model``: a loaded ``Cosmos3WorldModel`` (``worldstep.load(...).model``); envs share it.
+    - ``model``: a loaded ``Cosmos3WorldModel`` (``worldstep.load(...).model``); envs share it. Its page pool
+      must hold one episode's prompt, first frame and first window (else ``ValueError`` naming
+      ``cache.num_pages`` and the minimum).
     - ``knobs``: ``RolloutKnobs`` (chunk_size, num_steps, guidance_scale, context_frames, window_mode, ...).
-      The engine checks each step's actions once, against this env's action space.
     - ``max_windows``: windows per episode before truncation.
     - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
-      is missing or None takes its default; an unknown option key is a ValueError naming the allowed keys).
+      is missing or None takes its default; an unknown option key raises ``ValueError``).
+      The engine checks each step's actions once, against this env's action space.
     - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``).
     - ``simulator``: gymnasium id of the ground-truth simulator the model was trained on (e.g.
       ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed.
-    - ``reward_fn``, ``success_fn``: see Rewards and Episode End.
+    - ``success_fn``: the success judge. ``frames -> bool``; ``"sim"``: the simulator's pixel judge
+      (``success_from_frames(first_frame, frames)``, goal read from the episode's first frame); ``"none"``:
+      never successful; None (default): ``"sim"`` when ``simulator`` has a judge, else ``"none"``.
+    - ``reward_fn``: see Rewards.
     - ``render_mode``: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
 
     ```python
@@ -96,7 +111,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     * v0: Initial version: windowed KV rollout of Cosmos3 forward dynamics.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 24}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24}
 
     def __init__(
         self,
@@ -110,7 +125,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         action_width: int | None = None,
         simulator: str | None = None,
         reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
-        success_fn: Callable[[np.ndarray], bool] | None = None,
+        success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
         render_mode: str | None = None,
     ) -> None:
         if not isinstance(model, Cosmos3WorldModel):
@@ -123,19 +138,23 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
         width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
                           spec.action_dim + 1)
-        self.rules = EpisodeRules(model, knobs, check_int("max_windows", max_windows, 1), width,
-                                  check_callable("success_fn", success_fn), check_callable("reward_fn", reward_fn))
         self.prompt = check_prompt("prompt", prompt)
         self.domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
         self.image = None if image is None else check_image("image", image)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
+        success, judge = self._resolve_success(success_fn)
+        self.rules = EpisodeRules(model, knobs, check_int("max_windows", max_windows, 1), width, success,
+                                  check_callable("reward_fn", reward_fn), judge)
+        check_pool(model, knobs, self.prompt, "prompt")
         self.render_mode = render_mode
-        self.metadata = {**type(self).metadata, "render_fps": spec.fps}
+        # the frames play at the model's fps; render() returns one frame per window
+        self.metadata = {**type(self).metadata, "render_fps": spec.fps / knobs.chunk_size, "frame_fps": spec.fps}
         self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, width), np.float32)
         self.observation_space = spaces.Dict(
             {"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
         self.episode: Episode | None = None  # the live rollout between two resets
+        self._closed = False  # close() was called and no reset since
 
     @property
     def model(self) -> Cosmos3WorldModel:
@@ -160,24 +179,27 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
+        if request.prompt != self.prompt:
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']")
         super().reset(seed=seed)
         spec = self.model.spec
         image, scene_seed = first_frame(request, self._scene, seed, self.np_random, spec.height, spec.width)
         self._close_episode()  # options are valid: free the old episode's pages before opening the new one
-        self.episode = Episode.open(self.rules, image, request, self.np_random)
+        self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random), False
         info = self.episode.reset_info()
         if scene_seed is not None:
             info["scene_seed"] = scene_seed
         return self.episode.observation(), info
 
     def step(self, actions: np.ndarray):
-        episode = self.episode  # once: a close() in another thread cannot pull it away mid-step
-        if episode is None or not episode.live:
-            raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
         try:
             result = self.model.step([episode.session], [actions])[0]
         except KVPoolExhausted:
             return episode.exhausted()
+        except SessionClosedError as err:
+            raise gym.error.ClosedEnvironmentError(
+                "the env was closed while env.step() ran; call env.reset() to start a new episode") from err
         return episode.outcome(result, np.asarray(actions, dtype=np.float32))
 
     def render(self) -> np.ndarray | None:
@@ -193,6 +215,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def close(self) -> None:
         """Close the episode: every KV page and decoder cache it held goes back. Safe to call twice."""
+        self._closed = True
         self._close_episode()
         if self._scene is not None:
             self._scene.close()
@@ -222,10 +245,35 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         other.episode = self.episode.fork(generator)
         return other
 
+    def live_episode(self) -> Episode:
+        """The live episode, read once (ResetNeeded before a reset, ClosedEnvironmentError after close)."""
+        episode = self.episode
+        if episode is None or not episode.live:
+            if self._closed:
+                raise gym.error.ClosedEnvironmentError(
+                    "Cannot call env.step() after env.close(); call env.reset() to start a new episode")
+            raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        return episode
+
     @property
     def windows(self) -> int:
         """Windows generated in the current episode."""
         return 0 if self.episode is None else self.episode.windows
+
+    def _resolve_success(self, success_fn) -> tuple[Callable | None, Callable | None]:
+        """(user judge ``frames -> bool``, simulator judge ``(first_frame, frames) -> bool``); one is None."""
+        if success_fn is None:
+            success_fn = "sim" if self._scene is not None and self._scene.success_judge() is not None else "none"
+        if not isinstance(success_fn, str):
+            return check_callable("success_fn", success_fn), None
+        if success_fn not in SUCCESS_MODES:
+            raise ValueError(f"success_fn={success_fn!r} is invalid; allowed: a callable frames -> bool, 'sim' or "
+                             "'none'")
+        judge = None if success_fn == "none" or self._scene is None else self._scene.success_judge()
+        if success_fn == "sim" and judge is None:
+            raise ValueError(f"success_fn='sim' is invalid with simulator={self.simulator!r}; allowed: a simulator "
+                             "with success_from_frames (e.g. 'worldstep/PushSim-v0')")
+        return None, judge
 
     def _close_episode(self) -> None:
         episode, self.episode = self.episode, None

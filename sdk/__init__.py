@@ -8,6 +8,8 @@ obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 ```
 """
 
+from importlib import metadata as _metadata
+
 from .config import (
     CacheConfig,
     ConfigError,
@@ -25,7 +27,10 @@ from .world import World, load, make_env
 
 register_envs()
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("worldstep")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CacheConfig",

@@ -26,7 +26,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import field_validator, model_validator
 from worldstep.engine.models.cosmos3 import Cosmos3Architecture, RolloutKnobs
-from worldstep.engine.settings import ConfigError, NonNegativeInt, PositiveInt, StrictModel
+from worldstep.engine.settings import (
+    ConfigError,
+    NonNegativeInt,
+    PositiveInt,
+    StrictModel,
+    UnknownKeyError,
+    unknown_key_message,
+)
 from worldstep.engine.vae import DecoderOptions
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "CacheConfig",
     "ConfigError",
     "DecoderOptions",
+    "UnknownKeyError",
     "EnvConfig",
     "ModelConfig",
     "RolloutKnobs",
@@ -189,7 +197,7 @@ def _section_of(key: str) -> str:
         if key in WorldstepConfig.model_fields[section].annotation.model_fields:
             return section
     allowed = sorted(k for s in _SECTIONS for k in WorldstepConfig.model_fields[s].annotation.model_fields)
-    raise ConfigError(f"{key}: unknown key (allowed keys: {', '.join(_SECTIONS)}, {', '.join(allowed)})")
+    raise UnknownKeyError(unknown_key_message(key, [*_SECTIONS, *allowed]))
 
 
 CONFIG_NAMES = ("tiny", "cosmos3_edge", "cosmos3_nano", "pusher")

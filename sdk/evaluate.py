@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .episodes import EpisodeConfig, EvalReport, episode_configs
+from .episodes import EpisodeConfig, EvalReport
 from .local import evaluate_local
 from .policies import Policy
 
@@ -21,7 +21,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
              out_dir: str | os.PathLike = "runs/eval", batched: bool = False, batch_size: int | None = None,
              seed: int = 0, record_video: bool = True, progress: bool = True,
              backend: Literal["local", "ray"] = "local", ray_address: str | None = None,
-             num_workers: int | None = None) -> EvalReport:
+             num_workers: int | None = None, run_info: dict[str, Any] | None = None) -> EvalReport:
     """Run ``policy`` for ``episodes`` and write ``out_dir/report.json`` plus one mp4 per episode.
 
     An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error``;
@@ -32,10 +32,12 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
             (implies ``batched``), or anything :func:`worldstep.load` takes (``"tiny"``, a ``World``, ...).
         policy: a :class:`~worldstep.policies.Policy`; batched runs use one deep copy per episode slot.
         episodes: a count, or a list of dicts / :class:`EpisodeConfig` (seed, prompt, domain_id, image,
-            max_windows).
+            max_windows; a missing ``max_windows`` is the env's, i.e. the config's ``env.max_windows``).
         success_fn: ``frames -> bool`` per window; ends the episode as a success. Give it here when
             ``env_or_model`` is a model; an env you built carries its own.
-        out_dir: where ``report.json`` and ``episode-XXX.mp4`` go.
+        out_dir: where ``report.json`` and ``episode-XXX.mp4`` go (each written under a temporary name and
+            renamed when complete; Ctrl-C writes ``report.json`` with ``"status": "interrupted"`` and the
+            episodes that finished, then re-raises ``KeyboardInterrupt``).
         batched: step episodes together through one vector env (one batched forward per step).
         batch_size: episodes per batch (default: all of them).
         seed: seed of episode ``i`` when it has none is ``seed + i``.
@@ -45,6 +47,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
             copy of the model (needs ``pip install 'worldstep[dist]'``; see ``docs/distributed.md``).
         ray_address: the Ray cluster to join (None: ``$RAY_ADDRESS``, else a new local one); ray only.
         num_workers: Ray actors, one model each (default 2); ray only.
+        run_info: recorded as ``run`` in ``report.json`` (JSON-serialisable).
     """
     if backend not in ("local", "ray"):
         raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
@@ -54,9 +57,9 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         return evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
                             batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,
                             progress=progress, ray_address=ray_address,
-                            num_workers=2 if num_workers is None else num_workers)
+                            num_workers=2 if num_workers is None else num_workers, run_info=run_info)
     if ray_address is not None or num_workers is not None:
         raise ValueError("ray_address and num_workers only apply with backend='ray'")
-    eps = episode_configs(episodes, seed)
-    return evaluate_local(env_or_model, policy, eps, success_fn=success_fn, out_dir=Path(out_dir), batched=batched,
-                          batch_size=batch_size, record_video=record_video, progress=progress)
+    return evaluate_local(env_or_model, policy, episodes, seed=seed, success_fn=success_fn, out_dir=Path(out_dir),
+                          batched=batched, batch_size=batch_size, record_video=record_video, progress=progress,
+                          run_info=run_info)

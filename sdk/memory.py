@@ -1,4 +1,5 @@
-"""KV memory plan of a config: bytes per token, pages, and the pages one episode holds at its peak."""
+"""Memory of a config: the weights, and the KV plan (bytes per token, pages, the pages one episode holds at
+its peak)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,49 @@ def plan_for_world(world, *, windows: int) -> MemoryPlan:
         text_tokens = world.model.kv_stats(session).protected_tokens
     return plan(world.config, windows=windows, text_tokens=text_tokens, text_tokens_measured=True,
                 kv_bytes_per_token=world.model.kv_bytes_per_token, tokens_per_frame=spec.tokens_per_frame)
+
+
+@dataclass(frozen=True)
+class WeightsMemory:
+    """Bytes of a model's weights (parameters and buffers) per component; ``measured`` is False for an
+    estimate from the config's ``model.architecture`` (modules built on the meta device, nothing allocated)."""
+
+    transformer_bytes: int
+    vae_bytes: int
+    dtype: str
+    measured: bool
+
+    @property
+    def total_bytes(self) -> int:
+        return self.transformer_bytes + self.vae_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_bytes": self.total_bytes}
+
+
+def _module_bytes(module, itemsize: int | None = None) -> int:
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * (itemsize or t.element_size()) for t in tensors)
+
+
+def weights_of_world(world) -> WeightsMemory:
+    """The loaded model's weights, measured."""
+    model = world.model
+    dtype = str(model.dtype).removeprefix("torch.")
+    return WeightsMemory(_module_bytes(model.transformer), _module_bytes(model.vae), dtype, measured=True)
+
+
+def weights_from_architecture(config: WorldstepConfig) -> WeightsMemory | None:
+    """The weights ``model.architecture`` describes, in the config's dtype (None without an architecture)."""
+    arch = config.model.architecture or {}
+    if "transformer" not in arch or "vae" not in arch:
+        return None
+    import torch
+    from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
+
+    dtype = config.model.dtype or "float32"
+    with torch.device("meta"):
+        transformer = Cosmos3OmniTransformer(**arch["transformer"])
+        vae = AutoencoderKLWan(**arch["vae"])
+    itemsize = _ITEMSIZE[dtype]
+    return WeightsMemory(_module_bytes(transformer, itemsize), _module_bytes(vae, itemsize), dtype, measured=False)

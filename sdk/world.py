@@ -70,6 +70,8 @@ def resolve_config(model: str | os.PathLike | WorldstepConfig | World) -> Worlds
         return load_config(text)
     local = Path(text).expanduser()
     is_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not local.exists()
+    if not local.exists() and not is_hub_id and (text.startswith((".", "/", "~")) or os.sep in text):
+        raise FileNotFoundError(f"checkpoint folder {text!r} does not exist")
     if local.is_dir() or is_hub_id:
         # A real checkpoint: the run settings of the config its worldstep.json names (a checkpoint that
         # `worldstep train` wrote says "pusher"), else Cosmos3-Edge's; this checkpoint's weights and media size.
@@ -148,6 +150,7 @@ def _load_model(config: WorldstepConfig, share: bool):
 
     m = config.model
     device = ("cuda" if torch.cuda.is_available() else "cpu") if m.device == "auto" else m.device
+    check_device(device)
     key = json.dumps([{**m.model_dump(mode="json"), "device": device}, config.cache.model_dump(),
                       config.decoder.model_dump()], sort_keys=True)
     model = _SHARED.get(key) if share else None
@@ -164,6 +167,21 @@ def _load_model(config: WorldstepConfig, share: bool):
     if share:
         _SHARED[key] = model
     return model
+
+
+def check_device(device: str) -> None:
+    """ValueError naming ``model.device`` when it names a CUDA device this machine does not have."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"model.device = {device!r}: CUDA is not available on this machine (torch "
+                         f"{torch.__version__}); allowed: 'auto' or 'cpu'")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"model.device = {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         f"allowed: 'cuda:0' .. 'cuda:{torch.cuda.device_count() - 1}', 'auto' or 'cpu'")
 
 
 def _split_env_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -218,9 +236,13 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image {str(path)!r} does not exist")
-    if path.suffix == ".npy":
-        return np.load(path)
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"))
+    try:
+        if path.suffix == ".npy":
+            return np.load(path)
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"))
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise ValueError(f"image {str(path)!r} is invalid: it cannot be read ({type(err).__name__}: {err}); "
+                         "allowed: an image file Pillow reads (PNG, JPEG, ...) or a .npy array") from None

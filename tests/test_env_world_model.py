@@ -10,7 +10,7 @@ import pytest
 import worldstep
 from gymnasium.utils.env_checker import check_env
 from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import CheckpointNotFoundError, PhaseTimings
+from worldstep.engine.models.cosmos3 import CheckpointNotFoundError, KVStats, PhaseTimings
 from worldstep.envs import WorldModelEnv
 
 
@@ -55,7 +55,7 @@ def test_spaces_and_metadata(env, world):  # noqa: F811
     assert env.action_space == gym.spaces.Box(-1, 1, (4, spec.action_dim), np.float32)
     frames = env.observation_space["frames"]
     assert frames.shape == (4, spec.height, spec.width, 3) and frames.dtype == np.uint8
-    assert env.metadata["render_fps"] == spec.fps
+    assert env.metadata["frame_fps"] == spec.fps and env.metadata["render_fps"] == spec.fps / 4  # a frame per window
     narrow = worldstep.make_env(world, action_width=2)
     assert narrow.action_space.shape == (4, 2)
 
@@ -63,15 +63,14 @@ def test_spaces_and_metadata(env, world):  # noqa: F811
 def test_reset_frames_repeat_the_decoded_first_frame_and_step_infos(env):
     obs, info = env.reset(seed=0)
     assert np.array_equal(obs["frames"], np.repeat(obs["frames"][:1], 4, axis=0))
-    assert info["frame_start"] == 0 and info["frame_end"] == 1 and info["kv"]["protected_tokens"] > 0
+    assert info["frame_start"] == 0 and info["frame_end"] == 1 and info["kv"].protected_tokens > 0
     obs, reward, terminated, truncated, info = env.step(zeros(env.action_space))
     assert obs in env.observation_space
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert set(info) == {"window_index", "frame_start", "frame_end", "timings", "kv", "is_success", "kv_exhausted"}
     assert (info["window_index"], info["frame_start"], info["frame_end"]) == (0, 1, 5)
     assert isinstance(info["timings"], PhaseTimings) and info["timings"].denoise_s > 0
-    assert set(info["kv"]) == {"pages_in_use", "protected_tokens", "released_tokens", "seq_len"}
-    assert info["kv"]["pages_in_use"] > 0
+    assert isinstance(info["kv"], KVStats) and info["kv"].pages_in_use > 0
 
 
 def test_same_seed_and_actions_give_the_same_frames(env):
@@ -216,10 +215,7 @@ def test_fork_continues_independently(world):  # noqa: F811
 
 
 def test_running_out_of_pages_is_truncation(world):  # noqa: F811
-    probe = worldstep.make_env(world)
-    _, info = probe.reset(seed=0)
-    probe.close()
-    pages = info["kv"]["pages_in_use"] + 1  # the prompt and the first window fit, a few windows more do not
+    pages = world.model.min_pages(world.config.env.prompt, world.knobs)  # the prompt and first window fit
     small = worldstep.load(world.config, num_pages=pages, context_frames=0)
     env = worldstep.make_env(small, max_windows=50)
     env.reset(seed=0)

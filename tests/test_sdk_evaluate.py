@@ -90,8 +90,8 @@ def test_memory_plan_bounds_the_pages_an_episode_holds(world):  # noqa: F811
         env.reset(seed=0)
         infos = [env.step(zeros(env.action_space))[4]["kv"] for _ in range(4)]
         env.close()
-        held = [kv["pages_in_use"] for kv in infos]
-        assert (infos[-1]["released_tokens"] > 0) == (context > 0)
+        held = [kv.pages_in_use for kv in infos]
+        assert (infos[-1].released_tokens > 0) == (context > 0)
         memory = plan_for_world(w, windows=4)
         assert max(held) <= memory.peak_pages_per_episode <= max(held) + 1
     arch_only = plan(world.config, windows=4, text_tokens=memory.text_tokens)

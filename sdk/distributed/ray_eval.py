@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from worldstep.engine.checks import check_int
 
 from ..config import WorldstepConfig
 from ..episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
+from ..outputs import write_json
 from ..policies import Policy
 from .scheduler import ShardScheduler
 from .worker import EpisodeOutput, EvalWorker, Shard
@@ -44,7 +46,7 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
                  batched: bool = False, batch_size: int | None = None, seed: int = 0, record_video: bool = True,
                  progress: bool = True, ray_address: str | None = None, num_workers: int = 2,
                  max_retries: int = 2, cpus_per_worker: float | None = None,
-                 timeout_s: float | None = None) -> EvalReport:
+                 timeout_s: float | None = None, run_info: dict[str, Any] | None = None) -> EvalReport:
     """:func:`worldstep.evaluate` over ``num_workers`` Ray actors; writes the same ``report.json`` and mp4s.
 
     Args:
@@ -66,6 +68,7 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         cpus_per_worker: CPU share per actor on CPU-only clusters (default: 0.5, less when that would not
             fit every actor on the cluster).
         timeout_s: raise ``TimeoutError`` when the whole evaluation takes longer (None: no limit).
+        run_info: recorded as ``run`` in ``report.json``.
     """
     ray = require_ray()
     if isinstance(model, (gym.Env, gym.vector.VectorEnv)):
@@ -76,7 +79,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
     if batch_size is not None:
         check_int("batch_size", batch_size, 1)
     config = _config_of(model)
-    eps = episode_configs(episodes, seed)
+    eps = episode_configs(episodes, seed, config.env.max_windows)
+    started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -97,7 +101,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
                 config, policy, success_fn, batched, record_video, max(ep.max_windows for ep in eps),
                 torch_threads(options["num_cpus"]))
 
-        report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched)
+        report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched,
+                            run=dict(run_info or {}))
         bar = tqdm(total=len(eps), desc=f"evaluate (ray, {workers} workers)", unit="episode", disable=not progress)
         scheduler = ShardScheduler(make_actor, workers, max_retries)
 
@@ -118,7 +123,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         if started_ray:
             ray.shutdown()
     report.episodes.sort(key=lambda e: e.index)
-    (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+    report.wall_s = time.perf_counter() - started
+    write_json(out_dir / "report.json", report.to_dict())
     return report
 
 

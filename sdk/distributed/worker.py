@@ -72,9 +72,9 @@ class EvalWorker:
             env = make_env(self.world, **self.env_kwargs)
         try:
             with tempfile.TemporaryDirectory(prefix="worldstep-ray-") as tmp:
-                report = evaluate_local(env, self.policy, list(shard.episodes), success_fn=None, out_dir=Path(tmp),
-                                        batched=self.batched, batch_size=None, record_video=self.record_video,
-                                        progress=False)
+                report = evaluate_local(env, self.policy, list(shard.episodes), seed=0, success_fn=None,
+                                        out_dir=Path(tmp), batched=self.batched, batch_size=None,
+                                        record_video=self.record_video, progress=False)
                 outputs = []
                 for index, result in zip(shard.indices, report.episodes):
                     video = Path(result.video).read_bytes() if result.video is not None else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -137,14 +138,26 @@ def _reconstruct(vae, frames: np.ndarray) -> np.ndarray:
 def _run_tasks(path: Path, args: FidelityArgs, settings: RolloutSettings, tasks: list[tuple]) -> list[Any]:
     """Run tasks inline (`--workers 1`) or in spawned worker processes (cost is per session-window, and
     batching sessions does not amortise it on CPU, so separate processes are what scales)."""
-    if args.workers <= 1:
-        return [_run_task(str(path), args.threads, settings, t) for t in tasks]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from tqdm.auto import tqdm  # progress on stderr: the report takes minutes
 
-    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_run_task, str(path), args.threads, settings, t) for t in tasks]
-        return [f.result() for f in futures]
+    bar = tqdm(total=len(tasks), desc="fidelity: model rollouts", unit="task")
+    try:
+        if args.workers <= 1:
+            out = []
+            for t in tasks:
+                out.append(_run_task(str(path), args.threads, settings, t))
+                bar.update(1)
+            return out
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_run_task, str(path), args.threads, settings, t) for t in tasks]
+            for f in futures:
+                f.add_done_callback(lambda _: bar.update(1))
+            return [f.result() for f in futures]
+    finally:
+        bar.close()
 
 
 def _per_window(values: np.ndarray, chunk: int) -> list[float]:
@@ -286,6 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     path, settings = _resolve(args, out)
+    print(f"fidelity: {path} -> {out} ({args.workers} worker(s)); simulating held-out clips", file=sys.stderr)
     held = _held_out(settings, args)
     open_tasks = _open_loop_tasks(held, args.seed)
     episode_tasks = _episode_tasks(args, len(graded_policies()), max(1, args.workers - 1))

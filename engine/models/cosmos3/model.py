@@ -109,18 +109,13 @@ class Cosmos3WorldModel:
         check_prompt("negative_prompt", knobs.negative_prompt, allow_empty=True)
         self.decoder.options.validate_for_window(knobs.latents_per_window)
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
-        tokens = tokenize_action_prompt(self.components.tokenizer, prompt, knobs.negative_prompt,
-                                        view_point=knobs.view_point, num_frames=knobs.chunk_size + 1, fps=spec.fps,
-                                        height=spec.height, width=spec.width,
-                                        use_system_prompt=self.components.default_use_system_prompt)
+        ids = self._prompt_ids(prompt, knobs)
+        self.scheduler.make_room(self._pages_to_open(ids, knobs))  # or KVPoolExhausted, before anything opens
         session = RolloutSession(
             session_id=new_session_id(), knobs=knobs, domain_id=domain_id, action_shape=(knobs.chunk_size, width),
             action_bounds=action_bounds, generator=generator, text_lens={}, first_latent=torch.empty(0),
             decode_stream=self.decoder.open_stream() if knobs.decode else None, first_frame=None,
             schedule=window_schedule(knobs))
-        ids = {label: tokens.cond if label is StreamLabel.MAIN else tokens.uncond for label in session.labels}
-        first_window = session.plan.units * spec.tokens_per_frame + knobs.chunk_size
-        self.scheduler.make_room(sum(self.kv.table.pages_for(len(i) + first_window) for i in ids.values()))
         try:
             for label, label_ids in ids.items():
                 self._prefill(StreamKey(session.session_id, label), label_ids)
@@ -142,6 +137,26 @@ class Cosmos3WorldModel:
             yield session
         finally:
             self.close(session)
+
+    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
+        """KV pages one session needs to open (its prompt per CFG stream) and commit its first window, with the
+        page of slack admission keeps per stream: a pool smaller than this can never run an episode."""
+        knobs = knobs if knobs is not None else RolloutKnobs()
+        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs)
+        return self._pages_to_open(ids, knobs) + len(ids)
+
+    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs) -> dict[StreamLabel, list[int]]:
+        spec = self.spec
+        tokens = tokenize_action_prompt(self.components.tokenizer, prompt, knobs.negative_prompt,
+                                        view_point=knobs.view_point, num_frames=knobs.chunk_size + 1, fps=spec.fps,
+                                        height=spec.height, width=spec.width,
+                                        use_system_prompt=self.components.default_use_system_prompt)
+        labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if knobs.uses_cfg else (StreamLabel.MAIN,)
+        return {label: tokens.cond if label is StreamLabel.MAIN else tokens.uncond for label in labels}
+
+    def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs) -> int:
+        first_window = window_schedule(knobs).window(0).units * self.spec.tokens_per_frame + knobs.chunk_size
+        return sum(self.kv.table.pages_for(len(label_ids) + first_window) for label_ids in ids.values())
 
     def _prefill(self, key: StreamKey, ids: list[int]) -> None:
         self.kv.table.create_stream(key)
