@@ -4,7 +4,6 @@ same seed and actions, frames compared."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .archs import action_chunks, bench_arch, load_model, open_session, rollout_knobs
-from .measure import interleave_timed, ratio
+from .measure import Stopwatch, interleave_timed, ratio
 from .progress import Progress
 from .results import Table
 from .settings import RolloutSettings
@@ -57,15 +56,15 @@ def compare_pipelined(settings: RolloutSettings, progress: Progress) -> dict[str
     frames: dict[str, list[np.ndarray]] = {}
 
     def rollout(mode: str):
-        def run() -> float:
+        def run() -> tuple[float, float]:
             session = open_session(model, arch, knobs)
             try:
-                start = time.perf_counter()
+                watch = Stopwatch()
                 if mode == "pipelined":
                     out = [r.frames for r in pipelined_rollout(model, session, chunks)]
                 else:
                     out = [model.step([session], [a])[0].frames for a in chunks]
-                elapsed = time.perf_counter() - start
+                elapsed = watch.elapsed()
             finally:
                 model.close(session)
             frames[mode] = out

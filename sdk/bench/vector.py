@@ -104,7 +104,9 @@ def _row(n: int, samples, phases, warmup: int) -> dict[str, Any]:
              for name, ps in phases.items()}
     return {
         "n": n, "steps_per_s": steps_per_s, "ms_per_call": {name: s.median_ms for name, s in samples.items()},
+        "cpu_ms_per_call": {name: s.median_cpu_ms for name, s in samples.items()},
         "speedup": ratio(steps_per_s["batched"], steps_per_s["separate"]),
+        "cpu_speedup": ratio(samples["separate"].median_cpu_ms, samples["batched"].median_cpu_ms),
         "speedup_vector_env": ratio(steps_per_s.get("vector_env", float("nan")), steps_per_s["separate"]),
         "phases_ms": split,
     }
@@ -115,12 +117,14 @@ def _table(settings: VectorSettings, arch, rows: list[dict[str, Any]]) -> Table:
         title=(f"Aggregate env steps/s, {settings.arch} model {arch.height}x{arch.width}, {arch.chunk_size} "
                f"actions/window, {settings.num_steps} denoise steps"),
         columns=["N", "separate steps/s", "batched steps/s", "vector env steps/s", "batched / separate",
-                 "vector env / separate"],
-        note="Medians of interleaved rounds; one round = one env step of each of the N sessions.",
+                 "vector env / separate", "batched / separate, CPU time"],
+        note=("Medians of interleaved rounds; one round = one env step of each of the N sessions. The last column "
+              "compares process CPU time per round (with --threads 1, about the wall time on an idle core)."),
     )
     for r in rows:
         s = r["steps_per_s"]
-        table.add(r["n"], s["separate"], s["batched"], s.get("vector_env"), r["speedup"], r["speedup_vector_env"])
+        table.add(r["n"], s["separate"], s["batched"], s.get("vector_env"), r["speedup"], r["speedup_vector_env"],
+                  r["cpu_speedup"])
     return table
 
 
