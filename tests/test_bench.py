@@ -56,12 +56,12 @@ def test_rollout(tmp_path, cache, capsys):
     assert set(steps["ms_per_step"]) == {"official", "official_kernels", "kv"}
     assert [row[0][:3] for row in doc["tables"][0]["rows"]] == ["(a)", "(b)", "(c)"]  # three rows, one run
     assert all(_positive(v) for v in steps["ms_per_step"].values())
-    for key in ("ratio_official_over_kv", "ratio_official_kernels_over_kv", "ratio_official_over_official_kernels",
-                "ratio_generate_official_kernels_over_kv", "ratio_decode_official_kernels_over_kv"):
-        assert _positive(steps[key]), key
+    ratios = [k for k in steps if "ratio" in k]
+    assert len(ratios) == 8 and all(_positive(steps[k]) for k in ratios), ratios
     for name in ("official", "official_kernels"):  # the recipe re-encodes its conditioning clip every chunk
-        assert steps["phases"][name]["encode_ms"] > 0
+        assert steps["phases"][name]["encode_ms"] > 0 and steps["phases"][name]["encode_cpu_ms"] > 0
     assert steps["phases"]["kv"]["encode_ms"] == 0
+    assert all(_positive(steps["phases"]["kv"][k]) for k in ("generate_cpu_ms", "decode_cpu_ms"))
     scan = doc["results"]["scan"]
     assert [w["window"] for w in scan["per_window"]] == list(range(1, 7))
     assert _positive(scan["late_over_early"]) and _positive(scan["late_over_early_interleaved"])
@@ -118,7 +118,7 @@ def test_recipe_with_worldstep_kernels_patches_its_own_vae_only(cache):
     assert patched and not any("forward" in vars(m) or "_conv_forward" in vars(m) for m in stock.modules())
     assert {type(m).__name__ for m in patched} == {"WanCausalConv3d", "WanRMS_norm"}
     assert any(m in patched for m in fast.encoder.modules())  # the whole VAE, encoder included
-    frames = [r.step(actions) for r in recipes]
+    frames = [r.step(actions)[0] for r in recipes]
     assert frames[0].shape == frames[1].shape == (4, 256, 256, 3)
     # oneDNN and the fused norm round differently (1e-4 on pixels in [-1, 1]); the uint8 frames stay within a level
     levels = np.abs(frames[0].astype(np.int16) - frames[1].astype(np.int16))

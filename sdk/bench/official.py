@@ -10,33 +10,34 @@ identical weights, scheduler and prompt template.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .archs import DOMAIN_NAME
+from .measure import Stopwatch
 
 
 class _PhaseClock:
-    """Wraps `vae.encode` / `vae.decode` of one pipeline to add up the seconds spent in each."""
+    """Wraps `vae.encode` / `vae.decode` of one pipeline to add up the (wall, CPU) seconds spent in each."""
 
     def __init__(self, vae) -> None:
-        self.encode_s = 0.0
-        self.decode_s = 0.0
-        self._wrap(vae, "encode")
-        self._wrap(vae, "decode")
+        self.seconds = {"encode": (0.0, 0.0), "decode": (0.0, 0.0)}
+        for name in self.seconds:
+            self._wrap(vae, name)
 
     def _wrap(self, vae, name: str) -> None:
         inner = getattr(vae, name)
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            watch = Stopwatch()
             try:
                 return inner(*args, **kwargs)
             finally:
-                setattr(self, f"{name}_s", getattr(self, f"{name}_s") + time.perf_counter() - start)
+                wall, cpu = watch.elapsed()
+                total = self.seconds[name]
+                self.seconds[name] = (total[0] + wall, total[1] + cpu)
 
         setattr(vae, name, timed)  # instance attribute: this pipeline's VAE only
 
@@ -65,8 +66,11 @@ class OfficialRecipe:
         self.generator = torch.Generator().manual_seed(seed)
         self.tier = _tier(self.frame.shape[0], self.frame.shape[1])
 
-    def step(self, actions: np.ndarray) -> np.ndarray:
-        """One chunk: returns the chunk's `chunk_size` new frames, uint8 `[T, H, W, 3]`."""
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, dict[str, tuple[float, float]]]:
+        """One chunk: the chunk's `chunk_size` new frames, uint8 `[T, H, W, 3]`, and its (wall, CPU) seconds in
+        `generate` (the pipeline call minus its VAE), `encode` and `decode`."""
+        before = dict(self.clock.seconds)
+        watch = Stopwatch()
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
         from PIL import Image
 
@@ -80,9 +84,14 @@ class OfficialRecipe:
             prompt=self.prompt, negative_prompt="", action=condition, num_inference_steps=self.num_steps,
             guidance_scale=1.0, output_type="np", generator=self.generator, enable_safety_check=False,
         ).video  # [chunk + 1, H, W, 3] float in [0, 1]
+        total = watch.elapsed()
         frames = (np.asarray(video) * 255.0).round().clip(0, 255).astype(np.uint8)
         self.frame = frames[-1]
-        return frames[1:]
+        phases = {name: (after[0] - before[name][0], after[1] - before[name][1])
+                  for name, after in self.clock.seconds.items()}
+        phases["generate"] = (total[0] - phases["encode"][0] - phases["decode"][0],
+                              total[1] - phases["encode"][1] - phases["decode"][1])
+        return frames[1:], phases
 
 
 def _tier(height: int, width: int) -> int:

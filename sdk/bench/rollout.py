@@ -13,7 +13,6 @@ and the pipelined open-loop rollout (`pipelined.py`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -88,25 +87,36 @@ def _comparable(name: str) -> BenchArch:
     return arch
 
 
-def _worldstep_step(model, session, chunks: list, phases: list[dict[str, float]]) -> Callable[[], None]:
+Phases = dict[str, tuple[float, float]]  # phase -> (wall, CPU) seconds of one step
+
+
+def _worldstep_step(model, session, chunks: list, phases: list[Phases]) -> Callable[[], None]:
+    """One env step, the same calls as `model.step(...)`, its generate (denoise + commit) and decode timed apart."""
+
     def step() -> None:
-        t = model.step([session], [chunks[session.window_index]])[0].timings
-        phases.append({"generate_s": t.denoise_s + t.commit_s, "decode_s": t.decode_s, "encode_s": 0.0})
+        watch = Stopwatch()
+        result = model.step([session], [chunks[session.window_index]], decode=False)[0]
+        generate, watch = watch.elapsed(), Stopwatch()
+        model.decode(session, result)
+        phases.append({"generate": generate, "decode": watch.elapsed(), "encode": (0.0, 0.0)})
 
     return step
 
 
-def _recipe_step(recipe: OfficialRecipe, chunks: list, phases: list[dict[str, float]]) -> Callable[[], None]:
+def _recipe_step(recipe: OfficialRecipe, chunks: list, phases: list[Phases]) -> Callable[[], None]:
     def step() -> None:
-        clock = recipe.clock
-        enc, dec = clock.encode_s, clock.decode_s
-        start = time.perf_counter()
-        recipe.step(chunks[len(phases)])
-        total = time.perf_counter() - start
-        encode, decode = clock.encode_s - enc, clock.decode_s - dec
-        phases.append({"generate_s": total - encode - decode, "decode_s": decode, "encode_s": encode})
+        phases.append(recipe.step(chunks[len(phases)])[1])
 
     return step
+
+
+def _phase_medians(phases: list[Phases]) -> dict[str, float]:
+    """`{phase}_ms` and `{phase}_cpu_ms`: medians over the measured steps."""
+    out = {}
+    for name in phases[0]:
+        out[f"{name}_ms"] = 1e3 * median([p[name][0] for p in phases])
+        out[f"{name}_cpu_ms"] = 1e3 * median([p[name][1] for p in phases])
+    return out
 
 
 def compare_steps(arch: BenchArch, settings: RolloutSettings, progress: Progress) -> dict[str, Any]:
@@ -122,7 +132,7 @@ def compare_steps(arch: BenchArch, settings: RolloutSettings, progress: Progress
                                     num_steps=settings.num_steps, worldstep_kernels=name == "official_kernels")
                for name in ("official", "official_kernels")}
     chunks = action_chunks(settings.warmup + settings.rounds, arch)
-    phases: dict[str, list[dict[str, float]]] = {name: [] for name in LABELS}
+    phases: dict[str, list[Phases]] = {name: [] for name in LABELS}
     progress(f"{arch.name}: {settings.warmup} warm-up + {settings.rounds} measured steps of each alternative")
     try:
         samples = interleave({
@@ -134,8 +144,7 @@ def compare_steps(arch: BenchArch, settings: RolloutSettings, progress: Progress
         model.close(session)
     ms = {name: s.median_ms for name, s in samples.items()}
     cpu_ms = {name: s.median_cpu_ms for name, s in samples.items()}
-    split = {name: {k.removesuffix("_s") + "_ms": 1e3 * median([p[k] for p in ps[settings.warmup:]]) for k in ps[0]}
-             for name, ps in phases.items()}
+    split = {name: _phase_medians(ps[settings.warmup:]) for name, ps in phases.items()}
     b, c = split["official_kernels"], split["kv"]
     return {
         "arch": arch.name, "height": size, "width": size, "chunk_size": arch.chunk_size,
@@ -147,9 +156,12 @@ def compare_steps(arch: BenchArch, settings: RolloutSettings, progress: Progress
         "ratio_official_over_kv": ratio(ms["official"], ms["kv"]),
         "ratio_official_kernels_over_kv": ratio(ms["official_kernels"], ms["kv"]),
         "ratio_official_over_official_kernels": ratio(ms["official"], ms["official_kernels"]),
-        # where the engine's gain over (b) comes from, at equal kernels
-        "ratio_generate_official_kernels_over_kv": ratio(b["generate_ms"], c["generate_ms"]),
-        "ratio_decode_official_kernels_over_kv": ratio(b["decode_ms"], c["decode_ms"]),
+        "cpu_ratio_official_over_kv": ratio(cpu_ms["official"], cpu_ms["kv"]),
+        "cpu_ratio_official_kernels_over_kv": ratio(cpu_ms["official_kernels"], cpu_ms["kv"]),
+        "cpu_ratio_official_over_official_kernels": ratio(cpu_ms["official"], cpu_ms["official_kernels"]),
+        # where the engine's gain over (b) comes from, at equal kernels (CPU time: robust to machine load)
+        "cpu_ratio_generate_official_kernels_over_kv": ratio(b["generate_cpu_ms"], c["generate_cpu_ms"]),
+        "cpu_ratio_decode_official_kernels_over_kv": ratio(b["decode_cpu_ms"], c["decode_cpu_ms"]),
     }
 
 
@@ -157,19 +169,22 @@ def _table(f: dict[str, Any]) -> Table:
     table = Table(
         title=(f"Env step, {f['arch']} model, {f['height']}x{f['width']}, {f['chunk_size']} actions/window, "
                f"{f['num_steps']} denoise steps, no CFG"),
-        columns=["alternative", "ms / step", "CPU ms / step", "generate ms", "decode ms", "encode ms", "x (c)"],
-        note=("Medians of interleaved steps. CPU ms: process CPU time (with --threads 1, about the wall time on an "
-              "idle core). generate = denoise + commit (worldstep) or the pipeline call minus its VAE encode and "
-              "decode (pipeline). "
-              f"As shipped (a)/(c) = {f['ratio_official_over_kv']:.2f}: what a user of the recipe gains. "
-              f"Equal kernels (b)/(c) = {f['ratio_official_kernels_over_kv']:.2f}: what the engine alone saves "
-              f"(generation {f['ratio_generate_official_kernels_over_kv']:.2f}x, decode "
-              f"{f['ratio_decode_official_kernels_over_kv']:.2f}x, and no encode); kernels alone (a)/(b) = "
-              f"{f['ratio_official_over_official_kernels']:.2f}."),
+        columns=["alternative", "ms / step", "x (c)", "CPU ms / step", "x (c), CPU", "generate CPU ms",
+                 "decode CPU ms", "encode CPU ms"],
+        note=("Medians of interleaved steps. CPU: process CPU time (with --threads 1, about the wall time on an idle "
+              "core; the figure to read on a loaded machine). generate = denoise + commit (worldstep) or the "
+              "pipeline call minus its VAE encode and decode. "
+              f"As shipped, (a)/(c) = {f['ratio_official_over_kv']:.2f} (CPU {f['cpu_ratio_official_over_kv']:.2f}): "
+              "what a user of the recipe gains. With equal kernels, (b)/(c) = "
+              f"{f['ratio_official_kernels_over_kv']:.2f} (CPU {f['cpu_ratio_official_kernels_over_kv']:.2f}): what "
+              f"the engine alone saves (CPU: generation {f['cpu_ratio_generate_official_kernels_over_kv']:.2f}x, "
+              f"decode {f['cpu_ratio_decode_official_kernels_over_kv']:.2f}x, no encode). Kernels alone, (a)/(b) = "
+              f"{f['ratio_official_over_official_kernels']:.2f} "
+              f"(CPU {f['cpu_ratio_official_over_official_kernels']:.2f})."),
     )
-    kv = f["ms_per_step"]["kv"]
+    ms, cpu = f["ms_per_step"], f["cpu_ms_per_step"]
     for name, label in LABELS.items():
         p = f["phases"][name]
-        table.add(label, f["ms_per_step"][name], f["cpu_ms_per_step"][name], p["generate_ms"], p["decode_ms"],
-                  p["encode_ms"] if name != "kv" else None, ratio(f["ms_per_step"][name], kv))
+        table.add(label, ms[name], ratio(ms[name], ms["kv"]), cpu[name], ratio(cpu[name], cpu["kv"]),
+                  p["generate_cpu_ms"], p["decode_cpu_ms"], p["encode_cpu_ms"] if name != "kv" else None)
     return table
