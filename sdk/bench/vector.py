@@ -30,9 +30,10 @@ TARGET_SPEEDUP_AT_8 = 3.0
 
 
 def _phases(results) -> dict[str, float]:
-    """Seconds per phase of one call; a batched call's timings are shared by its sessions, so take one."""
+    """Seconds per phase of one call: its sessions share one denoise and one commit, and each decodes its own
+    stream (docs/exactness.md: a stream's frames must not depend on which streams share a call)."""
     t = results[0].timings
-    return {"denoise_s": t.denoise_s, "commit_s": t.commit_s, "decode_s": t.decode_s}
+    return {"denoise_s": t.denoise_s, "commit_s": t.commit_s, "decode_s": sum(r.timings.decode_s for r in results)}
 
 
 def _alternatives(model, arch: BenchArch, n: int, knobs, settings: VectorSettings, image: np.ndarray,
