@@ -185,8 +185,9 @@ def test_decode(tmp_path):
     assert all(_positive(r["stateless_over_warm"]) and _positive(r["whole_clip_over_warm"])
                for r in doc["results"]["rows"])
     headline = headline_table([doc])
-    assert [row[0] for row in headline.rows][:2] == ["decode, 1 latents/window: stateless (2-latent context) / warm",
-                                                     "decode, 1 latents/window: whole-clip re-decode (4..6 latents) / warm"]
+    assert [row[0] for row in headline.rows][:2] == [
+        "decode, 1 latents/window: stateless (2-latent context) / warm (in CPU time)",
+        "decode, 1 latents/window: whole-clip re-decode (4..6 latents) / warm (in CPU time)"]
 
 
 def test_gpu_without_cuda_exits_zero(tmp_path):

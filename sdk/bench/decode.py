@@ -144,9 +144,11 @@ def _table(s: DecodeSettings, f: dict[str, Any]) -> Table:
         title=(f"Warm streaming decode vs stateless and whole-clip re-decode, Wan 2.2-family VAE base_dim "
                f"{s.base_dim}, {s.height}x{s.width}, stateless context {s.context_latents} latents"),
         columns=["latents / window", "clip latents", "warm ms", "stateless ms", "whole clip ms", "stateless / warm",
-                 "whole clip / warm", "work ratios", "stateless PSNR dB", "warm cache MiB"],
-        note=(f"Medians of {s.timed_windows} timed windows per row, decoded in lockstep. Work ratios: latents "
-              "decoded per window relative to warm, (K + w) / w and mean clip / w: the speedups by construction. "
+                 "whole clip / warm", "stateless / warm, CPU", "whole clip / warm, CPU", "work ratios",
+                 "stateless PSNR dB", "warm cache MiB"],
+        note=(f"Medians of {s.timed_windows} timed windows per row, decoded in lockstep. CPU: process CPU time (with "
+              "--threads 1, about the wall time on an idle core). Work ratios: latents decoded per window relative "
+              "to warm, (K + w) / w and mean clip / w: the speedups by construction. "
               f"Warm frames vs the whole-clip vae.decode: max |diff| {f['warm_max_abs_diff']:.1e} "
               f"({'within' if f['warm_within_bound'] else 'OUTSIDE'} the {f['bound']:g} bound). "
               "PSNR of the uint8 frames."),
@@ -155,6 +157,7 @@ def _table(s: DecodeSettings, f: dict[str, Any]) -> Table:
         clips = r["clip_latents"]
         table.add(r["latents_per_window"], f"{clips[0]}..{clips[-1]}", r["ms"]["warm"], r["ms"]["stateless"],
                   r["ms"]["whole_clip"], r["stateless_over_warm"], r["whole_clip_over_warm"],
+                  r["cpu_stateless_over_warm"], r["cpu_whole_clip_over_warm"],
                   f"{r['work_stateless_over_warm']:.1f} / {r['work_whole_clip_over_warm']:.1f}",
                   r["stateless_psnr_db"], r["warm_cache_bytes"] / 2**20)
     return table

@@ -69,10 +69,10 @@ def _decode_rows(doc: Doc, table: Table) -> None:
     context = doc["settings"]["context_latents"]
     for row in doc["results"]["rows"]:
         w, clips = row["latents_per_window"], row["clip_latents"]
-        table.add(f"decode, {w} latents/window: stateless ({context}-latent context) / warm",
-                  _x(row["stateless_over_warm"]), "–")
-        table.add(f"decode, {w} latents/window: whole-clip re-decode ({clips[0]}..{clips[-1]} latents) / warm",
-                  _x(row["whole_clip_over_warm"]), "–")
+        table.add(f"decode, {w} latents/window: stateless ({context}-latent context) / warm (in CPU time)",
+                  f"{_x(row['stateless_over_warm'])} ({_x(row['cpu_stateless_over_warm'])})", "–")
+        table.add(f"decode, {w} latents/window: whole-clip re-decode ({clips[0]}..{clips[-1]} latents) / warm "
+                  "(in CPU time)", f"{_x(row['whole_clip_over_warm'])} ({_x(row['cpu_whole_clip_over_warm'])})", "–")
 
 
 def _gpu_rows(doc: Doc, table: Table) -> None:
