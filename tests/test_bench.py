@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +18,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from worldstep.bench import main
 from worldstep.bench.measure import interleave
-from worldstep.bench.report import headline_table, load_docs, render_markdown
+from worldstep.bench.report import (
+    HEADLINE,
+    generated_blocks,
+    headline_table,
+    load_docs,
+    render_markdown,
+    update,
+)
 from worldstep.bench.soak import pages_flat
 
 FAST = ["--threads", "1", "--quiet"]
@@ -222,6 +230,34 @@ def test_report_headline_from_documents():
         "rss_growth_pct": 0.5}}
     table = headline_table([doc])
     assert table.rows[0][1] == "19..20" and table.rows[1][1] == "0.50%"
+
+
+def test_readme_and_performance_tables_are_generated_from_docs_bench():
+    root = Path(__file__).parent.parent
+    docs = load_docs(sorted((root / "docs" / "bench").glob("*.json")))
+    assert {d["bench"] for d in docs} >= {"rollout", "decode", "vector", "soak", "profile", "gpu"}
+    for (begin, end), body in generated_blocks(docs).items():
+        files = [p for p in (root / "README.md", root / "docs" / "performance.md") if begin in p.read_text()]
+        assert len(files) == 1, begin
+        block = files[0].read_text().split(begin, 1)[1].split(end, 1)[0]
+        assert block == f"\n{body}", (f"{files[0].name} is stale: python -m worldstep.bench.report docs/bench/*.json "
+                                      "--update README.md --update docs/performance.md")
+
+
+def test_report_update_rewrites_only_the_generated_blocks(tmp_path):
+    doc = {"bench": "soak", "machine": {"cpu": "x", "nproc": 2, "load_average_start": [3.0, 2, 1]}, "tables": [],
+           "notes": [], "settings": {}, "results": {"windows": 40, "pages_min_after_full": 19,
+                                                    "pages_max_after_full": 20, "rss_from_window": 10,
+                                                    "rss_block_windows": 6, "rss_growth_pct": 0.5}}
+    page = tmp_path / "page.md"
+    page.write_text(f"intro\n{HEADLINE[0]}\nold\n{HEADLINE[1]}\noutro\n")
+    assert update(page, [doc]) is True and update(page, [doc]) is False
+    text = page.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{HEADLINE[1]}\noutro\n") and "old" not in text
+    assert "| soak 40 windows: KV pages after context full | 19..20 | flat |" in text and "load average" in text
+    (tmp_path / "plain.md").write_text("no markers")
+    with pytest.raises(ValueError, match="no generated block"):
+        update(tmp_path / "plain.md", [doc])
 
 
 def test_gen_flops_match_torch_flop_counter(cache):

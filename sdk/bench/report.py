@@ -2,6 +2,10 @@
 
     python -m worldstep.bench.report runs/bench/*.json > table.md
     python -m worldstep.bench.report --headline runs/bench/*.json     # the README table only
+    python -m worldstep.bench.report docs/bench/*.json --update README.md --update docs/performance.md
+
+`--update` rewrites the generated blocks of a file in place (between the `bench-headline` or `bench-tables`
+markers); tests/test_bench.py checks that the repository's blocks match `docs/bench/`.
 
 `headline_table(docs)` and `render_markdown(docs)` take the loaded JSON dicts, for other scripts.
 """
@@ -92,10 +96,21 @@ _HEADLINES: dict[str, Callable[[Doc, Table], None]] = {
 }
 
 
+ORDER = ["rollout", "decode", "vector", "soak", "profile", "gpu"]  # the order documents are shown in
+HEADLINE = ("<!-- bench-headline:begin (python -m worldstep.bench.report docs/bench/*.json --update README.md) -->",
+            "<!-- bench-headline:end -->")
+TABLES = ("<!-- bench-tables:begin (python -m worldstep.bench.report docs/bench/*.json --update "
+          "docs/performance.md) -->", "<!-- bench-tables:end -->")
+
+
+def _ordered(docs: Iterable[Doc]) -> list[Doc]:
+    return sorted(docs, key=lambda d: ORDER.index(d["bench"]) if d.get("bench") in ORDER else len(ORDER))
+
+
 def headline_table(docs: Iterable[Doc]) -> Table:
     """One row per headline figure of every bench document given (the README table)."""
     table = Table("worldstep bench: headline figures", ["figure", "measured", "target"])
-    for doc in docs:
+    for doc in _ordered(docs):
         add = _HEADLINES.get(doc.get("bench", ""))
         if add is not None:
             add(doc, table)
@@ -107,9 +122,11 @@ def render_markdown(docs: list[Doc], headline: bool = True, full: bool = True) -
     if headline:
         parts.append(render_table(headline_table(docs)))
         machines = sorted({machine_line(d["machine"], load=False) for d in docs})
-        parts.append("Measured on: " + "; ".join(machines) + ".")
+        loads = [d["machine"]["load_average_start"][0] for d in docs if d["machine"].get("load_average_start")]
+        load = f" 1-minute load average at the start of the runs: {min(loads):g} to {max(loads):g}." if loads else ""
+        parts.append("Measured on: " + "; ".join(machines) + "." + load)
     if full:
-        for doc in docs:
+        for doc in _ordered(docs):
             parts.append(f"### `worldstep bench {doc['bench']}`\n\n{machine_line(doc['machine'])}")
             parts += [render_table(t) for t in doc["tables"]]
             parts += [f"Note: {n}" for n in doc.get("notes", [])]
@@ -120,12 +137,41 @@ def load_docs(paths: Iterable[str | Path]) -> list[Doc]:
     return [json.loads(Path(p).read_text()) for p in paths]
 
 
+def generated_blocks(docs: list[Doc]) -> dict[tuple[str, str], str]:
+    """(begin, end) marker -> the markdown that belongs between them."""
+    return {HEADLINE: render_markdown(docs, full=False), TABLES: render_markdown(docs, headline=False)}
+
+
+def update(path: str | Path, docs: list[Doc]) -> bool:
+    """Rewrite every generated block of `path` in place; True when the file changed."""
+    path = Path(path)
+    text = new = path.read_text()
+    found = False
+    for (begin, end), body in generated_blocks(docs).items():
+        if begin in new and end in new:
+            head, rest = new.split(begin, 1)
+            new = f"{head}{begin}\n{body}{end}{rest.split(end, 1)[1]}"
+            found = True
+    if not found:
+        raise ValueError(f"{path} has no generated block; allowed: a file with the markers {HEADLINE[0]!r} or "
+                         f"{TABLES[0]!r}, each followed by its end marker")
+    path.write_text(new)
+    return new != text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worldstep.bench.report", description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", help="files written by worldstep bench ... --json")
     parser.add_argument("--headline", action="store_true", help="only the headline table")
+    parser.add_argument("--update", action="append", default=[], metavar="FILE",
+                        help="rewrite FILE's generated blocks in place instead of printing (repeatable)")
     args = parser.parse_args(argv)
-    sys.stdout.write(render_markdown(load_docs(args.json), headline=True, full=not args.headline))
+    docs = load_docs(args.json)
+    if args.update:
+        for path in args.update:
+            print(f"{path}: {'updated' if update(path, docs) else 'already current'}")
+        return 0
+    sys.stdout.write(render_markdown(docs, headline=True, full=not args.headline))
     return 0
 
 
