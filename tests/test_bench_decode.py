@@ -1,44 +1,45 @@
-"""`run_decode_bench` at toy sizes: structure, warm exactness, cache scaling."""
+"""`worldstep bench decode` at toy sizes: the three alternatives, the work ratios by construction, the warm
+exactness check, and bad sizes refused before any work."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
-from worldstep.bench.decode_lockstep import format_table, run_decode_bench
+from worldstep.bench import main
 from worldstep.engine.vae import WHOLE_STREAM_DECODE_ATOL
 
-
-def test_decode_bench_smoke(capsys):
-    threads = torch.get_num_threads()
-    result = run_decode_bench(
-        height=32, width=32, window_latents=(1, 2), timed_windows=1, context_latents=2,
-        cache_sizes=((32, 32), (64, 32)), base_dim=8, z_dim=4, dim_mult=(1, 1, 1, 1), threads=1, progress=False,
-    )
-    assert result["config"]["threads"] == 1 and torch.get_num_threads() == threads
-    json.dumps(result, allow_nan=False)  # the CLI's --json
-    assert "latents/window" in capsys.readouterr().out
-
-    assert result["warm_within_bound"] is True and result["warm_max_abs_diff"] <= WHOLE_STREAM_DECODE_ATOL
-    assert [r["latents_per_window"] for r in result["windows"]] == [1, 2]
-    for r in result["windows"]:
-        assert r["frames_per_window"] == 4 * r["latents_per_window"]
-        assert r["warm_ms"] > 0 and r["stateless_ms"] > 0
-        assert r["speedup"] == pytest.approx(r["stateless_ms"] / r["warm_ms"], rel=1e-2)
-        assert r["warm_cpu_ms"] > 0 and r["cpu_speedup"] == pytest.approx(r["stateless_cpu_ms"] / r["warm_cpu_ms"], rel=1e-2)
-        # timed windows start past the context, so the stateless path is only approximate
-        assert r["stateless_psnr_db"] is not None and 0 < r["stateless_psnr_db"] < 100
-    sizes = [(c["height"], c["width"]) for c in result["cache"]]
-    assert sizes == [(32, 32), (64, 32)]
-    assert result["cache"][1]["warm_cache_bytes"] == 2 * result["cache"][0]["warm_cache_bytes"] > 0
-    assert result["cache_scaling"] == 1.0
-    assert result["stream_cache_bytes"] == result["cache"][0]["warm_cache_bytes"]
-    assert result["config"]["stream_latents"] == 1 + 2 + 1 + 2
-    assert "within the 1e-05 bound" in format_table(result)
+TOY = ["--height", "32", "--width", "32", "--base-dim", "4", "--window-latents", "1,3", "--timed-windows", "3",
+       "--context-latents", "2", "--threads", "1", "--quiet"]
 
 
-@pytest.mark.parametrize("bad", [{"height": 40}, {"cache_sizes": ((32, 32), (48, 8))}, {"timed_windows": 0}])
-def test_decode_bench_refuses_bad_sizes(bad):
-    with pytest.raises(ValueError):
-        run_decode_bench(**bad, verbose=False, progress=False)
+def test_decode_bench_rows(tmp_path, capsys):
+    path = tmp_path / "decode.json"
+    assert main(["decode", *TOY, "--json", str(path)]) == 0
+    assert "whole clip / warm" in capsys.readouterr().out
+    doc = json.loads(path.read_text())
+    f = doc["results"]
+    assert f["warm_within_bound"] is True and f["warm_max_abs_diff"] <= WHOLE_STREAM_DECODE_ATOL == f["bound"]
+    assert [r["latents_per_window"] for r in f["rows"]] == [1, 3]
+    for r in f["rows"]:
+        w = r["latents_per_window"]
+        assert r["frames_per_window"] == 4 * w
+        # timed windows follow latent 0 and the 2-latent prefix; the clip grows by a window each time
+        assert r["clip_latents"] == [3 + w, 3 + 2 * w, 3 + 3 * w]
+        assert r["work_stateless_over_warm"] == pytest.approx((2 + w) / w)
+        assert r["work_whole_clip_over_warm"] == pytest.approx(sum(r["clip_latents"]) / 3 / w)
+        assert set(r["ms"]) == set(r["cpu_ms"]) == {"warm", "stateless", "whole_clip"}
+        assert all(len(v) == 3 and min(v) > 0 for v in r["samples_ms"].values())
+        assert r["stateless_over_warm"] == pytest.approx(r["ms"]["stateless"] / r["ms"]["warm"])
+        assert r["whole_clip_over_warm"] == pytest.approx(r["ms"]["whole_clip"] / r["ms"]["warm"])
+        # past the context the stateless path is an approximation; warm is exact within the bound
+        assert 0 < r["stateless_psnr_db"] < 100
+        assert r["warm_max_abs_diff"] <= WHOLE_STREAM_DECODE_ATOL and r["warm_cache_bytes"] > 0
+
+
+@pytest.mark.parametrize("flags, message", [(["--height", "40"], "multiples of 16"),
+                                            (["--timed-windows", "2"], "timed_windows=2"),
+                                            (["--window-latents", "0,1"], "window_latents")])
+def test_decode_bench_refuses_bad_sizes(flags, message, capsys):
+    assert main(["decode", "--quiet", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -25,11 +25,12 @@ class DecoderOptions(StrictModel):
         channels_last: run the decoder on a channels-last copy of its weights and activations
             (the shared VAE keeps its layout; the copy doubles the decoder's weight memory). No
             gain on CPU.
-        onednn_conv: on a CPU, run every float32 3-D conv of the decoder through oneDNN, on a
-            private copy of the decoder. torch sends the small per-latent convs of a streaming decode
-            to its reference kernel (`slow_conv3d`, an unfold + GEMM), 3-10x slower than oneDNN at
-            these shapes; oneDNN sums in another order, so frames equal `vae.decode`'s within 1e-4
-            (measured 4e-6) before uint8 quantisation. No effect on CUDA.
+        onednn_conv: on a CPU, decode float32 through the fast path of a private copy of the decoder
+            (`engine/vae/perf.py`): every 3-D conv through oneDNN with the spatial padding inside the
+            conv (torch sends the small per-latent convs of a streaming decode to its reference kernel,
+            `slow_conv3d`, 3-10x slower at these shapes), and the RMS norm as one sum of squares instead
+            of `F.normalize`'s strided reduction. Sums run in another order, so frames equal
+            `vae.decode`'s within 1e-4 (measured 5.4e-6) before uint8 quantisation. No effect on CUDA.
         cudnn_benchmark: set `torch.backends.cudnn.benchmark` around each decode only, restored
             afterwards (also when the decode raises). The flag is process-global: concurrent
             decodes from several threads see each other's setting while they overlap.
