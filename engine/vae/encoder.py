@@ -15,15 +15,15 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
 
-from ..checks import check_image, check_int
+from ..checks import check_image, is_int
 from .cache import count_slots, empty_cache
 from .latents import LatentNorm
 
 
 def _check_size(height: int, width: int, multiple: int = 1) -> None:
     for name, value in (("height", height), ("width", width)):
-        if check_int(name, value, multiple) % multiple:
-            raise ValueError(f"{name}={value!r} is invalid; allowed: a multiple of {multiple}")
+        if not is_int(value) or value < multiple or value % multiple:
+            raise ValueError(f"{name}={value!r} is invalid; allowed: a positive int, a multiple of {multiple}")
 
 
 def preprocess_first_frame(image: np.ndarray, height: int, width: int) -> torch.Tensor:
