@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # an NVIDIA driver gets the default (CUDA) build of the same release.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean edge-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+# Cosmos3-Edge at full size on CPU (issue 15): pipeline parity, kv rollout vs the dense oracle, memory plan vs
+# the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge_cpu.json.
+edge-check: $(VENV)/.installed
+	EDGE_JSON=docs/bench/edge_cpu.json $(PY) -m pytest -q -s -m slow tests/test_edge_size.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
