@@ -3,7 +3,8 @@
 The embedded default model and the test fixtures are built here, saved with
 `Cosmos3OmniPipeline.save_pretrained` (so `transformer/`, `vae/`, `scheduler/`, `text_tokenizer/` and
 `model_index.json` are exactly what diffusers writes for the real model), and then read back by the
-same loader a real checkpoint goes through.
+same loader a real checkpoint goes through. A full-size model (Edge: 15 GiB in fp32) is built in memory instead
+(`build_pipeline(..., in_place=True)`, `components_of`), never written.
 """
 
 from __future__ import annotations
