@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test lint install clean gpu-kit gpu-kit-dryrun gpu-check
+.PHONY: demo test lint install clean gpu-kit gpu-kit-dryrun gpu-check edge-check
 
 # torch first, so nothing after it pulls another build. A machine without an NVIDIA driver (no nvidia-smi)
 # takes the CPU build from PyTorch's CPU wheel index; when that index cannot be reached, the plain pin from
@@ -45,6 +45,11 @@ demo: $(VENV)/.core
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+# Cosmos3-Edge at full size on CPU (issue 15): pipeline parity, kv rollout vs the dense oracle, memory plan vs
+# the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge_cpu.json.
+edge-check: $(VENV)/.installed
+	EDGE_JSON=docs/bench/edge_cpu.json $(PY) -m pytest -q -s -m slow tests/test_edge_size.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
