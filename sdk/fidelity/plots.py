@@ -49,8 +49,10 @@ def line_chart(path: Path, series: dict[str, list[float]], title: str, xlabel: s
     return path
 
 
-def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], title: str, ylabel: str) -> Path:
-    """Grouped bars (one group per label, one bar per series), values in [0, 1]."""
+def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], title: str, ylabel: str,
+              intervals: dict[str, list[list[float]]] | None = None) -> Path:
+    """Grouped bars (one group per label, one bar per series), values in [0, 1]; `intervals` draws a
+    whisker [low, high] on each bar of the series it names."""
     img = Image.new("RGB", (760, 420), "white")
     draw = ImageDraw.Draw(img)
     box = (60, 30, 600, 360)
@@ -62,9 +64,16 @@ def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], tit
         for i, v in enumerate(values):
             x = box[0] + i * width + width * 0.1 + g * bar
             draw.rectangle([x, box[3] - (box[3] - box[1]) * float(v), x + bar - 1, box[3]], fill=colour)
+            low, high = (intervals or {}).get(name, [[None, None]] * len(values))[i]
+            if low is not None and high is not None and np.isfinite(low) and np.isfinite(high):
+                xc = x + bar / 2
+                y_low, y_high = (box[3] - (box[3] - box[1]) * float(b) for b in (low, high))
+                draw.line([(xc, y_low), (xc, y_high)], fill=(0, 0, 0), width=1)
+                draw.line([(xc - 3, y_low), (xc + 3, y_low)], fill=(0, 0, 0))
+                draw.line([(xc - 3, y_high), (xc + 3, y_high)], fill=(0, 0, 0))
         draw.text((612, 40 + 16 * g), name, fill=colour)
     for i, label in enumerate(labels):
-        draw.text((box[0] + i * width + 2, box[3] + 6 + 12 * (i % 2)), label[:14], fill=(0, 0, 0))
+        draw.text((box[0] + i * width + 2, box[3] + 6 + 12 * (i % 3)), label[:16], fill=(0, 0, 0))
     img.save(path)
     return path
 

@@ -28,30 +28,37 @@ class RolloutSettings:
 
 
 def open_loop(world, first_frames: np.ndarray, actions: np.ndarray, settings: RolloutSettings, mode: str,
-              seed: int) -> np.ndarray:
-    """Model frames `[N, W*chunk, H, W, 3]` for first frames `[N, H, W, 3]` and actions `[N, W*chunk, 2]`."""
+              seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Model frames `[N, W*chunk, H, W, 3]` for first frames `[N, H, W, 3]` and actions `[N, W*chunk, 2]`,
+    and each session's decoded first frame `[N, H, W, 3]` (the VAE round trip of the given one); clip i's
+    diffusion noise is seeded by `seeds[i]`."""
     chunk = settings.chunk_size
     windows = actions.shape[1] // chunk
     sessions = [world.open_session(frame, settings.prompt, settings.domain_id, knobs=settings.knobs(mode),
-                                   generator=torch.Generator().manual_seed(seed + i))
-                for i, frame in enumerate(first_frames)]
+                                   generator=torch.Generator().manual_seed(seed))
+                for frame, seed in zip(first_frames, seeds)]
     out = []
     try:
         for w in range(windows):
             results = world.step_batch(sessions, [a[w * chunk:(w + 1) * chunk] for a in actions])
             out.append(np.stack([r.frames for r in results]))
+        decoded_first = np.stack([s.first_frame for s in sessions])
     finally:
         for s in sessions:
             s.close()
-    return np.concatenate(out, axis=1)
+    return np.concatenate(out, axis=1), decoded_first
 
 
 @dataclass
 class EpisodeResult:
+    """One episode of one policy from one start seed; `replay_success`: the model episode's chunks replayed
+    in the simulator (None for simulator episodes)."""
+
     policy: str
     seed: int
     success: bool
     windows: int
+    replay_success: bool | None = None
 
 
 def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int) -> list[EpisodeResult]:
@@ -74,10 +81,11 @@ def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int)
 
 def model_episodes(world, policies: list, seeds: list[int], max_windows: int, settings: RolloutSettings,
                    mode: str = "kv", policy_ids: list[int] | None = None) -> list[EpisodeResult]:
-    """The same episodes in the world model (all policies x seeds stepped as one batch per window).
+    """The same episodes in the world model (all policies x seeds stepped as one batch per window), every
+    chunk also replayed in the simulator (`replay_success`).
 
-    `policy_ids` (default 0..P-1) seed each episode's model noise, so splitting the policies across
-    workers does not change any episode.
+    `policy_ids` (default 0..P-1) seed each episode's model noise (`noise_seed`), so splitting the
+    policies across workers does not change any episode.
     """
     import copy
 
@@ -85,30 +93,39 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, se
     jobs = []
     for p_index, policy in zip(policy_ids or range(len(policies)), policies):
         for seed in seeds:
-            obs, _ = PushSimEnv(chunk_size=chunk).reset(seed=seed)
+            sim = PushSimEnv(chunk_size=chunk)
+            obs, _ = sim.reset(seed=seed)
             agent = copy.deepcopy(policy)
             agent.reset(seed=seed)
             session = world.open_session(obs["frames"][0], settings.prompt, settings.domain_id,
                                          knobs=settings.knobs(mode),
-                                         generator=torch.Generator().manual_seed(10_000 * p_index + seed))
+                                         generator=torch.Generator().manual_seed(noise_seed(seed, p_index)))
             jobs.append({"agent": agent, "seed": seed, "obs": obs, "goal": _goal(obs), "session": session,
-                         "done": False, "success": False, "windows": 0})
+                         "sim": sim, "done": False, "success": False, "replay": False, "windows": 0})
     try:
         for _ in range(max_windows):
             live = [j for j in jobs if not j["done"]]
             if not live:
                 break
-            results = world.step_batch([j["session"] for j in live], [j["agent"](j["obs"]) for j in live])
-            for job, result in zip(live, results):
+            chunks = [j["agent"](j["obs"]) for j in live]
+            results = world.step_batch([j["session"] for j in live], chunks)
+            for job, result, actions in zip(live, results, chunks):
                 job["obs"] = {"frames": result.frames}
                 job["windows"] += 1
+                sim_obs, *_ = job["sim"].step(actions)
+                job["replay"] = job["replay"] or any(frame_success(f, job["goal"]) for f in sim_obs["frames"])
                 if any(frame_success(f, job["goal"]) for f in result.frames):
                     job["success"], job["done"] = True, True
                     job["session"].close()
     finally:
         for j in jobs:
             j["session"].close()
-    return [EpisodeResult(j["agent"].name, j["seed"], j["success"], j["windows"]) for j in jobs]
+    return [EpisodeResult(j["agent"].name, j["seed"], j["success"], j["windows"], j["replay"]) for j in jobs]
+
+
+def noise_seed(seed: int, policy_index: int) -> int:
+    """The diffusion-noise seed of policy `policy_index`'s model episode from start `seed` (distinct per pair)."""
+    return 1_000 * seed + policy_index
 
 
 def _goal(obs: dict[str, np.ndarray]):

@@ -76,6 +76,23 @@ def generate_clips(num_clips: int, steps: int, seed: int, steer_share: float = 0
     return ClipSet(starts, actions, seeds)
 
 
+def clips_from_seeds(seeds: list[int], steps: int, steer_share: float = 0.6) -> ClipSet:
+    """One clip per seed, drawn like `generate_clips` draws one: the start is `PushSimEnv.reset(seed=s)` and
+    the actions come from `np.random.default_rng(s)`, so a clip is fixed by its seed alone (evaluation
+    clips from a documented seed range)."""
+    env = PushSimEnv(chunk_size=4)
+    starts = np.empty((len(seeds), 3, 2), dtype=np.float64)
+    actions = np.empty((len(seeds), steps, 2), dtype=np.float32)
+    for i, seed in enumerate(seeds):
+        rng = np.random.default_rng(seed)
+        env.reset(seed=int(seed))
+        state = env.state
+        starts[i] = np.stack([state.effector, state.block, state.goal])
+        steer = rng.random() < steer_share
+        actions[i] = steered_actions(rng, state, steps) if steer else smooth_random_actions(rng, steps)
+    return ClipSet(starts, actions, np.asarray(seeds, dtype=np.int64))
+
+
 def rollout_states(start: np.ndarray, actions: np.ndarray) -> list[PushState]:
     """The `len(actions) + 1` states of a clip (frame 0 is the start)."""
     state = PushState(start[0].copy(), start[1].copy(), start[2].copy())
