@@ -1,4 +1,4 @@
-"""``worldstep`` command line: ``rollout``, ``eval``, ``info`` and ``bench``.
+"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info`` and ``bench``.
 
 Every command parses its flags into config overrides and calls the SDK; bad values come back as the
 SDK's errors (``ConfigError``/``ValueError`` naming the key, value and allowed range) with exit code 2.
@@ -117,6 +117,43 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import copy
+
+    from .fidelity.policies import graded_policies
+    from .planning import BlockToGoal, ModelPredictivePlanner, closed_loop
+    from .world import make_env
+
+    proposals = {p.name: p for p in graded_policies()}
+    if args.proposal not in proposals:
+        raise ValueError(f"--proposal {args.proposal!r} is invalid; allowed: one of {sorted(proposals)}")
+    model, overrides = _model_and_overrides(args, max_windows=args.windows)
+    env = make_env(model, **overrides)
+    try:
+        planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates,
+                                         BlockToGoal(approach_weight=args.approach_weight))
+        result = closed_loop(env, planner, seed=args.seed, max_windows=args.windows, observe=args.observe,
+                             video_path=args.out)
+        base = None
+        if args.compare:
+            base = closed_loop(env, copy.deepcopy(proposals[args.proposal]), seed=args.seed, max_windows=args.windows,
+                               observe="simulator")
+    finally:
+        env.close()
+    figures = {k: v for k, v in vars(result).items() if k != "actions"}
+    summary = _write_summary(args, model, **figures, proposal=args.proposal, candidates=args.candidates,
+                             actions=[a.tolist() for a in result.actions],
+                             base_sim_success=None if base is None else base.sim_success)
+    line = (f"{result.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
+            f"{result.windows} windows; simulator success {result.sim_success}")
+    if result.model_success is not None:
+        line += f", model success {result.model_success}"
+    if base is not None:
+        line += f"; {args.proposal} alone on the simulator: success {base.sim_success}"
+    print(f"{line}; summary {summary}")
     return 0
 
 
@@ -329,6 +366,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("plan", help="model-predictive planning in a world model (pusher), judged by its simulator")
+    _add_model_flags(p)
+    p.set_defaults(env="worldstep/Pusher-v0")
+    p.add_argument("--proposal", default="noisy0.8",
+                   help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
+                        "worldstep.fidelity.policies.graded_policies)")
+    p.add_argument("--candidates", type=int, default=8, help="chunks imagined per window (default 8)")
+    p.add_argument("--approach-weight", type=float, default=0.1,
+                   help="weight of the effector-to-block distance in the cost (default 0.1)")
+    p.add_argument("--observe", choices=["model", "simulator"], default="model",
+                   help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
+                        "model on the simulator's frame every window (MPC)")
+    p.add_argument("--windows", type=int, default=16, help="windows per episode (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
+    p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
+    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
+    p.set_defaults(func=cmd_plan, policy="planner")
 
     _add_bench(sub)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
