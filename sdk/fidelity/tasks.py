@@ -139,15 +139,27 @@ def _run_in_worker(task) -> Any:
 def run_tasks(path: Path, threads: int, workers: int, settings: RolloutSettings, tasks: list,
               max_windows: int = 16) -> list[Any]:
     """Run `tasks` in order inline (`workers` <= 1) or on `workers` spawned processes; results in order."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(tasks), desc="fidelity tasks", unit="task", mininterval=10)
     if workers <= 1:
         worker = Worker(str(path), threads, settings, max_windows)
         try:
-            return [task.run(worker) for task in tasks]
+            results = []
+            for task in tasks:
+                results.append(task.run(worker))
+                bar.update()
+            return results
         finally:
             worker.close()
+            bar.close()
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                              initargs=(str(path), threads, settings, max_windows)) as pool:
-        return list(pool.map(_run_in_worker, tasks))
+        futures = [pool.submit(_run_in_worker, task) for task in tasks]
+        for _ in as_completed(futures):
+            bar.update()
+        bar.close()
+        return [f.result() for f in futures]
