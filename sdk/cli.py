@@ -374,8 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
                         "worldstep.fidelity.policies.graded_policies)")
     p.add_argument("--candidates", type=int, default=8, help="chunks imagined per window (default 8)")
-    p.add_argument("--approach-weight", type=float, default=0.1,
-                   help="weight of the effector-to-block distance in the cost (default 0.1)")
+    p.add_argument("--approach-weight", type=float, default=0.0,
+                   help="weight of the effector-to-block distance in the cost (default 0)")
     p.add_argument("--observe", choices=["model", "simulator"], default="model",
                    help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
                         "model on the simulator's frame every window (MPC)")

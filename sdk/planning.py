@@ -43,11 +43,12 @@ __all__ = ["BlockToGoal", "ClosedLoopResult", "ModelPredictivePlanner", "closed_
 @dataclass(frozen=True)
 class BlockToGoal:
     """Cost of imagined frames (lower is better): the pixel distance of the detected block to the goal in
-    the window's last frame, plus ``approach_weight`` times the effector's distance to the block (which
-    breaks ties between chunks that leave the block where it is). A block the detector cannot find
-    costs ``vanished_px``."""
+    the window's last frame, plus ``approach_weight`` times the effector's distance to the block (a tie
+    breaker between chunks that leave the block where it is; off by default: with the simulator itself as
+    the model, noisy0.8 proposals x 8 reach the goal on 59/60 validation episodes at weight 0, 54/60 at 0.1).
+    A block the detector cannot find costs ``vanished_px``."""
 
-    approach_weight: float = 0.1
+    approach_weight: float = 0.0
     vanished_px: float = 64.0
 
     def __post_init__(self) -> None:

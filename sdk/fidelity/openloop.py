@@ -124,3 +124,11 @@ def moved_error_difference(model: FrameScores, baseline: FrameScores, chunk: int
         diff = a[:, w] - b[:, w]
         out.append(bootstrap(lambda idx, d=diff: nanmean(d[idx]), len(diff), seed=seed + w))
     return out
+
+
+def changed_pixel_share(held: HeldOut, chunk: int) -> list[float]:
+    """Per window: the share of the simulator's pixels that differ from the first frame (any channel by more
+    than 8 of 255), i.e. how much of a frame any dynamics is about; the rest a still image scores on."""
+    changed = (np.abs(held.truth.astype(np.int16) - held.first[:, None].astype(np.int16)) > 8).any(axis=-1)
+    per_frame = changed.mean(axis=(-2, -1))  # [N, T]
+    return [float(x) for x in per_window(per_frame, chunk).mean(axis=0)]

@@ -26,7 +26,15 @@ import numpy as np
 import torch
 
 from .lift import lift_summary
-from .openloop import HeldOut, held_out, moved_error_difference, score_frames, series, summarize
+from .openloop import (
+    HeldOut,
+    changed_pixel_share,
+    held_out,
+    moved_error_difference,
+    score_frames,
+    series,
+    summarize,
+)
 from .plots import bar_chart, line_chart, side_by_side_mp4
 from .policies import FLOOR, graded_policies
 from .ranking import outcome_table, policy_report
@@ -54,6 +62,7 @@ TINY_64 = {  # the embedded tiny architecture at 64x64, for `--budget small` wit
 TARGETS = {"spearman": 0.9, "spearman_low": 0.7, "mean_abs_rate_error": 0.10, "false_success_rate": 0.05,
            "object_vanish_rate_last_window": 0.10}
 OBSERVE_CHOICES = ("model", "simulator")
+SECTIONS = ("openloop", "policies", "planning")
 
 
 @dataclass
@@ -76,6 +85,7 @@ class FidelityArgs:
     flow_shift: float
     threads: int
     workers: int
+    sections: list[str]
 
 
 def parse_args(argv: list[str] | None) -> FidelityArgs:
@@ -97,7 +107,10 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
     p.add_argument("--flow-shift", type=float, default=5.0, help="rollout flow_shift")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--workers", type=int, default=1, help="processes for model work (1: inline)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of {','.join(SECTIONS)} (development runs; a report runs all)")
     ns = vars(p.parse_args(argv))
+    ns["sections"] = [x for x in ns["sections"].split(",") if x]
     for key, value in _PRESETS[ns["budget"]].items():
         if ns[key] is None:
             ns[key] = value
@@ -114,6 +127,10 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
     names = [q.name for q in graded_policies()]
     if args.base_policy not in names:
         p.error(f"--base-policy={args.base_policy!r} is invalid; allowed: one of {names}")
+    if not args.sections or any(x not in SECTIONS for x in args.sections):
+        p.error(f"--sections={','.join(args.sections)} is invalid; allowed: a non-empty subset of {SECTIONS}")
+    if "planning" in args.sections and "policies" not in args.sections:
+        p.error("--sections with planning needs policies (the planner is paired with its base policy's episodes)")
     bad = [o for o in args.plan_observe if o not in OBSERVE_CHOICES]
     if bad:
         p.error(f"--plan-observe={','.join(bad)} is invalid; allowed: a comma-separated subset of {OBSERVE_CHOICES}")
@@ -179,6 +196,7 @@ def _open_loop_section(outputs: list, held: HeldOut, chunk: int) -> tuple[dict[s
     section = {
         "clips": len(held.seeds), "windows": frames // chunk, "seeds": [held.seeds[0], held.seeds[-1]],
         "true_beats_shuffled_share": float((true_p > shuf_p).mean()),
+        "changed_pixel_share": changed_pixel_share(held, chunk),
         "series": {name: summarize(s, chunk, seed=k) for k, (name, s) in enumerate(scores.items())},
         "moved_block_error_kv_minus_copy_vae": series(diff),
     }
@@ -211,82 +229,90 @@ def _planning_section(outputs: list, episodes: list, seeds: list[int], args: Fid
     return section
 
 
-def _met(value: float | None, ok: bool) -> dict[str, Any]:
-    return {"value": value, "met": bool(ok)}
-
-
-def _targets(open_loop: dict[str, Any], policies: dict[str, Any], planning: dict[str, Any]) -> dict[str, Any]:
+def _policy_targets(policies: dict[str, Any]) -> dict[str, Any]:
     group = policies["without_floor"] or policies["all"]
-    rho = group["spearman"]
-    kv = open_loop["series"]["kv"]
-    vanish = kv["object_vanish_rate"]["value"][-1]
-    diff = open_loop["moved_block_error_kv_minus_copy_vae"]
-    measurable = [v for v in diff["value"] if np.isfinite(v)]
-    out = {
+    rho, mae, fsr = group["spearman"], group["mean_abs_rate_error"], group["false_success_rate"]
+    return {
         "spearman_without_floor": {**rho, "target": f">= {TARGETS['spearman']} with ci95 low >= "
                                                      f"{TARGETS['spearman_low']}",
                                    "met": bool(rho["value"] >= TARGETS["spearman"]
                                                and rho["ci95"][0] >= TARGETS["spearman_low"])},
-        "mean_abs_rate_error_without_floor": {**group["mean_abs_rate_error"],
-                                              "target": f"<= {TARGETS['mean_abs_rate_error']}",
-                                              "met": group["mean_abs_rate_error"]["value"]
-                                              <= TARGETS["mean_abs_rate_error"]},
-        "false_success_rate_without_floor": {**group["false_success_rate"],
-                                             "target": f"<= {TARGETS['false_success_rate']}",
-                                             "met": group["false_success_rate"]["value"]
-                                             <= TARGETS["false_success_rate"]},
-        "object_vanish_rate_last_window": {"value": vanish, "ci95": [kv["object_vanish_rate"]["low"][-1],
-                                                                     kv["object_vanish_rate"]["high"][-1]],
+        "mean_abs_rate_error_without_floor": {**mae, "target": f"<= {TARGETS['mean_abs_rate_error']}",
+                                              "met": bool(mae["value"] <= TARGETS["mean_abs_rate_error"])},
+        "false_success_rate_without_floor": {**fsr, "target": f"<= {TARGETS['false_success_rate']}",
+                                             "met": bool(fsr["value"] <= TARGETS["false_success_rate"])},
+    }
+
+
+def _open_loop_targets(open_loop: dict[str, Any]) -> dict[str, Any]:
+    vanish = open_loop["series"]["kv"]["object_vanish_rate"]
+    diff = open_loop["moved_block_error_kv_minus_copy_vae"]
+    measurable = [v for v in diff["value"] if np.isfinite(v)]
+    return {
+        "object_vanish_rate_last_window": {"value": vanish["value"][-1], "ci95": [vanish["low"][-1],
+                                                                                  vanish["high"][-1]],
                                            "target": f"<= {TARGETS['object_vanish_rate_last_window']}",
-                                           "met": vanish <= TARGETS["object_vanish_rate_last_window"]},
+                                           "met": bool(vanish["value"][-1]
+                                                       <= TARGETS["object_vanish_rate_last_window"])},
         "moved_block_error_below_copy_vae_every_window": {
             "value": diff["value"], "target": "kv - copy_first_frame_vae < 0 at every window",
             "met": bool(len(measurable) == len(diff["value"]) and all(v < 0 for v in measurable)),
             "windows_without_moved_frames": [i + 1 for i, v in enumerate(diff["value"]) if not np.isfinite(v)],
             "windows_with_ci95_below_zero": [i + 1 for i, h in enumerate(diff["high"]) if np.isfinite(h) and h < 0]},
     }
-    if "model" in planning:
-        lift = planning["model"]["lift"]
-        out["planning_lift_model_loop"] = {**lift, "target": "> 0 with ci95 low > 0",
-                                           "met": bool(lift["value"] > 0 and lift["ci95"][0] > 0)}
-    if "simulator" in planning:
-        lift = planning["simulator"]["lift"]
-        out["planning_lift_mpc_on_simulator"] = {**lift, "target": "reported (not an issue target)",
-                                                 "met": bool(lift["value"] > 0 and lift["ci95"][0] > 0)}
+
+
+def _targets(open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
+             planning: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets that the sections run can judge (`met`: the point value meets it)."""
+    out = {}
+    if policies is not None:
+        out.update(_policy_targets(policies))
+    if open_loop is not None:
+        out.update(_open_loop_targets(open_loop))
+    for observe, key, target in (("model", "planning_lift_model_loop", "> 0 with ci95 low > 0"),
+                                 ("simulator", "planning_lift_mpc_on_simulator", "reported (not an issue target)")):
+        if observe in planning:
+            lift = planning[observe]["lift"]
+            out[key] = {**lift, "target": target, "met": bool(lift["value"] > 0 and lift["ci95"][0] > 0)}
     return out
 
 
 # --- media ---------------------------------------------------------------------------------------
 
 
-def _write_media(out: Path, open_loop: dict[str, Any], policies: dict[str, Any], videos: dict[str, np.ndarray],
-                 video_clips: int) -> list[str]:
-    s = open_loop["series"]
-    names = ("kv", "kv_shuffled_actions", "copy_first_frame_vae", "vae_reconstruction_ceiling")
-    per = policies["per_policy"]
-    files = [
-        line_chart(out / "psnr.png", {k: s[k]["psnr_db"]["value"] for k in names}, "PSNR per window (dB)",
-                   "window", "dB"),
-        line_chart(out / "ssim.png", {k: s[k]["ssim"]["value"] for k in names}, "SSIM per window", "window", "SSIM"),
-        line_chart(out / "object_vanish.png", {f"{k} {obj}": s[k][f"{obj}_vanish_rate"]["value"]
-                                               for k in ("kv", "vae_reconstruction_ceiling")
-                                               for obj in ("effector", "block")},
-                   "share of frames where the detector loses the object", "window", "rate"),
-        line_chart(out / "moved_block_error.png",
-                   {k: s[k]["moved_block_error_px"]["value"] for k in ("kv", "copy_first_frame_vae",
-                                                                         "vae_reconstruction_ceiling")},
-                   "block error on frames where the block moved (vanished = 32 px)", "window", "px"),
-        bar_chart(out / "policy_success.png", [p["policy"] for p in per],
-                  {"simulator": [p["sim_success"]["value"] for p in per],
-                   "world model": [p["model_success"]["value"] for p in per]},
-                  "success rate (bars: 95% bootstrap intervals)", "success",
-                  intervals={"simulator": [p["sim_success"]["ci95"] for p in per],
-                             "world model": [p["model_success"]["ci95"] for p in per]}),
-    ]
-    n = min(video_clips, len(videos["truth"]))
-    if n:
-        cols = [np.concatenate(list(videos[k][:n]), axis=0) for k in ("truth", "kv", "copy_first_frame_vae")]
-        files.append(side_by_side_mp4(out / "rollouts_sim_kv_copy.mp4", cols))
+def _write_media(out: Path, open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
+                 videos: dict[str, np.ndarray] | None, video_clips: int) -> list[str]:
+    files = []
+    if open_loop is not None:
+        s = open_loop["series"]
+        names = ("kv", "kv_shuffled_actions", "copy_first_frame_vae", "vae_reconstruction_ceiling")
+        files += [
+            line_chart(out / "psnr.png", {k: s[k]["psnr_db"]["value"] for k in names}, "PSNR per window (dB)",
+                       "window", "dB"),
+            line_chart(out / "ssim.png", {k: s[k]["ssim"]["value"] for k in names}, "SSIM per window", "window",
+                       "SSIM"),
+            line_chart(out / "object_vanish.png", {f"{k} {obj}": s[k][f"{obj}_vanish_rate"]["value"]
+                                                   for k in ("kv", "vae_reconstruction_ceiling")
+                                                   for obj in ("effector", "block")},
+                       "share of frames where the detector loses the object", "window", "rate"),
+            line_chart(out / "moved_block_error.png",
+                       {k: s[k]["moved_block_error_px"]["value"] for k in ("kv", "copy_first_frame_vae",
+                                                                             "vae_reconstruction_ceiling")},
+                       "block error on frames where the block moved (vanished = 32 px)", "window", "px"),
+        ]
+        n = min(video_clips, len(videos["truth"]))
+        if n:
+            cols = [np.concatenate(list(videos[k][:n]), axis=0) for k in ("truth", "kv", "copy_first_frame_vae")]
+            files.append(side_by_side_mp4(out / "rollouts_sim_kv_copy.mp4", cols))
+    if policies is not None:
+        per = policies["per_policy"]
+        files.append(bar_chart(out / "policy_success.png", [p["policy"] for p in per],
+                               {"simulator": [p["sim_success"]["value"] for p in per],
+                                "world model": [p["model_success"]["value"] for p in per]},
+                               "success rate (bars: 95% bootstrap intervals)", "success",
+                               intervals={"simulator": [p["sim_success"]["ci95"] for p in per],
+                                          "world model": [p["model_success"]["ci95"] for p in per]}))
     return [str(f) for f in files]
 
 
@@ -302,20 +328,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seeds = split_range(args.split)
     episode_seeds = seeds.episode_seeds(args.episodes)
     held = held_out(seeds.clip_seeds(args.clips), args.windows * chunk)
-    open_tasks = _open_loop_tasks(held)
-    episode_tasks = _episode_tasks(args, episode_seeds, len(graded_policies()))
-    plan_tasks = _planner_tasks(args, episode_seeds[: args.plan_episodes]) if args.plan_episodes else []
+    open_tasks = _open_loop_tasks(held) if "openloop" in args.sections else []
+    episode_tasks = _episode_tasks(args, episode_seeds, len(graded_policies())) if "policies" in args.sections else []
+    plan_seeds = episode_seeds[: args.plan_episodes]
+    plan_tasks = _planner_tasks(args, plan_seeds) if "planning" in args.sections and plan_seeds else []
     outputs = run_tasks(path, args.threads, args.workers, settings, plan_tasks + episode_tasks + open_tasks,
                         max_windows=args.policy_windows)
     plan_out = outputs[: len(plan_tasks)]
     episode_out = outputs[len(plan_tasks): len(plan_tasks) + len(episode_tasks)]
-    open_loop, videos = _open_loop_section(outputs[len(plan_tasks) + len(episode_tasks):], held, chunk)
-    policies, episodes = _policy_section(episode_out, episode_seeds, args, chunk)
-    planning = _planning_section(plan_out, episodes, episode_seeds[: args.plan_episodes], args) \
-        if args.plan_episodes and args.plan_observe else {}
     report = {"checkpoint": str(path), "split": args.split, "args": asdict(args), "settings": asdict(settings),
-              "episode_seeds": [episode_seeds[0], episode_seeds[-1]], "open_loop": open_loop,
-              "policies": policies, "planning": planning, "targets": _targets(open_loop, policies, planning)}
+              "episode_seeds": [episode_seeds[0], episode_seeds[-1]]}
+    open_loop, videos, policies, planning = None, None, None, {}
+    if open_tasks:
+        open_loop, videos = _open_loop_section(outputs[len(plan_tasks) + len(episode_tasks):], held, chunk)
+        report["open_loop"] = open_loop
+    if episode_tasks:
+        policies, episodes = _policy_section(episode_out, episode_seeds, args, chunk)
+        report["policies"] = policies
+        if plan_tasks and args.plan_observe:
+            planning = _planning_section(plan_out, episodes, plan_seeds, args)
+            report["planning"] = planning
+    report["targets"] = _targets(open_loop, policies, planning)
     report["files"] = _write_media(out, open_loop, policies, videos, args.video_clips)
     report["seconds"] = time.perf_counter() - start
     (out / "report.json").write_text(json.dumps(_finite(report), indent=2))
