@@ -137,3 +137,12 @@ def test_graded_policies_spread_in_the_simulator():
     results = sim_episodes(chosen, seeds, max_windows=16, chunk=4)
     rate = {n: np.mean([r.success for r in results if r.policy == n]) for n in ("expert", "noisy0.8", "noisy2", "idle")}
     assert rate["expert"] > rate["noisy0.8"] > rate["noisy2"] >= rate["idle"] == 0.0
+
+
+def test_vectorised_mean_equals_the_generic_bootstrap():
+    from worldstep.fidelity.stats import nanmean
+
+    x = np.random.default_rng(3).normal(size=37)
+    x[[2, 9]] = np.nan
+    fast, slow = mean_estimate(x, seed=4), bootstrap(lambda idx: nanmean(x[idx]), len(x), seed=4)
+    assert (fast.value, fast.low, fast.high) == pytest.approx((slow.value, slow.low, slow.high), abs=1e-12)

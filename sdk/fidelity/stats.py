@@ -61,9 +61,20 @@ def nanmean(x: np.ndarray, axis=None) -> np.ndarray:
 
 
 def mean_estimate(values: np.ndarray, seed: int = 0) -> Estimate:
-    """Mean of `values` `[N]` over units (NaN-aware) with its bootstrap interval."""
+    """Mean of `values` `[N]` over units (NaN-aware) with its bootstrap interval: `bootstrap` of the mean,
+    vectorised (the same resamples, drawn as one `[resamples, N]` index array)."""
     values = np.asarray(values, dtype=np.float64)
-    return bootstrap(lambda idx: nanmean(values[idx]), len(values), seed=seed)
+    units = len(values)
+    if units < 1:
+        raise ValueError(f"units={units} is invalid; allowed: >= 1")
+    draws = nanmean(values[np.random.default_rng(seed).integers(units, size=(RESAMPLES, units))], axis=1)
+    finite = draws[np.isfinite(draws)]
+    value = float(nanmean(values))
+    if len(finite) < RESAMPLES / 2:
+        return Estimate(value, float("nan"), float("nan"))
+    tail = (1 - LEVEL) / 2 * 100
+    low, high = np.percentile(finite, [tail, 100 - tail])
+    return Estimate(value, float(low), float(high))
 
 
 def per_window_estimates(values: np.ndarray, seed: int = 0) -> list[Estimate]:
