@@ -100,6 +100,12 @@ def test_small_budget_report(tmp_path):
                                       "moved_block_error_below_copy_vae_every_window", "planning_lift_model_loop",
                                       "planning_lift_mpc_on_simulator"}
     assert report["targets"]["object_vanish_rate_last_window"]["met"] is False  # random weights must not pass
+    from worldstep.fidelity.summary import render
+
+    text = render(saved)  # the docs' tables come from this
+    for heading in ("### Targets", "### Open loop", "### Policies", "### Planning"):
+        assert heading in text
+    assert text.count("| expert |") == 1 and "kv minus copy_first_frame_vae" in text
 
 
 def test_report_arguments_are_checked(tmp_path):
