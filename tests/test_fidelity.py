@@ -123,3 +123,15 @@ def test_report_arguments_are_checked(tmp_path):
             parse_args(argv)
     args = parse_args(["--budget", "small", "--sections", "openloop", "--plan-observe", ""])
     assert args.sections == ["openloop"] and args.plan_observe == [] and args.split == "validation"
+
+
+def test_demo_seed_rule_runs_the_demo_command_on_validation_seeds(tmp_path):
+    from worldstep.fidelity.demo_seed import main as demo_seed
+    from worldstep.fidelity.seeds import VALIDATION
+
+    result = demo_seed(["--seeds", "2", "--windows", "1", "--out", str(tmp_path / "demo.json")])
+    saved = json.loads((tmp_path / "demo.json").read_text())
+    assert [r["seed"] for r in saved["seeds"]] == VALIDATION.episode_seeds(2)
+    assert saved["agreement"]["episodes"] == 2 and "first validation seed" in saved["rule"]
+    both = [r["seed"] for r in saved["seeds"] if r["model_success"] and r["simulator_success"]]
+    assert result["demo_seed"] == (both[0] if both else None)
