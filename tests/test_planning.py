@@ -12,16 +12,22 @@ from worldstep.planning import BlockToGoal, ModelPredictivePlanner, closed_loop
 
 
 @pytest.fixture(scope="module")
-def pusher_env(tmp_path_factory):
-    """A pusher-configured env on a tiny random 64x64 checkpoint (fast; its frames are noise)."""
-    import worldstep
+def pusher_checkpoint(tmp_path_factory):
+    """A tiny random 64x64 checkpoint that runs with the pusher config (fast; its frames are noise)."""
     from worldstep.engine.models.cosmos3 import build_checkpoint
     from worldstep.fidelity.report import TINY_64
 
     path = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny64", TINY_64, seed=0)
     meta = json.loads((path / "worldstep.json").read_text())
     (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0}))
-    env = worldstep.make_env(str(path), num_steps=1, max_windows=4)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pusher_env(pusher_checkpoint):
+    import worldstep
+
+    env = worldstep.make_env(str(pusher_checkpoint), num_steps=1, max_windows=4)
     yield env
     env.close()
 
@@ -106,3 +112,17 @@ def test_closed_loop_replays_chunks_in_the_simulator(pusher_env):
         success = success or PushSimEnv.success_from_frames(first, obs["frames"])
     assert success == result.sim_success
     assert result.sim_success == (result.windows < 4 or success)
+
+
+def test_plan_command(pusher_checkpoint, tmp_path):
+    from worldstep.cli import main as cli_main
+
+    out = tmp_path / "plan.mp4"
+    code = cli_main(["plan", "--config", str(pusher_checkpoint), "--windows", "1", "--candidates", "2", "--seed", "5",
+                     "--set", "num_steps=1", "--compare", "--out", str(out)])
+    assert code == 0 and out.stat().st_size > 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["candidates"] == 2 and summary["observe"] == "model" and summary["windows"] == 1
+    assert isinstance(summary["sim_success"], bool) and isinstance(summary["base_sim_success"], bool)
+    assert len(summary["actions"]) == 1 and np.asarray(summary["actions"][0]).shape == (4, 2)
+    assert cli_main(["plan", "--config", str(pusher_checkpoint), "--proposal", "psychic", "--out", str(out)]) == 2
