@@ -1,23 +1,46 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv when missing.
+#   make demo      torch + worldstep's core dependencies, then the demo
+#   make test      what the tests import as well (the dev, dist and remote extras), then the suite
+#   make install   = what `make test` installs
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU-only machines take the CPU build of torch (a local wheel where one lies on disk); a machine with
-# an NVIDIA driver gets the default (CUDA) build of the same release.
-TORCH_SPEC ?= torch==2.13.0
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean gpu-kit gpu-kit-dryrun gpu-check
 
-$(VENV)/.installed: pyproject.toml Makefile
+# torch first, so nothing after it pulls another build. A machine without an NVIDIA driver (no nvidia-smi)
+# takes the CPU build from PyTorch's CPU wheel index; when that index cannot be reached, the plain pin from
+# the default index (pip's find-links may hold a local CPU wheel; otherwise PyPI's default build, with CUDA).
+$(VENV)/.torch:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,dist,remote]"
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "NVIDIA driver found: torch==$(TORCH_VERSION), the default (CUDA) build"; \
+		$(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/', timeout=10)" 2>/dev/null && \
+		$(PY) -m pip install -q --index-url "$(TORCH_CPU_INDEX)" "torch==$(TORCH_VERSION)"; then \
+		echo "no NVIDIA driver: torch==$(TORCH_VERSION) from PyTorch's CPU index"; \
+	else \
+		echo "no NVIDIA driver, and $(TORCH_CPU_INDEX) cannot be reached: torch==$(TORCH_VERSION) from the default index"; \
+		$(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	fi
+	touch $@
+
+# the core: what `worldstep rollout` and the README's API need
+$(VENV)/.core: $(VENV)/.torch pyproject.toml
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# everything the tests import (pytest, torchrl, stable-baselines3, ray, websockets, ...)
+$(VENV)/.installed: $(VENV)/.core pyproject.toml Makefile
+	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot]"
 	touch $@
 
 install: $(VENV)/.installed
 
 # the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
-demo: $(VENV)/.installed
+demo: $(VENV)/.core
 	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 4 --truth --out rollout.mp4
 
 test: $(VENV)/.installed
@@ -28,3 +51,22 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# --- the GPU path (tests/gpu/README.md) --------------------------------------------------------------------
+KIT ?= gpukit
+
+# The kit: what the offline GPU machine lacks (wheels, a trimmed flashinfer with its modules prebuilt for
+# sm_90a when nvcc is here, curand headers), <= 60 MiB, git-ignored; carry it to the GPU with the checkout.
+gpu-kit: $(VENV)/.installed
+	$(PY) tests/gpu/build_kit.py --out $(KIT)
+
+$(KIT)/MANIFEST.json:
+	$(MAKE) gpu-kit
+
+# The kit's dry run on this CPU machine: the GPU run's own script over a stand-in of the GPU image.
+gpu-kit-dryrun: $(KIT)/MANIFEST.json
+	tests/gpu/dryrun.sh
+
+# On the GPU machine, the kit carried along: every check and figure, as JSON under $$OUT, in one run.
+gpu-check:
+	tests/gpu/run_gpu_checks.sh

@@ -12,15 +12,15 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from worldstep.engine.kv import PagedAllocationManager, PageTable, StreamKey
+from worldstep.engine.checks import check_int
+from worldstep.engine.flashinfer_kernels import FlashinferKernels, Layout
+from worldstep.engine.kv import PagedKVCache, PageTable, StreamKey
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
-_FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
 class AttentionBackendName(str, Enum):
@@ -53,7 +53,7 @@ def resolve_backend(
         allowed = ", ".join(repr(b.value) for b in AttentionBackendName)
         raise ValueError(f"attention_backend must be one of {allowed}, got {name!r}") from None
     device = torch.device(device)
-    problems = _flashinfer_problems(device, dtype, head_dim)
+    problems = flashinfer_problems(device, dtype, head_dim)
     if name is AttentionBackendName.AUTO:
         return AttentionBackendName.SDPA if problems else AttentionBackendName.FLASHINFER
     if name is AttentionBackendName.FLASHINFER and problems:
@@ -61,7 +61,7 @@ def resolve_backend(
     return name
 
 
-def _flashinfer_problems(device: torch.device, dtype: torch.dtype | None, head_dim: int | None) -> list[str]:
+def flashinfer_problems(device: torch.device, dtype: torch.dtype | None, head_dim: int | None) -> list[str]:
     problems = []
     if device.type != "cuda":
         problems.append(f"it needs a CUDA device, got device={str(device)!r}")
@@ -89,17 +89,18 @@ class PagedAttentionBatch:
 
     ``tables[i]`` is stream ``i``'s committed context and ``q_lens[i]`` its number of fresh tokens in
     the packed ``q``. ``backend`` may be ``"auto"``; it is resolved here against the cache's device,
-    dtype and head_dim. The batch keeps per-(stream, layer) gathers (sdpa) or kernel plans
-    (flashinfer) between calls, and drops them with itself. After a commit, take fresh tables (or a
+    dtype and head_dim. The batch keeps per-(stream, layer) gathers (sdpa) between calls and drops them
+    with itself; flashinfer plans live in ``kernels`` (the model's `FlashinferKernels`, reused while the
+    page layout is unchanged; a batch without one makes its own). After a commit, take fresh tables (or a
     new batch): a batch whose tables went stale raises `StaleStreamError`.
     """
 
-    cache: PagedAllocationManager
+    cache: PagedKVCache
     tables: list[PageTable]
     q_lens: list[int]
     backend: AttentionBackendName | str
+    kernels: FlashinferKernels | None = None
     _gathered: dict[tuple[StreamKey, int], _Gathered] = field(default_factory=dict, init=False, repr=False)
-    _flashinfer_plan: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tables, self.q_lens = list(self.tables), list(self.q_lens)
@@ -110,9 +111,8 @@ class PagedAttentionBatch:
             )
         if not all(isinstance(t, PageTable) for t in self.tables):
             raise ValueError("tables must hold PageTable snapshots from cache.page_table()")
-        for n in self.q_lens:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"q_lens must hold ints >= 1, got {self.q_lens}")
+        for i, n in enumerate(self.q_lens):
+            check_int(f"q_lens[{i}]", n, 1)
         self.backend = resolve_backend(
             self.backend, self.cache.device, dtype=self.cache.kv.dtype, head_dim=self.cache.head_dim
         )
@@ -188,7 +188,7 @@ def _stream_kv(
     entry = batch._gathered.get((table.key, layer))
     needed = table.seq_len + k_new.shape[0]
     if entry is not None and entry.epoch == table.prefix_epoch and entry.k.shape[0] >= needed:
-        batch.cache.check_current(table)
+        batch.cache.table.check_current(table)
     else:
         if entry is None or entry.k.shape[0] < needed:
             shape = (needed, *k_new.shape[1:])  # [S+n, Hkv, D]
@@ -208,16 +208,6 @@ def _stream_kv(
 # flashinfer
 
 
-@dataclass
-class _FlashinferPlan:
-    """Kernel plans for one batch: shared by every layer, since page tables do not depend on the layer."""
-
-    num_qo_heads: int
-    ragged: Any  # BatchPrefillWithRaggedKVCacheWrapper over the fresh K/V
-    paged: Any  # BatchPrefillWithPagedKVCacheWrapper over committed pages, or None
-    rows: torch.Tensor | None  # [M] rows of q whose stream has committed tokens; None = all
-
-
 def flashinfer_attention(
     q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, batch: PagedAttentionBatch, layer: int
 ) -> torch.Tensor:
@@ -225,59 +215,26 @@ def flashinfer_attention(
     import flashinfer  # lazily: CUDA only
 
     for table in batch.tables:
-        batch.cache.check_current(table)
-    plan = batch._flashinfer_plan
-    if plan is None or plan.num_qo_heads != q.shape[1]:
-        plan = batch._flashinfer_plan = _plan_flashinfer(flashinfer, batch, q.shape[1])
-    o_new, lse_new = plan.ragged.run(q, k_new, v_new, return_lse=True)  # [N, H, D], [N, H]
-    if plan.paged is None:
+        batch.cache.table.check_current(table)
+    if batch.kernels is None:  # a batch made outside a model plans with kernels of its own
+        batch.kernels = FlashinferKernels(batch.cache.device)
+    cache = batch.cache
+    layout = Layout.of(batch.tables, batch.q_lens, q.shape[1], cache.num_kv_heads, cache.head_dim, cache.page_size,
+                       cache.kv.dtype)
+    with batch.kernels.lock:  # one plan at a time: the wrappers are shared by the model's batches
+        plan = batch.kernels.plan(layout)
+        o_new, lse_new = plan.ragged.run(q, k_new, v_new, return_lse=True)  # [N, H, D], [N, H]
+        if not plan.has_context:
+            return o_new
+        kv_layer = cache.kv[layer]  # [pages, 2, page_size, Hkv, D]
+        if plan.all_rows_have_context:
+            o_ctx, lse_ctx = plan.paged.run(q, kv_layer, return_lse=True)
+            return flashinfer.merge_state(o_ctx, lse_ctx, o_new, lse_new)[0]
+        rows = plan.context_rows
+        o_ctx, lse_ctx = plan.paged.run(q[rows], kv_layer, return_lse=True)  # [M, H, D], [M, H]
+        merged, _ = flashinfer.merge_state(o_ctx, lse_ctx, o_new[rows], lse_new[rows])
+        o_new[rows] = merged
         return o_new
-    kv_layer = batch.cache.kv[layer]  # [pages, 2, page_size, Hkv, D]
-    if plan.rows is None:
-        o_ctx, lse_ctx = plan.paged.run(q, kv_layer, return_lse=True)
-        return flashinfer.merge_state(o_ctx, lse_ctx, o_new, lse_new)[0]
-    o_ctx, lse_ctx = plan.paged.run(q[plan.rows], kv_layer, return_lse=True)  # [M, H, D], [M, H]
-    merged, _ = flashinfer.merge_state(o_ctx, lse_ctx, o_new[plan.rows], lse_new[plan.rows])
-    o_new[plan.rows] = merged
-    return o_new
-
-
-def _plan_flashinfer(flashinfer: Any, batch: PagedAttentionBatch, num_qo_heads: int) -> _FlashinferPlan:
-    cache, device = batch.cache, batch.cache.device
-    dims = (num_qo_heads, cache.num_kv_heads, cache.head_dim)
-    workspace = torch.empty(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
-    qo_indptr = _indptr(batch.q_lens, device)
-    ragged.plan(qo_indptr, qo_indptr, *dims, causal=False, q_data_type=cache.kv.dtype)
-    with_ctx = [i for i, t in enumerate(batch.tables) if t.seq_len > 0]
-    if not with_ctx:
-        return _FlashinferPlan(num_qo_heads, ragged, None, None)
-    tables = [batch.tables[i] for i in with_ctx]
-    pages = torch.tensor([p for t in tables for p in t.pages], dtype=torch.int32, device=device)
-    last_page_len = [t.seq_len - (len(t.pages) - 1) * cache.page_size for t in tables]
-    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-    paged.plan(
-        _indptr([batch.q_lens[i] for i in with_ctx], device),
-        _indptr([len(t.pages) for t in tables], device),
-        pages,
-        torch.tensor(last_page_len, dtype=torch.int32, device=device),
-        *dims,
-        cache.page_size,
-        causal=False,
-        q_data_type=cache.kv.dtype,
-        kv_data_type=cache.kv.dtype,
-    )
-    rows = None
-    if len(with_ctx) < len(batch.tables):
-        starts = _indptr(batch.q_lens, "cpu").tolist()
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in with_ctx]).to(device)
-    return _FlashinferPlan(num_qo_heads, ragged, paged, rows)
-
-
-def _indptr(lengths: list[int], device: str | torch.device) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    out[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
-    return out.to(device)
 
 
 _BACKENDS = {

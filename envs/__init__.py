@@ -1,25 +1,28 @@
 """worldstep.envs: the gymnasium surface of worldstep.
 
 ``WorldModelEnv`` (one rollout per env), ``WorldModelVectorEnv`` (N rollouts batched through one model),
-the ``RecordRollout`` wrapper and the registered ids ``worldstep/Tiny-v0`` and ``worldstep/Cosmos3Edge-v0``.
-The classes import the engine (torch, diffusers) on first use, so ``import worldstep`` stays fast.
+``Episode`` (what both step), the ``RecordRollout`` wrapper and the ground-truth simulator ``PushSimEnv``.
+The ids are registered by ``worldstep.registration``. The classes import the engine (torch, diffusers) on
+first use, so ``import worldstep`` stays fast.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .registration import ENV_IDS, register_envs
-
 _LAZY = {
     "WorldModelEnv": ".world_model_env",
-    "WindowTimings": ".world_model_env",
+    "Episode": ".episode",
     "WorldModelVectorEnv": ".vector_env",
     "RecordRollout": ".wrappers",
+    "ImageObservation": ".wrappers",
+    "fork_env": ".wrappers",
+    "PushSimEnv": ".push_sim",
     "Mp4Writer": ".video",
+    "frame_fps": ".video",
 }
 
-__all__ = ["ENV_IDS", "register_envs", *_LAZY]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str):

@@ -41,16 +41,24 @@ class SimulatorScene:
 
     def __call__(self, seed: int | None, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """(first frame, the simulator seed that reproduces it)."""
-        import gymnasium as gym
-
-        if self._env is None:
-            self._env = gym.make(self.env_id, disable_env_checker=True).unwrapped
         seed = int(rng.integers(2**31)) if seed is None else int(seed)
-        obs, _ = self._env.reset(seed=seed)
+        obs, _ = self._simulator().reset(seed=seed)
         if not isinstance(obs, dict) or "frames" not in obs:
             raise ValueError(f"simulator={self.env_id!r} is invalid; allowed: an env whose observation is "
                              f"{{'frames': (chunk, H, W, 3) uint8}}")
         return np.asarray(obs["frames"][0]), seed
+
+    def success_judge(self):
+        """The simulator's pixel judge ``success_from_frames(first_frame, frames) -> bool`` (None when it has
+        none): success on world-model frames by the rule that scores the simulator's own frames."""
+        return getattr(self._simulator().unwrapped, "success_from_frames", None)
+
+    def _simulator(self):
+        import gymnasium as gym
+
+        if self._env is None:
+            self._env = gym.make(self.env_id, disable_env_checker=True).unwrapped
+        return self._env
 
     def close(self) -> None:
         if self._env is not None:

@@ -10,10 +10,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+from worldstep.engine.checks import is_int
 from worldstep.engine.kv import KVPoolExhausted
-
-from .checks import check_actions, is_int
-from .world_model_env import RESET_OPTION_KEYS, WorldModelEnv
+from worldstep.engine.models.cosmos3 import SessionClosedError
+from worldstep.envs.episode import RESET_OPTION_KEYS, Episode, reset_request
+from worldstep.envs.world_model_env import WorldModelEnv
 
 
 class WorldModelVectorEnv(VectorEnv):
@@ -21,8 +22,11 @@ class WorldModelVectorEnv(VectorEnv):
 
     Each sub-environment is a :class:`WorldModelEnv` holding its own rollout session and RNG; they share
     the model's weights and KV page pool. ``step`` sends every live session through ONE
-    ``model.step_batch`` call (one batched forward per denoising step), so sub-environment ``i`` reset
-    with seed ``s`` produces the same frames as a single ``WorldModelEnv`` reset with seed ``s``.
+    ``model.step`` call (one batched forward per denoising step). Sub-environment ``i`` reset with
+    seed ``s`` produces the frames a single ``WorldModelEnv`` reset with seed ``s`` produces, within
+    float32 rounding: each session's attention and decoder calls are the ones it makes alone, but the
+    linear layers run one GEMM over every session's tokens, which may round differently with the row
+    count (latents within 1e-5, frames within 1 uint8 level; docs/exactness.md).
 
     Autoreset is ``AutoresetMode.NEXT_STEP``: the step after a sub-environment terminates or truncates
     resets it (with the options of its last reset, a fresh draw from its RNG) and ignores its action;
@@ -31,10 +35,12 @@ class WorldModelVectorEnv(VectorEnv):
     ``reset(seed=s)`` seeds sub-environment ``i`` with ``s + i`` (or ``seed[i]`` for a list). Each
     ``options`` key (``image``, ``prompt``, ``domain_id``) takes one value for every sub-environment or a
     list/tuple of ``num_envs`` values. Infos are arrays with ``_key`` masks; ``timings`` holds float
-    arrays ``denoise_s``, ``commit_s``, ``decode_s``.
+    arrays ``denoise_s``, ``commit_s``, ``decode_s`` and ``kv`` int arrays ``pages_in_use``, ... (the fields
+    of a single env's ``PhaseTimings`` and ``KVStats``).
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 24, "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24,
+                "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, model, num_envs: int, knobs=None, **env_kwargs: Any) -> None:
         if not is_int(num_envs) or num_envs < 1:
@@ -44,7 +50,8 @@ class WorldModelVectorEnv(VectorEnv):
         self.model = model
         first = self.envs[0]
         self.render_mode = first.render_mode
-        self.metadata = {**type(self).metadata, "render_fps": first.metadata["render_fps"]}
+        self.metadata = {**type(self).metadata, "render_fps": first.metadata["render_fps"],
+                         "frame_fps": first.metadata["frame_fps"]}
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -56,22 +63,23 @@ class WorldModelVectorEnv(VectorEnv):
         seeds = self._split_seed(seed)
         per_env = self._split_options(options)
         for env, opts in zip(self.envs, per_env):  # every check before any session opens
-            env._check_options(opts)
+            reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
         super().reset(seed=seeds[0])
         results = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, per_env)]
         self._options = per_env
         self._autoreset[:] = False
         infos: dict[str, Any] = {}
         for i, (_, info) in enumerate(results):
-            infos = self._add_info(infos, info, i)
+            infos = self._add_info(infos, _flat_records(info), i)
         return self._stack([obs for obs, _ in results]), infos
 
     def step(self, actions: np.ndarray):
-        actions = check_actions(actions, self.action_space.shape)
-        for i, env in enumerate(self.envs):
-            if not self._autoreset[i]:
-                env._begin_step(actions[i])  # raises ResetNeeded before any engine work
-        live = [i for i in range(self.num_envs) if not self._autoreset[i]]
+        actions = np.asarray(actions) if not hasattr(actions, "detach") else actions.detach().cpu().numpy()
+        if actions.shape != self.action_space.shape:
+            raise ValueError(f"actions.shape={actions.shape} is invalid; allowed: {self.action_space.shape} "
+                             "(num_envs, chunk_size, action width)")
+        # each live episode is read once, here: a concurrent close() cannot swap it away mid-step
+        live = {i: self.envs[i].live_episode() for i in range(self.num_envs) if not self._autoreset[i]}
         outcomes: dict[int, tuple] = {}
         for i in np.flatnonzero(self._autoreset):
             obs, info = self.envs[i].reset(options=self._options[i])
@@ -86,7 +94,7 @@ class WorldModelVectorEnv(VectorEnv):
         for i in range(self.num_envs):
             obs, rewards[i], terminations[i], truncations[i], info = outcomes[i]
             observations.append(obs)
-            infos = self._add_info(infos, _flat_timings(info), i)
+            infos = self._add_info(infos, _flat_records(info), i)
         self._autoreset = terminations | truncations
         return self._stack(observations), rewards, terminations, truncations, infos
 
@@ -102,26 +110,22 @@ class WorldModelVectorEnv(VectorEnv):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _step_live(self, live: list[int], actions: np.ndarray) -> dict[int, tuple]:
-        """One batched engine call for the live sub-environments.
+    def _step_live(self, live: dict[int, Episode], actions: np.ndarray) -> dict[int, tuple]:
+        """One engine call for the live sub-environments (the engine checks each row's actions once).
 
         When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
         only those that do not fit end by truncation.
         """
         if not live:
             return {}
-        sessions = [self.envs[i]._session for i in live]
         try:
-            results = self.model.step_batch(sessions, [actions[i] for i in live])
-        except KVPoolExhausted:
-            return {i: self._step_alone(self.envs[i], actions[i]) for i in live}
-        return {i: self.envs[i]._finish_step(r, actions[i]) for i, r in zip(live, results)}
-
-    @staticmethod
-    def _step_alone(env: WorldModelEnv, actions: np.ndarray) -> tuple:
-        if env._session.closed:  # the failed batch closed it
-            return env._exhausted_step()
-        return env.step(actions)
+            results = self.model.step([e.session for e in live.values()], [actions[i] for i in live])
+        except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
+            return {i: self.envs[i].step(actions[i]) if e.live else e.exhausted() for i, e in live.items()}
+        except SessionClosedError as err:
+            raise gym.error.ClosedEnvironmentError(
+                "the vector env was closed while step() ran; call reset() to start new episodes") from err
+        return {i: e.outcome(r, np.asarray(actions[i], np.float32)) for (i, e), r in zip(live.items(), results)}
 
     def _split_seed(self, seed) -> list[int | None]:
         if seed is None:
@@ -139,6 +143,9 @@ class WorldModelVectorEnv(VectorEnv):
             return [{} for _ in range(self.num_envs)]
         if not isinstance(options, dict):
             raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
+        first = self.envs[0]  # unknown keys raise here, naming the allowed ones
+        reset_request({k: None for k in options}, first.image, first.prompt, first.domain_id,
+                      self.model.spec.num_domains)
         per_env: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         for key in RESET_OPTION_KEYS:
             if key not in options:
@@ -162,8 +169,7 @@ class WorldModelVectorEnv(VectorEnv):
         return concatenate(self.single_observation_space, observations, out)
 
 
-def _flat_timings(info: dict[str, Any]) -> dict[str, Any]:
-    """``WindowTimings`` as a dict of floats, so vector infos hold float arrays."""
-    if "timings" not in info:
-        return info
-    return {**info, "timings": dataclasses.asdict(info["timings"])}
+def _flat_records(info: dict[str, Any]) -> dict[str, Any]:
+    """``timings`` (``PhaseTimings``) and ``kv`` (``KVStats``) as dicts of numbers, so vector infos hold one number
+    array per field."""
+    return {k: dataclasses.asdict(v) if k in ("timings", "kv") else v for k, v in info.items()}

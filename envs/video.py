@@ -1,4 +1,8 @@
-"""mp4 writing with PyAV: H.264 (libx264) when the installed av has it, else MPEG-4 Part 2."""
+"""mp4 writing with PyAV: H.264 (libx264) when the installed av has it, else MPEG-4 Part 2.
+
+Videos are written under a temporary name next to the target and renamed onto it when complete, so an
+interrupted run never leaves a partial mp4 where a finished one (or the previous run's) is expected.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,19 @@ from pathlib import Path
 import numpy as np
 
 CODECS = ("libx264", "mpeg4")
+
+
+def frame_fps(env) -> float:
+    """Frames per second of the frames in an env's observations (``metadata["frame_fps"]``; envs without
+    it, e.g. PushSim, render every observation frame at ``render_fps``)."""
+    metadata = env.metadata
+    return float(metadata.get("frame_fps", metadata["render_fps"]))
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """The temporary name a file is written under before it is renamed onto ``path``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.partial")
 
 
 def pick_codec() -> str:
@@ -28,7 +45,8 @@ class Mp4Writer:
     """Stream uint8 RGB frames into an mp4 file at ``fps``.
 
     ``yuv420p`` needs even sizes: odd heights or widths are padded by repeating the last row/column.
-    Use as a context manager, or call ``close()`` (idempotent) to finish the file.
+    Frames go to ``partial_path(path)``; ``close()`` (idempotent) finishes the file and renames it onto
+    ``path``; ``abort()`` deletes it instead. As a context manager it closes, or aborts on an exception.
     """
 
     def __init__(self, path: str | os.PathLike, fps: float, codec: str | None = None, crf: int = 18) -> None:
@@ -37,11 +55,14 @@ class Mp4Writer:
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
             raise ValueError(f"fps={fps!r} is invalid; allowed: a number > 0")
         self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(f"video path {str(self.path)!r} is invalid: it is a folder; allowed: a file path")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fps = fps
         self.codec = codec or pick_codec()
         self.frames_written = 0
-        self._container = av.open(str(self.path), mode="w")
+        self.partial = partial_path(self.path)
+        self._container = av.open(str(self.partial), mode="w", format="mp4")
         self._stream = self._container.add_stream(self.codec, rate=Fraction(fps).limit_denominator(1001))
         self._stream.pix_fmt = "yuv420p"
         if self.codec == "libx264":
@@ -73,20 +94,40 @@ class Mp4Writer:
             self.frames_written += 1
 
     def close(self) -> None:
+        """Finish the file and rename it onto ``path``."""
         if self.closed:
             return
         self.closed = True
         try:
             if self._size is not None:
                 self._container.mux(self._stream.encode(None))  # flush the encoder
-        finally:
+        except BaseException:
+            self._discard()
+            raise
+        self._container.close()
+        os.replace(self.partial, self.path)
+
+    def abort(self) -> None:
+        """Stop writing and delete the partial file; ``path`` keeps whatever it held before."""
+        if self.closed:
+            return
+        self.closed = True
+        self._discard()
+
+    def _discard(self) -> None:
+        try:
             self._container.close()
+        finally:
+            self.partial.unlink(missing_ok=True)
 
     def __enter__(self) -> Mp4Writer:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 
 def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float, codec: str | None = None) -> Path:

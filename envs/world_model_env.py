@@ -3,38 +3,27 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import spaces
+from worldstep.engine.checks import check_callable, check_image, check_int, check_prompt
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import RolloutKnobs
-
-from .checks import check_actions, check_callable, check_image, check_int, check_prompt
-from .scene import SimulatorScene, draw_tabletop
-
-RESET_OPTION_KEYS = ("image", "prompt", "domain_id")
-
-
-@dataclass(frozen=True)
-class WindowTimings:
-    """Wall-clock seconds per phase of one window.
-
-    Timings are measurements, not state: two instances always compare equal, so two rollouts with the
-    same seed and actions have equal infos (what gymnasium's determinism check compares).
-    """
-
-    denoise_s: float = field(compare=False)
-    commit_s: float = field(compare=False)
-    decode_s: float = field(compare=False)
-
-    @property
-    def total_s(self) -> float:
-        return self.denoise_s + self.commit_s + self.decode_s
+from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, SessionClosedError
+from worldstep.envs.episode import (
+    ACTION_BOUNDS,
+    SUCCESS_MODES,
+    Episode,
+    EpisodeRules,
+    check_pool,
+    first_frame,
+    reset_request,
+)
+from worldstep.envs.scene import SimulatorScene
 
 
 class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
@@ -65,12 +54,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | frames | the window's decoded RGB frames  | (chunk_size, H, W, 3)      | uint8 | 0   | 255 |
 
     After ``reset``, ``frames`` holds the model's decoded first frame (the VAE round trip of the given
-    image) repeated ``chunk_size`` times, so every observation has the same shape.
+    image) repeated ``chunk_size`` times, so every observation has the same shape. The frames play at
+    ``metadata["frame_fps"]`` (the model's fps); ``render()`` returns one frame per window, so
+    ``metadata["render_fps"]`` is ``frame_fps / chunk_size`` (what ``gymnasium.wrappers.RecordVideo`` needs).
 
     ## Rewards
 
     A world model predicts frames, not rewards. The reward is ``reward_fn(frames, actions)`` when one is
-    given, otherwise 1.0 for a window that ``success_fn(frames)`` judges successful and 0.0 else.
+    given, otherwise 1.0 for a window the success judge calls successful and 0.0 else.
 
     ## Starting State
 
@@ -84,22 +75,28 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     The episode ends if any one of the following occurs:
 
-    1. Termination: ``success_fn(frames)`` returns True for the window (``info["is_success"]``).
+    1. Termination: the success judge calls the window successful (``info["is_success"]``).
     2. Truncation: ``max_windows`` windows have been generated.
     3. Truncation: the KV page pool cannot hold the next window (``info["kv_exhausted"]``); the session
        is closed and its pages returned, the observation repeats the last frames. Reset to continue.
 
     ## Arguments
 
-    - ``model``: a loaded ``Cosmos3WorldModel`` (``worldstep.load(...).model``); envs share it.
+    - ``model``: a loaded ``Cosmos3WorldModel`` (``worldstep.load(...).model``); envs share it. Its page pool
+      must hold one episode's prompt, first frame and first window (else ``ValueError`` naming
+      ``cache.num_pages`` and the minimum).
     - ``knobs``: ``RolloutKnobs`` (chunk_size, num_steps, guidance_scale, context_frames, window_mode, ...).
     - ``max_windows``: windows per episode before truncation.
     - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
-      is missing or None takes its default; unknown option keys are ignored).
+      is missing or None takes its default; an unknown option key raises ``ValueError``).
+      The engine checks each step's actions once, against this env's action space.
     - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``).
     - ``simulator``: gymnasium id of the ground-truth simulator the model was trained on (e.g.
       ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed.
-    - ``reward_fn``, ``success_fn``: see Rewards and Episode End.
+    - ``success_fn``: the success judge. ``frames -> bool``; ``"sim"``: the simulator's pixel judge
+      (``success_from_frames(first_frame, frames)``, goal read from the episode's first frame); ``"none"``:
+      never successful; None (default): ``"sim"`` when ``simulator`` has a judge, else ``"none"``.
+    - ``reward_fn``: see Rewards.
     - ``render_mode``: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
 
     ```python
@@ -114,11 +111,11 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     * v0: Initial version: windowed KV rollout of Cosmos3 forward dynamics.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 24}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24}
 
     def __init__(
         self,
-        model,
+        model: Cosmos3WorldModel,
         knobs: RolloutKnobs | None = None,
         *,
         max_windows: int = 32,
@@ -128,10 +125,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         action_width: int | None = None,
         simulator: str | None = None,
         reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
-        success_fn: Callable[[np.ndarray], bool] | None = None,
+        success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if not hasattr(model, "open_session") or not hasattr(model, "spec"):
+        if not isinstance(model, Cosmos3WorldModel):
             raise TypeError(f"model={model!r} is invalid; allowed: a loaded Cosmos3WorldModel")
         knobs = RolloutKnobs() if knobs is None else knobs
         if not isinstance(knobs, RolloutKnobs) or not knobs.decode:
@@ -139,59 +136,71 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
-        self.model = model
-        self.knobs = knobs
-        self.max_windows = check_int("max_windows", max_windows, 1)
+        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
+                          spec.action_dim + 1)
         self.prompt = check_prompt("prompt", prompt)
         self.domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
         self.image = None if image is None else check_image("image", image)
-        width = spec.action_dim if action_width is None else action_width
-        self.action_width = check_int("action_width", width, 1, spec.action_dim + 1)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
-        self.reward_fn = check_callable("reward_fn", reward_fn)
-        self.success_fn = check_callable("success_fn", success_fn)
+        success, judge = self._resolve_success(success_fn)
+        self.rules = EpisodeRules(model, knobs, check_int("max_windows", max_windows, 1), width, success,
+                                  check_callable("reward_fn", reward_fn), judge)
+        check_pool(model, knobs, self.prompt, "prompt")
         self.render_mode = render_mode
-        self.metadata = {**type(self).metadata, "render_fps": spec.fps}
-
-        chunk, height, width_px = knobs.chunk_size, spec.height, spec.width
-        self.action_space = spaces.Box(-1.0, 1.0, (chunk, self.action_width), np.float32)
+        # the frames play at the model's fps; render() returns one frame per window
+        self.metadata = {**type(self).metadata, "render_fps": spec.fps / knobs.chunk_size, "frame_fps": spec.fps}
+        self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, width), np.float32)
         self.observation_space = spaces.Dict(
-            {"frames": spaces.Box(0, 255, (chunk, height, width_px, 3), np.uint8)}
-        )
+            {"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
+        self.episode: Episode | None = None  # the live rollout between two resets
+        self._closed = False  # close() was called and no reset since
 
-        self._session = None  # the engine RolloutSession of the current episode
-        self._frames: np.ndarray | None = None  # the last observation's frames
-        self._windows = 0  # windows generated this episode
+    @property
+    def model(self) -> Cosmos3WorldModel:
+        return self.rules.model
+
+    @property
+    def knobs(self) -> RolloutKnobs:
+        return self.rules.knobs
+
+    @property
+    def max_windows(self) -> int:
+        """Windows per episode before truncation (settable: applies from the next window on)."""
+        return self.rules.max_windows
+
+    @max_windows.setter
+    def max_windows(self, value: int) -> None:
+        self.rules = dataclasses.replace(self.rules, max_windows=check_int("max_windows", value, 1))
+        if self.episode is not None:
+            self.episode.rules = self.rules
 
     # --- gymnasium API ---------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        image, prompt, domain_id = self._check_options(options)
+        request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
+        if request.prompt != self.prompt:
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']")
         super().reset(seed=seed)
-        scene_seed = None
-        if image is None and self._scene is not None:
-            image, scene_seed = self._scene(seed, self.np_random)
-            image = check_image(f"first frame of simulator {self.simulator!r}", image)
-        elif image is None:
-            image = draw_tabletop(self.model.spec.height, self.model.spec.width, self.np_random)
-        generator = torch.Generator().manual_seed(int(self.np_random.integers(2**63)))
-        self._close_session()  # options are valid: free the old episode's pages before opening the new one
-        session = self.model.open_session(image, prompt, domain_id, knobs=self.knobs, generator=generator)
-        self._session, self._windows = session, 0
-        self._frames = np.repeat(session.first_frame[None], self.knobs.chunk_size, axis=0)
-        info = {"frame_start": 0, "frame_end": 1, "kv": _kv_dict(session.kv_stats())}
+        spec = self.model.spec
+        image, scene_seed = first_frame(request, self._scene, seed, self.np_random, spec.height, spec.width)
+        self._close_episode()  # options are valid: free the old episode's pages before opening the new one
+        self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random), False
+        info = self.episode.reset_info()
         if scene_seed is not None:
             info["scene_seed"] = scene_seed
-        return self._obs(), info
+        return self.episode.observation(), info
 
     def step(self, actions: np.ndarray):
-        actions = self._begin_step(actions)
+        episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
         try:
-            result = self._session.step(actions)
+            result = self.model.step([episode.session], [actions])[0]
         except KVPoolExhausted:
-            return self._exhausted_step()
-        return self._finish_step(result, actions)
+            return episode.exhausted()
+        except SessionClosedError as err:
+            raise gym.error.ClosedEnvironmentError(
+                "the env was closed while env.step() ran; call env.reset() to start a new episode") from err
+        return episode.outcome(result, np.asarray(actions, dtype=np.float32))
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
@@ -200,14 +209,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                 'You can specify the render_mode at initialization, e.g. gym.make("worldstep/Tiny-v0", render_mode="rgb_array")'
             )
             return None
-        if self._frames is None:
+        if self.episode is None:
             return None
-        return self._frames[-1].copy()
+        return self.episode.frames[-1].copy()
 
     def close(self) -> None:
-        """Close the session: every KV page and decoder cache it held goes back. Safe to call twice."""
-        self._close_session()
-        self._frames = None
+        """Close the episode: every KV page and decoder cache it held goes back. Safe to call twice."""
+        self._closed = True
+        self._close_episode()
         if self._scene is not None:
             self._scene.close()
         super().close()
@@ -221,88 +230,52 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         env's RNG is copied, so the fork and this env step identically given the same actions. With
         ``seed`` the fork's RNG and diffusion noise are reseeded instead, to sample a different future.
         """
-        if self._session is None or self._session.closed:
+        if self.episode is None or not self.episode.live:
             raise gym.error.ResetNeeded("Cannot fork an env without a live episode; call reset() first.")
         other = copy.copy(self)
         other.action_space = copy.deepcopy(self.action_space)  # spaces carry their own sampling RNG
         other.observation_space = copy.deepcopy(self.observation_space)
         other._scene = None if self.simulator is None else SimulatorScene(self.simulator)  # closed with the fork
+        generator = None  # the engine copies this session's generator state
         if seed is None:
             other.np_random = copy.deepcopy(self.np_random)
-            generator = None  # the engine copies this session's generator state
         else:
             other.np_random, _ = gym.utils.seeding.np_random(seed)
             generator = torch.Generator().manual_seed(int(other.np_random.integers(2**63)))
-        other._session = self._session.fork(generator=generator)
-        other._frames = self._frames.copy()
+        other.episode = self.episode.fork(generator)
         return other
+
+    def live_episode(self) -> Episode:
+        """The live episode, read once (ResetNeeded before a reset, ClosedEnvironmentError after close)."""
+        episode = self.episode
+        if episode is None or not episode.live:
+            if self._closed:
+                raise gym.error.ClosedEnvironmentError(
+                    "Cannot call env.step() after env.close(); call env.reset() to start a new episode")
+            raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        return episode
 
     @property
     def windows(self) -> int:
         """Windows generated in the current episode."""
-        return self._windows
+        return 0 if self.episode is None else self.episode.windows
 
-    # --- steps in two halves (the vector env batches the engine call between them) ----------
+    def _resolve_success(self, success_fn) -> tuple[Callable | None, Callable | None]:
+        """(user judge ``frames -> bool``, simulator judge ``(first_frame, frames) -> bool``); one is None."""
+        if success_fn is None:
+            success_fn = "sim" if self._scene is not None and self._scene.success_judge() is not None else "none"
+        if not isinstance(success_fn, str):
+            return check_callable("success_fn", success_fn), None
+        if success_fn not in SUCCESS_MODES:
+            raise ValueError(f"success_fn={success_fn!r} is invalid; allowed: a callable frames -> bool, 'sim' or "
+                             "'none'")
+        judge = None if success_fn == "none" or self._scene is None else self._scene.success_judge()
+        if success_fn == "sim" and judge is None:
+            raise ValueError(f"success_fn='sim' is invalid with simulator={self.simulator!r}; allowed: a simulator "
+                             "with success_from_frames (e.g. 'worldstep/PushSim-v0')")
+        return None, judge
 
-    def _begin_step(self, actions) -> np.ndarray:
-        actions = check_actions(actions, self.action_space.shape)
-        if self._session is None or self._session.closed:
-            raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
-        return actions
-
-    def _finish_step(self, result, actions: np.ndarray):
-        self._windows += 1
-        self._frames = result.frames
-        is_success = bool(self.success_fn(result.frames)) if self.success_fn is not None else False
-        if self.reward_fn is not None:
-            reward = float(self.reward_fn(result.frames, actions))
-        else:
-            reward = float(is_success)
-        info = {
-            "window_index": result.window_index,
-            "frame_start": result.frame_start,
-            "frame_end": result.frame_end,
-            "timings": WindowTimings(result.timings.denoise_s, result.timings.commit_s, result.timings.decode_s),
-            "kv": _kv_dict(result.kv),
-            "is_success": is_success,
-            "kv_exhausted": False,
-        }
-        return self._obs(), reward, is_success, self._windows >= self.max_windows, info
-
-    def _exhausted_step(self):
-        """The pool could not hold the window: the engine closed the session; end the episode by truncation."""
-        self._close_session()
-        info = {"window_index": self._windows, "is_success": False, "kv_exhausted": True}
-        return self._obs(), 0.0, False, True, info
-
-    # --- helpers ---------------------------------------------------------------------------
-
-    def _check_options(self, options: dict[str, Any] | None) -> tuple[np.ndarray | None, str, int]:
-        """Reset options over the constructor defaults (a missing or None key takes the default; unknown keys
-        are ignored)."""
-        if options is not None and not isinstance(options, dict):
-            raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
-        given = {k: v for k, v in (options or {}).items() if v is not None}
-        image = given.get("image", self.image)
-        image = None if image is None else check_image("options['image']", image)
-        prompt = check_prompt("options['prompt']", given.get("prompt", self.prompt))
-        domain_id = check_int("options['domain_id']", given.get("domain_id", self.domain_id), 0,
-                              self.model.spec.num_domains)
-        return image, prompt, domain_id
-
-    def _obs(self) -> dict[str, np.ndarray]:
-        return {"frames": self._frames.copy()}
-
-    def _close_session(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-
-def _kv_dict(stats) -> dict[str, int]:
-    return {
-        "pages_in_use": int(stats.pages_in_use),
-        "protected_tokens": int(stats.protected_tokens),
-        "released_tokens": int(stats.released_tokens),
-        "seq_len": int(stats.seq_len),
-    }
+    def _close_episode(self) -> None:
+        episode, self.episode = self.episode, None
+        if episode is not None:
+            episode.close()

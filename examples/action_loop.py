@@ -1,5 +1,9 @@
 """The basic action loop: reset a world-model env, step it with action chunks, record every frame.
 
+The default env is the trained pusher model (`worldstep/Pusher-v0`): its actions move the red effector
+(dx, dy), so the sine chunks below draw a path you can watch in the video. Any registered world-model id
+works (`--env-id worldstep/Tiny-v0` is the random-weight model: the machinery, with noise frames).
+
     python examples/action_loop.py --windows 8 --out runs/action_loop
 """
 
@@ -20,16 +24,16 @@ from worldstep.envs import RecordRollout
 class Args:
     """Step a world-model env with a scripted action chunk per window and record the video."""
 
-    env_id: str = "worldstep/Tiny-v0"
-    """the registered env id (worldstep/Tiny-v0 runs the embedded tiny model)"""
+    env_id: str = "worldstep/Pusher-v0"
+    """the registered env id (worldstep/Pusher-v0: the trained pusher model; worldstep/Tiny-v0: random weights)"""
     seed: int = 0
     """seed of the reset (first-frame scene and diffusion noise)"""
     windows: int = 8
     """windows to generate (each is chunk_size frames)"""
-    prompt: str = "A robot arm pushes a block across a table."
-    """the text prompt"""
-    domain_id: int = 8
-    """embodiment domain of the action head"""
+    prompt: str | None = None
+    """the text prompt (default: the env's config)"""
+    domain_id: int | None = None
+    """embodiment domain of the action head (default: the env's config)"""
     out: str = "runs/action_loop"
     """folder of the recorded mp4"""
     num_steps: int | None = None
@@ -55,7 +59,7 @@ if __name__ == "__main__":
     chunk, width = env.action_space.shape
     print(f"{args.env_id}: action chunk {chunk}x{width}, frames {env.observation_space['frames'].shape}")
 
-    # the loop: one step = one window of `chunk` frames
+    # the loop: one step = one window of `chunk` frames (None options take the env's defaults)
     obs, info = env.reset(seed=args.seed, options={"prompt": args.prompt, "domain_id": args.domain_id})
     start = time.perf_counter()
     for window in range(args.windows):
@@ -65,9 +69,9 @@ if __name__ == "__main__":
         timing, kv = info["timings"], info["kv"]
         print(f"window {info['window_index']}: frames [{info['frame_start']}, {info['frame_end']}) "
               f"denoise {timing.denoise_s:.2f}s decode {timing.decode_s:.2f}s, "
-              f"KV pages {kv['pages_in_use']} (released tokens {kv['released_tokens']})")
+              f"KV pages {kv.pages_in_use} (released tokens {kv.released_tokens})")
         if terminated or truncated:
             break
     elapsed = time.perf_counter() - start
     env.close()
-    print(f"{args.windows * chunk} frames in {elapsed:.1f}s; video {env.last_video_path}")
+    print(f"{(window + 1) * chunk} frames in {elapsed:.1f}s; video {env.last_video_path}")

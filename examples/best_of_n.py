@@ -1,10 +1,12 @@
 """Best-of-N planning: fork the rollout into N candidates, score their futures, continue from the best.
 
 Each window, the current rollout is forked N times (the committed KV pages are shared, not copied); each
-candidate tries a perturbed action chunk under its own diffusion noise, a score function rates the
-frames it produced, and the best candidate becomes the rollout while the others are closed.
+candidate tries a random action chunk under its own diffusion noise, a score function rates the frames it
+produced, and the best candidate becomes the rollout while the others are closed. On the trained pusher
+model the score is how close the effector got to the block (PushSim's colour detector on the imagined
+frames), so the chosen path heads for the block without any controller.
 
-    python examples/best_of_n.py --candidates 3 --windows 4 --out runs/best_of_n.mp4
+    python examples/best_of_n.py --candidates 4 --windows 4 --out runs/best_of_n.mp4
 """
 
 from __future__ import annotations
@@ -15,23 +17,22 @@ from dataclasses import dataclass
 import numpy as np
 import worldstep
 from worldstep.cli import parse_dataclass_args
-from worldstep.envs import Mp4Writer
+from worldstep.envs import Mp4Writer, frame_fps
+from worldstep.envs.push_sim import detect_objects
 
 
 @dataclass
 class Args:
     """Sample N futures per window from forks of one rollout and keep the best-scoring one."""
 
-    model: str = "tiny"
-    """config name, YAML path or checkpoint folder (tiny is the embedded default)"""
+    model: str = "pusher"
+    """config name, YAML path or checkpoint folder (pusher: the trained model)"""
     seed: int = 0
-    """seed of the reset, the action perturbations and the candidates' noise"""
+    """seed of the reset, the candidate actions and the candidates' noise"""
     windows: int = 4
     """windows to plan"""
-    candidates: int = 3
+    candidates: int = 4
     """futures sampled per window"""
-    noise: float = 0.5
-    """scale of the action perturbation around the nominal chunk"""
     out: str = "runs/best_of_n.mp4"
     """mp4 of the chosen path"""
     num_steps: int | None = None
@@ -42,10 +43,18 @@ class Args:
     """frame width, a multiple of 16 (default: the config's)"""
 
 
+def distance(frames: np.ndarray) -> float | None:
+    """Pixels between effector and block in the last frame (None when either is not seen)."""
+    found = detect_objects(frames[-1])
+    if found["effector"] is None or found["block"] is None:
+        return None
+    return float(np.linalg.norm(found["block"] - found["effector"]))
+
+
 def score(frames: np.ndarray) -> float:
-    """How blue the last frame is (a stand-in for a task score, e.g. a learned value of the frames)."""
-    rgb = frames[-1].astype(np.float32)
-    return float((rgb[..., 2] - rgb[..., 0]).mean())
+    """Higher is better: minus the effector-block distance (-inf when the frames show neither)."""
+    d = distance(frames)
+    return -np.inf if d is None else -d
 
 
 if __name__ == "__main__":
@@ -59,31 +68,37 @@ if __name__ == "__main__":
     # env setup
     overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
                  if v is not None}
-    env = worldstep.make_env(args.model, max_windows=args.windows, **overrides)
+    env = worldstep.make_env(args.model, max_windows=args.windows, success_fn="none", **overrides)
     obs, _ = env.reset(seed=args.seed)
-    nominal = np.zeros(env.action_space.shape, np.float32)
+    start = distance(obs["frames"])
+    print(f"start: effector-block distance {start if start is None else round(start, 1)} px")
 
-    with Mp4Writer(args.out, env.metadata["render_fps"]) as video:
+    with Mp4Writer(args.out, frame_fps(env)) as video:
         video.write(obs["frames"][0])
         for window in range(args.windows):
             # fork N candidates from the current state, each with its own noise seed and actions
             results = []
             for k in range(args.candidates):
                 candidate = env.fork(seed=int(rng.integers(2**31)))
-                actions = np.clip(nominal + args.noise * rng.standard_normal(nominal.shape), -1, 1).astype(np.float32)
+                actions = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
                 cand_obs, _, _, _, info = candidate.step(actions)
-                results.append((score(cand_obs["frames"]), k, candidate, cand_obs, info))
-            pages = env.model.kv.num_used_pages
-            best_score, best_k, best, obs, info = max(results, key=lambda r: r[0])
+                results.append((score(cand_obs["frames"]), k, candidate, cand_obs))
+            pages = env.model.kv.table.num_used_pages
+            best_score, best_k, best, obs = max(results, key=lambda r: r[0])
 
             # continue from the best; close the rest (and the pre-fork rollout)
-            for _, _, candidate, _, _ in results:
+            for _, _, candidate, _ in results:
                 if candidate is not best:
                     candidate.close()
             env.close()
             env = best
             video.write(obs["frames"])
-            print(f"window {window}: scores {[round(r[0], 2) for r in results]} -> candidate {best_k}; "
+            print(f"window {window}: scores {[round(r[0], 1) for r in results]} -> candidate {best_k}; "
                   f"{pages} KV pages held by {args.candidates + 1} rollouts sharing their past")
     env.close()
-    print(f"video {args.out}")
+    end = distance(obs["frames"])
+    if start is None or end is None:
+        print(f"cannot see the effector and the block in the frames (random weights? try --model pusher); "
+              f"video {args.out}")
+    else:
+        print(f"effector-block distance {start:.1f} -> {end:.1f} px; video {args.out}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from worldstep.cli import parse_dataclass_args
 from worldstep.engine.attention import PagedAttentionBatch, paged_attention
-from worldstep.engine.kv import PagedAllocationManager
+from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
 from worldstep.engine.windowing import WindowSchedule
 
 
@@ -61,18 +61,18 @@ if __name__ == "__main__":
     gen = torch.Generator().manual_seed(args.seed)
 
     # engine: one page pool, one stream, one schedule
-    cache = PagedAllocationManager(
+    cache = PagedKVCache(
         num_layers=args.num_layers, num_pages=args.num_pages, page_size=args.page_size,
         num_kv_heads=args.num_kv_heads, head_dim=args.head_dim,
     )
-    key = ("demo", "main")
+    key = StreamKey("demo", StreamLabel.MAIN)
     schedule = WindowSchedule(None, args.window_units, context_units=args.context_units)
     policy = schedule.retention(args.tokens_per_unit, args.prefix_tokens)
 
     # prompt: prefilled once, protected for the whole rollout
-    cache.create_stream(key)
+    cache.table.create_stream(key)
     cache.append(key, *random_kv(args, args.prefix_tokens, gen))
-    cache.protect_prefix(key, args.prefix_tokens)
+    cache.table.protect_prefix(key, args.prefix_tokens)
 
     # rollout
     for plan in itertools.islice(schedule.windows(), args.windows):
@@ -83,12 +83,12 @@ if __name__ == "__main__":
             q = torch.randn(n, args.num_heads, args.head_dim, generator=gen)  # [n, H, D]
             paged_attention(q, k_new[layer], v_new[layer], batch, layer)  # [n, H, D], feeds the next layer in a model
         cache.append(key, k_new, v_new)  # commit
-        released = cache.apply_retention(key, policy)
+        released = cache.table.apply_retention(key, policy)
         table = cache.page_table(key)
         print(
             f"window {plan.index:3d}  units [{plan.start:4d}, {plan.end:4d})  seq_len {table.seq_len:4d}  "
-            f"released {released:3d} (total {table.released_tokens:5d})  pages_in_use {cache.pages_in_use('demo'):3d}"
+            f"released {released:3d} (total {table.released_tokens:5d})  pages_in_use {cache.table.pages_in_use('demo'):3d}"
         )
 
     cache.remove_session("demo")
-    assert cache.num_used_pages == 0
+    assert cache.table.num_used_pages == 0

@@ -8,33 +8,39 @@ obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 ```
 """
 
-from worldstep.envs.registration import register_envs
+from importlib import metadata as _metadata
 
 from .config import (
     CacheConfig,
     ConfigError,
-    DecoderConfig,
+    DecoderOptions,
     EnvConfig,
     ModelConfig,
-    RolloutConfig,
+    RolloutKnobs,
     WorldstepConfig,
     load_config,
 )
-from .evaluate import EpisodeConfig, evaluate
-from .world import load, make_env
+from .episodes import EpisodeConfig
+from .evaluate import evaluate
+from .registration import register_envs
+from .world import World, load, make_env
 
 register_envs()
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("worldstep")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CacheConfig",
     "ConfigError",
-    "DecoderConfig",
+    "DecoderOptions",
     "EnvConfig",
     "EpisodeConfig",
     "ModelConfig",
-    "RolloutConfig",
+    "RolloutKnobs",
+    "World",
     "WorldstepConfig",
     "evaluate",
     "load",

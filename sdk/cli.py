@@ -1,7 +1,11 @@
-"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info`` and ``bench``.
+"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info``, ``stats``, ``bench``, ``train`` and
+``fidelity``.
 
-Every command parses its flags into config overrides and calls the SDK; bad values come back as the
-SDK's errors (``ConfigError``/``ValueError`` naming the key, value and allowed range) with exit code 2.
+Every command parses its flags into config overrides and calls the SDK. Flags, files and the config are
+checked before any model loads (``cli_checks``); an error is one line on stderr naming the flag or key, the
+value and the allowed range (exit code 2; 1 for an unexpected failure, with the traceback under
+``WORLDSTEP_TRACEBACK=1``). Ctrl-C prints one line, leaves no partial video and writes the summary JSON with
+``"status": "interrupted"`` (exit code 130).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 import textwrap
 import typing
@@ -20,25 +25,25 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from worldstep.envs.registration import ENV_IDS
+
+from .cli_checks import (
+    RunInterrupted,
+    RunRecord,
+    check_episodes,
+    check_image_flag,
+    check_replay_length,
+    parse_set,
+    success_judge,
+    success_name,
+)
+from .registration import WORLD_MODEL_IDS
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs, values read as YAML scalars (``num_steps=2``, ``warm_cache=false``)."""
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE, e.g. --set num_steps=2")
-        overrides[key] = yaml.safe_load(value) if value else ""
-    return overrides
-
-
 def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, dict[str, Any]]:
-    model = args.config or ENV_IDS[args.env][0]
-    overrides = _parse_set(args.set)
+    model = args.config or WORLD_MODEL_IDS[args.env]
+    overrides = parse_set(args.set)
     for key in ("device", "prompt", "domain_id", "image", "context_frames"):
         value = getattr(args, key, None)
         if value is not None:
@@ -47,14 +52,63 @@ def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, d
     return model, overrides
 
 
+def _prepare(args: argparse.Namespace, **extra: Any):
+    """(model, config): the config with every override applied and checked, the device and the first-frame
+    image checked; no model is loaded. Commands hand the config itself to the SDK."""
+    from .world import check_device, resolve_config
+
+    model, overrides = _model_and_overrides(args, **extra)
+    config = resolve_config(model).with_overrides(**overrides)
+    if config.model.device != "auto":
+        check_device(config.model.device)
+    check_image_flag(getattr(args, "image", None))
+    return model, config
+
+
+def _run_info(args: argparse.Namespace, model: str, config) -> dict[str, Any]:
+    """What a summary records about the run: enough to repeat it."""
+    return {"command": args.command, "env": args.env if args.config is None else None, "config": model,
+            "policy": args.policy, "seed": args.seed, "prompt": config.env.prompt, "domain_id": config.env.domain_id,
+            "image": getattr(args, "image", None), "success_judge": success_name(args.success, config),
+            "set": parse_set(args.set)}
+
+
+def _early_policy(args: argparse.Namespace, config):
+    """The policy when the action shape can be read from the config (checks replay files and ``push``'s
+    width before loading); None when only the loaded model knows the shape."""
+    from .distributed import action_shape
+    from .policies import make_policy
+
+    shape = action_shape(config)
+    return None if shape is None else make_policy(args.policy, shape, seed=args.seed)
+
+
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(ENV_IDS),
+    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(WORLD_MODEL_IDS),
                        help=f"registered env id whose config to use (default {DEFAULT_ENV})")
-    group.add_argument("--config", help="config name (tiny, cosmos3_edge), .yaml path, checkpoint folder or hub id")
+    group.add_argument("--config", help="config name (tiny, pusher, cosmos3_edge), .yaml path, checkpoint folder "
+                                        "or hub id")
     parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the config's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set num_steps=2 --set num_pages=64 (repeatable)")
+                        help="override any config key, e.g. --set num_steps=2 or --set rollout.num_steps=2 "
+                             "(repeatable)")
+
+
+def _add_success_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--success", metavar="JUDGE",
+                        help="success judge of each window: sim (the config's simulator's pixel judge; the default "
+                             "when the config names a simulator), none, or module:function (frames -> bool)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is invalid; allowed: an int >= 1")
+    return value
 
 
 # --- dataclass flags (examples) ------------------------------------------------------------------
@@ -99,25 +153,83 @@ def parse_dataclass_args(cls: type, argv: list[str] | None = None):
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from .evaluate import rollout
+    from .local import rollout
     from .policies import make_policy
     from .world import make_env
 
-    model, overrides = _model_and_overrides(args, max_windows=args.windows)
+    if args.truth and args.image is not None:
+        raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
+    model, config = _prepare(args, max_windows=args.windows)
+    success = success_judge(args.success, config)
+    policy = _early_policy(args, config)
+    check_replay_length(policy, args.windows, args.policy)
+    summary = _summary_path(args)
     if args.truth:
-        return _rollout_truth(args, model, overrides)
-    env = make_env(model, **overrides)
-    try:
-        policy = make_policy(args.policy, env.action_space, seed=args.seed)
-        result = rollout(env, policy, seed=args.seed, max_windows=args.windows, video_path=args.out,
-                         progress=not args.quiet)
-    finally:
-        env.close()
-    summary_path = _write_summary(args, model, **vars(result))
+        return _rollout_truth(args, model, config, policy, summary)
+    record = RunRecord(summary, "--summary", **_run_info(args, model, config))
+    with record.guard(f"no video written ({args.out} unchanged)"):
+        env = make_env(config, success_fn=success)
+        try:
+            if policy is None:
+                policy = make_policy(args.policy, env.action_space, seed=args.seed)
+                check_replay_length(policy, args.windows, args.policy)
+            result = rollout(env, policy, seed=args.seed, max_windows=args.windows, video_path=args.out,
+                             progress=not args.quiet, on_window=record.window_done)
+        finally:
+            env.close()
+    summary_path = record.finish(**vars(result))
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
     return 0
+
+
+def _summary_path(args: argparse.Namespace) -> Path:
+    """``--summary``, default ``--out`` with ``.json``; both checked as files to write."""
+    from .outputs import check_output_path
+
+    out = check_output_path(args.out, "--out")
+    return check_output_path(args.summary if args.summary else out.with_suffix(".json"), "--summary")
+
+
+def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary: Path) -> int:
+    import gymnasium as gym
+
+    from .policies import make_policy
+    from .truth import rollout_with_truth
+    from .world import make_env
+
+    if config.env.simulator is None:
+        raise ValueError(f"--truth is invalid for config {model!r}: its env.simulator is None; allowed: a config "
+                         f"that names its simulator (e.g. --env worldstep/Pusher-v0)")
+    if args.success not in (None, "sim"):
+        raise ValueError(f"--success {args.success} is invalid with --truth; allowed: sim (both sides are judged "
+                         "by the simulator's pixel judge)")
+    record = RunRecord(summary, "--summary", **_run_info(args, model, config), simulator=config.env.simulator)
+    with record.guard(f"no video written ({args.out} unchanged)"):
+        # the comparison runs every window: success is judged on both sides by rollout_with_truth, not by the env
+        env = make_env(config, success_fn="none")
+        truth = None
+        try:
+            truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
+            if policy is None:
+                policy = make_policy(args.policy, env.action_space, seed=args.seed)
+                check_replay_length(policy, args.windows, args.policy)
+            result = rollout_with_truth(env, truth, policy, seed=args.seed, max_windows=args.windows,
+                                        video_path=args.out, progress=not args.quiet, on_window=record.window_done)
+        finally:
+            env.close()
+            if truth is not None:
+                truth.close()
+    summary_path = record.finish(**vars(result), mean_psnr_db=result.mean_psnr_db)
+    psnr = ", ".join(f"{p:.1f}" for p in result.psnr_db)
+    print(f"{result.video}: model | {config.env.simulator}, {result.frames} frames in {result.windows} windows, "
+          f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
+          f"simulator {result.truth_success}; summary {summary_path}")
+    return 0
+
+
+# --- plan -----------------------------------------------------------------------------------------
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -130,70 +242,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
     proposals = {p.name: p for p in graded_policies()}
     if args.proposal not in proposals:
         raise ValueError(f"--proposal {args.proposal!r} is invalid; allowed: one of {sorted(proposals)}")
-    model, overrides = _model_and_overrides(args, max_windows=args.windows)
-    env = make_env(model, **overrides)
-    try:
-        planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates,
-                                         BlockToGoal(approach_weight=args.approach_weight))
-        result = closed_loop(env, planner, seed=args.seed, max_windows=args.windows, observe=args.observe,
-                             video_path=args.out)
-        base = None
-        if args.compare:
-            base = closed_loop(env, copy.deepcopy(proposals[args.proposal]), seed=args.seed, max_windows=args.windows,
-                               observe="simulator")
-    finally:
-        env.close()
+    objective = BlockToGoal(approach_weight=args.approach_weight)
+    model, config = _prepare(args, max_windows=args.windows)
+    if config.env.simulator is None:
+        raise ValueError(f"plan is invalid for config {model!r}: its env.simulator is None; allowed: a config that "
+                         "names its simulator (e.g. --env worldstep/Pusher-v0)")
+    summary = _summary_path(args)
+    record = RunRecord(summary, "--summary", **_run_info(args, model, config), proposal=args.proposal,
+                       candidates=args.candidates, observe=args.observe)
+    with record.guard(f"no video written ({args.out} unchanged)"):
+        env = make_env(config)
+        try:
+            planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates, objective)
+            result = closed_loop(env, planner, seed=args.seed, max_windows=args.windows, observe=args.observe,
+                                 video_path=args.out)
+            base = None
+            if args.compare:
+                base = closed_loop(env, copy.deepcopy(proposals[args.proposal]), seed=args.seed,
+                                   max_windows=args.windows, observe="simulator")
+        finally:
+            env.close()
     figures = {k: v for k, v in vars(result).items() if k != "actions"}
-    summary = _write_summary(args, model, **figures, proposal=args.proposal, candidates=args.candidates,
-                             actions=[a.tolist() for a in result.actions],
-                             base_sim_success=None if base is None else base.sim_success)
+    summary_path = record.finish(**figures, actions=[a.tolist() for a in result.actions],
+                                 base_sim_success=None if base is None else base.sim_success)
     line = (f"{result.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
             f"{result.windows} windows; simulator success {result.sim_success}")
     if result.model_success is not None:
         line += f", model success {result.model_success}"
     if base is not None:
         line += f"; {args.proposal} alone on the simulator: success {base.sim_success}"
-    print(f"{line}; summary {summary}")
-    return 0
-
-
-def _write_summary(args: argparse.Namespace, model: str, **figures: Any) -> Path:
-    """The rollout's JSON summary at ``--summary`` (default: ``--out`` with ``.json``)."""
-    summary = {"env": args.env if args.config is None else None, "config": model, "policy": args.policy, **figures}
-    path = Path(args.summary) if args.summary else Path(args.out).with_suffix(".json")
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path
-
-
-def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, Any]) -> int:
-    import gymnasium as gym
-
-    from .policies import make_policy
-    from .truth import rollout_with_truth
-    from .world import make_env
-
-    if args.image is not None:
-        raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
-    env = make_env(model, **overrides)
-    truth = None
-    try:
-        if env.simulator is None:
-            raise ValueError(f"--truth is invalid for config {model!r}: its env.simulator is None; allowed: a config "
-                             f"that names its simulator (e.g. --env worldstep/Pusher-v0)")
-        truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
-        policy = make_policy(args.policy, env.action_space, seed=args.seed)
-        result = rollout_with_truth(env, truth, policy, seed=args.seed, max_windows=args.windows,
-                                    video_path=args.out, progress=not args.quiet)
-    finally:
-        env.close()
-        if truth is not None:
-            truth.close()
-    summary_path = _write_summary(args, model, simulator=env.simulator, **vars(result),
-                                  mean_psnr_db=result.mean_psnr_db)
-    psnr = ", ".join(f"{p:.1f}" for p in result.psnr_db)
-    print(f"{result.video}: model | {env.simulator}, {result.frames} frames in {result.windows} windows, "
-          f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
-          f"simulator {result.truth_success}; summary {summary_path}")
+    print(f"{line}; summary {summary_path}")
     return 0
 
 
@@ -202,28 +280,46 @@ def _rollout_truth(args: argparse.Namespace, model: str, overrides: dict[str, An
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate
+    from .outputs import check_output_path
     from .policies import make_policy
     from .world import load
 
-    data = yaml.safe_load(Path(args.episodes).read_text())
-    episodes = data.get("episodes") if isinstance(data, dict) else data
-    model, overrides = _model_and_overrides(args)
+    path = Path(args.episodes)
+    if not path.is_file():
+        raise FileNotFoundError(f"episodes file {args.episodes!r} does not exist")
+    episodes = check_episodes(yaml.safe_load(path.read_text()))
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out-dir={args.out_dir!r} is invalid: it is a file; allowed: a folder")
+    check_output_path(out_dir / "report.json", "--out-dir")
+    model, config = _prepare(args)
+    success = success_judge(args.success, config)
+    policy = _early_policy(args, config)
+    longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
+    check_replay_length(policy, longest, args.policy)
     ray = {"backend": "ray", "ray_address": args.ray_address, "num_workers": args.workers} if args.ray else {}
     if args.ray:  # the actors load the model; the driver needs only its config
         from .distributed import driver_target
 
-        target, shape = driver_target(model, **overrides)
+        target, shape = driver_target(config)
     else:
-        target = load(model, **overrides)
+        target = load(config)
         shape = target.action_shape
-    policy = make_policy(args.policy, shape, seed=args.seed)
-    report = evaluate(target, policy, episodes, out_dir=args.out_dir, batched=args.batched,
-                      batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
-                      progress=not args.quiet, **ray)
+    if policy is None:
+        policy = make_policy(args.policy, shape, seed=args.seed)
+        check_replay_length(policy, longest, args.policy)
+    run = {**_run_info(args, model, config), "episodes_file": args.episodes}
+    try:
+        report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
+                          batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
+                          progress=not args.quiet, run_info=run, **ray)
+    except KeyboardInterrupt:
+        raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
+                             '("status": "interrupted")') from None
     failed = sum(e.status == "failed" for e in report.episodes)
     print(f"{len(report.episodes)} episodes: success rate {report.success_rate:.2f}, "
           f"mean return {report.mean_return:g}" + (f", {failed} failed" if failed else "")
-          + f"; report {Path(args.out_dir) / 'report.json'}")
+          + f"; report {out_dir / 'report.json'}")
     return 0
 
 
@@ -239,37 +335,48 @@ def _bytes(n: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    import torch
     from worldstep.engine.models.cosmos3 import CheckpointNotFoundError
 
-    from .memory import plan, plan_for_world
-    from .world import load, resolve_config
+    from .memory import plan, plan_for_world, weights_from_architecture, weights_of_world
+    from .world import load
 
-    model, overrides = _model_and_overrides(args)
-    config = resolve_config(model).with_overrides(**overrides)
+    model, config = _prepare(args)
     out: dict[str, Any] = {"model": config.model.name, "checkpoint": config.model.checkpoint}
     try:
         world = load(config)
     except CheckpointNotFoundError as err:
-        out["loaded"] = False
-        out["note"] = f"checkpoint not loaded, plan from model.architecture: {err}"
+        device = config.model.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        out.update(loaded=False, device=device, note=f"checkpoint not loaded, plan from model.architecture: {err}")
+        weights = weights_from_architecture(config)
         memory = plan(config, windows=args.windows, text_tokens=args.text_tokens)
     else:
         spec = world.spec
         out.update(loaded=True, device=str(world.model.device), dtype=str(world.model.dtype).removeprefix("torch."),
                    frame=f"{spec.height}x{spec.width} @ {spec.fps:g} fps", action_dim=spec.action_dim,
                    num_domains=spec.num_domains, chunk_size=config.rollout.chunk_size)
+        weights = weights_of_world(world)
         memory = plan_for_world(world, windows=args.windows)
+    out["weights"] = None if weights is None else weights.to_dict()
     out["memory"] = memory.to_dict()
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     for key, value in out.items():
-        if key != "memory":
+        if key not in ("memory", "weights"):
             print(f"{key:>12}: {value}")
+    if weights is not None:
+        how = "measured" if weights.measured else "estimated from model.architecture"
+        print(f"weights ({weights.dtype}, {how}):")
+        print(f"  transformer             {_bytes(weights.transformer_bytes)}")
+        print(f"  vae                     {_bytes(weights.vae_bytes)}")
+        print(f"  total                   {_bytes(weights.total_bytes)}")
     text = "measured" if memory.text_tokens_measured else "estimated, --text-tokens"
     cfg = "CFG, 2 streams" if memory.streams == 2 else "1 stream"
     context = f"{memory.context_frames} latent frames" if memory.context_frames else "unbounded"
-    print("memory plan:")
+    print("memory plan (KV cache):")
     print(f"  KV bytes per token      {memory.kv_bytes_per_token} ({_bytes(memory.kv_bytes_per_token)})")
     print(f"  page size               {memory.page_size} tokens = {_bytes(memory.page_bytes)}")
     print(f"  pages                   {memory.num_pages} = {_bytes(memory.pool_bytes)}")
@@ -279,6 +386,42 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  pages per episode       {memory.peak_pages_per_episode} at peak over {memory.windows} windows "
           f"({_bytes(memory.peak_pages_per_episode * memory.page_bytes)})")
     print(f"  episodes per pool       {memory.episodes_per_pool}")
+    if weights is not None:
+        print(f"weights + KV pool         {_bytes(weights.total_bytes + memory.pool_bytes)} on {out['device']}")
+    return 0
+
+
+# --- stats ----------------------------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from worldstep.engine.models.cosmos3.action_stats import STAT_KEYS, ActionStats
+
+    from .action_data import load_array_actions, load_lerobot_actions
+
+    source = Path(args.source)
+    if source.suffix in (".npy", ".npz"):
+        rows, meta = load_array_actions(source, key=args.key), {"source": str(source)}
+    else:
+        rows, meta = load_lerobot_actions(source, column=args.column)
+    if args.dims is not None:
+        start, _, stop = args.dims.partition(":")
+        if not (start.isdigit() and stop.isdigit() and int(start) < int(stop) <= rows.shape[1]):
+            raise ValueError(f"--dims {args.dims!r} is invalid; allowed: START:STOP with 0 <= START < STOP <= "
+                             f"{rows.shape[1]}")
+        rows, meta["dims"] = rows[:, int(start):int(stop)], args.dims
+    stats = ActionStats.compute(rows, metadata=meta)
+    if args.out:
+        stats.to_json(args.out)
+    if args.json:
+        print(json.dumps(stats.to_dict(), indent=2))
+        return 0
+    print(f"{stats.metadata['count']} action rows, {stats.width} dimensions, from {source}")
+    print("dim " + "".join(f"{k:>12}" for k in STAT_KEYS))
+    for d in range(stats.width):
+        print(f"{d:>3} " + "".join(f"{float(getattr(stats, k)[d]):>12.5g}" for k in STAT_KEYS))
+    if args.out:
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -320,14 +463,18 @@ def _run_module(module: str, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="worldstep", description="Drive a video world model like a simulator.")
+    parser.add_argument("--version", action="version", version=f"worldstep {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("rollout", help="closed-loop rollout with a policy; writes an mp4 and a JSON summary")
     _add_model_flags(p)
     p.add_argument("--policy", default="sine", help="sine, random, push (PushSim's pixel expert) or replay:PATH.npy "
                                                     "(default sine)")
-    p.add_argument("--windows", type=int, default=8, help="windows to generate (default 8)")
+    p.add_argument("--windows", type=_positive_int, default=8, help="windows to generate (default 8)")
+    _add_success_flag(p)
     p.add_argument("--truth", action="store_true",
                    help="step the model's simulator (config env.simulator) with the same actions; the mp4 shows "
                         "model | simulator side by side and the summary holds PSNR per window")
@@ -336,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
     p.add_argument("--prompt", help="text prompt (default: the config's)")
     p.add_argument("--domain-id", dest="domain_id", type=int, help="embodiment domain (default: the config's)")
-    p.add_argument("--image", help="first frame image path (default: a drawn tabletop scene)")
+    p.add_argument("--image", help="first frame image path (default: the simulator's scene for --seed, else a drawn "
+                                   "tabletop scene)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_rollout)
 
@@ -344,28 +492,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("episodes", help="YAML: a list of episodes (seed, prompt, domain_id, image, max_windows) "
                                     "or a mapping with an 'episodes' list")
     _add_model_flags(p)
-    p.add_argument("--policy", default="sine", help="sine, random or replay:PATH.npy (default sine)")
+    p.add_argument("--policy", default="sine", help="sine, random, push or replay:PATH.npy (default sine)")
+    _add_success_flag(p)
     p.add_argument("--out-dir", default="runs/eval", help="report and video folder (default runs/eval)")
     p.add_argument("--batched", action="store_true", help="step episodes together in one vector env")
-    p.add_argument("--batch-size", type=int, help="episodes per batch (default: all)")
+    p.add_argument("--batch-size", type=_positive_int, help="episodes per batch (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of episodes without one: seed + index")
     p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--ray", action="store_true",
                    help="shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')")
     p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
-    p.add_argument("--workers", type=int, default=2, help="Ray actors with --ray (default 2)")
+    p.add_argument("--workers", type=_positive_int, default=2, help="Ray actors with --ray (default 2)")
     p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser("info", help="model, device and KV memory plan")
-    _add_model_flags(p)
-    p.add_argument("--windows", type=int, default=32, help="episode length for the plan (default 32)")
-    p.add_argument("--context-frames", dest="context_frames", type=int,
-                   help="committed latent frames kept in context (default: the config's)")
-    p.add_argument("--text-tokens", type=int, default=256,
-                   help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("plan", help="model-predictive planning in a world model (pusher), judged by its simulator")
     _add_model_flags(p)
@@ -373,23 +512,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proposal", default="noisy0.8",
                    help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
                         "worldstep.fidelity.policies.graded_policies)")
-    p.add_argument("--candidates", type=int, default=8, help="chunks imagined per window (default 8)")
+    p.add_argument("--candidates", type=_positive_int, default=8, help="chunks imagined per window (default 8)")
     p.add_argument("--approach-weight", type=float, default=0.0,
                    help="weight of the effector-to-block distance in the cost (default 0)")
     p.add_argument("--observe", choices=["model", "simulator"], default="model",
                    help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
                         "model on the simulator's frame every window (MPC)")
-    p.add_argument("--windows", type=int, default=16, help="windows per episode (default 16)")
+    p.add_argument("--windows", type=_positive_int, default=16, help="windows per episode (default 16)")
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
     p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
     p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
     p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
-    p.set_defaults(func=cmd_plan, policy="planner")
+    p.set_defaults(func=cmd_plan, policy="planner", success=None)
+
+    p = sub.add_parser("info", help="model, device, weights and KV memory plan")
+    _add_model_flags(p)
+    p.add_argument("--windows", type=_positive_int, default=32, help="episode length for the plan (default 32)")
+    p.add_argument("--context-frames", dest="context_frames", type=int,
+                   help="committed latent frames kept in context (default: the config's)")
+    p.add_argument("--text-tokens", type=_positive_int, default=256,
+                   help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser(
+        "stats", help="per-dimension action statistics (q01, q99, mean, std, min, max) for ActionNormalizer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Arm embodiments (DROID, Bridge, fractal, UMI) take 10 numbers per step: the end-effector motion\n"
+               "dT = T_t^-1 T_t+1 as translation (3) + the first two rotation columns (6), then the gripper;\n"
+               "worldstep.action_data.relative_pose_actions builds them from absolute 4x4 poses.")
+    p.add_argument("source", help=".npy, .npz, a .parquet file or a LeRobot dataset folder (data/**/*.parquet)")
+    p.add_argument("--column", default="action", help="parquet column holding the actions (default action)")
+    p.add_argument("--key", help=".npz array name (default actions, action or the only array)")
+    p.add_argument("--dims", help="keep dimensions START:STOP, e.g. 0:10")
+    p.add_argument("--out", help="write the stats JSON (cosmos-framework's normalizer-stats format) here")
+    p.add_argument("--json", action="store_true", help="print the stats JSON instead of a table")
+    p.set_defaults(func=cmd_stats)
 
     _add_bench(sub)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")
     return parser
+
+
+# Errors a user can fix from the message alone: flags, files, config keys and values (exit code 2).
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+               ImportError, IndexError, yaml.YAMLError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,9 +567,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, IndexError, ImportError) as err:
-        print(f"worldstep {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except RunInterrupted as err:
+        print(f"worldstep {args.command}: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"worldstep {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if os.environ.get("WORLDSTEP_TRACEBACK"):
+            raise
+        user_error = isinstance(err, USER_ERRORS)
+        hint = "" if user_error else " (unexpected; set WORLDSTEP_TRACEBACK=1 to see the traceback)"
+        print(f"worldstep {args.command}: error: {_one_line(err)}{hint}", file=sys.stderr)
+        return 2 if user_error else 1
+
+
+def _one_line(err: BaseException) -> str:
+    """The error's message on one line (a config error with several problems joins them with '; ')."""
+    text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return text if isinstance(err, (ValueError, TypeError, FileNotFoundError)) else f"{type(err).__name__}: {text}"
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 
 A config file has five sections (see ``configs/tiny.yaml``)::
 
-    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend
-    rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt
+    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend, cuda_graphs
+    rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt,
+             view_point, decode                                  (the engine's ``RolloutKnobs``)
     cache:   page_size, num_pages, cpu_offload_pages
     decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, onednn_conv, max_warm_streams,
-             context_latents
+             context_latents, dtype                              (the engine's ``DecoderOptions``)
     env:     max_windows, prompt, domain_id, image, action_width, simulator
 
 Every model is frozen, rejects unknown keys and uses strict types: an integer knob refuses ``true`` and
@@ -20,19 +21,30 @@ import importlib.resources
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import field_validator, model_validator
+from worldstep.engine.models.cosmos3 import Cosmos3Architecture, RolloutKnobs
+from worldstep.engine.settings import (
+    ConfigError,
+    NonNegativeInt,
+    PositiveInt,
+    StrictModel,
+    UnknownKeyError,
+    unknown_key_message,
+)
+from worldstep.engine.vae import DecoderOptions
 
 __all__ = [
     "CONFIG_NAMES",
     "CacheConfig",
     "ConfigError",
-    "DecoderConfig",
+    "DecoderOptions",
+    "UnknownKeyError",
     "EnvConfig",
     "ModelConfig",
-    "RolloutConfig",
+    "RolloutKnobs",
     "WorldstepConfig",
     "load_config",
 ]
@@ -41,87 +53,15 @@ EMBEDDED_PREFIX = "embedded:"
 _DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
-class ConfigError(ValueError):
-    """A config value or key is not allowed; the message names the key, the value and the allowed range."""
-
-
-# Messages for pydantic's error types, phrased as what the value must be.
-_MUST_BE = {
-    "int_type": "an integer (not a bool, float or string)",
-    "float_type": "a number",
-    "bool_type": "a boolean true/false (not a string or number)",
-    "string_type": "a string",
-    "dict_type": "a mapping",
-    "model_type": "a mapping",
-}
-
-
-def _describe(error: dict[str, Any], owner: type[BaseModel] | None) -> str:
-    key = ".".join(str(part) for part in error["loc"])
-    kind, ctx = error["type"], error.get("ctx", {})
-    nested = ctx.get("error")
-    if isinstance(nested, ConfigError):  # a section's own __init__ already described it
-        return "\n".join(f"{key}.{line}" if key else line for line in str(nested).splitlines())
-    if kind == "value_error" and not key:  # a check across fields states its own message
-        return str(nested or error["msg"])
-    if kind == "missing":
-        return f"{key}: required key is missing"
-    if kind == "extra_forbidden":
-        allowed = ", ".join(owner.model_fields) if owner is not None else "?"
-        return f"{key}: unknown key (allowed keys: {allowed})"
-    if kind == "value_error":
-        must = str(ctx.get("error", error["msg"]))
-    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        sign = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-        must = f"{sign[kind]} {next(iter(ctx.values()))}"
-    elif kind == "literal_error":
-        must = f"one of {ctx.get('expected', error['msg'])}"
-    else:
-        must = _MUST_BE.get(kind, error["msg"])
-    return f"{key} = {error.get('input')!r}: must be {must}"
-
-
-def _owner_of(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The model class that holds the field at ``loc[:-1]`` (for listing allowed keys)."""
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        model = annotation
-    return model
-
-
-class _Config(BaseModel):
-    """Frozen, strict, no unknown keys; validation errors come out as one :class:`ConfigError`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            lines = [_describe(e, _owner_of(type(self), e["loc"])) for e in exc.errors()]
-            raise ConfigError("\n".join(lines)) from None
-
-    def replace(self, **changes: Any):
-        """A validated copy with ``changes`` applied (the same rules as the constructor)."""
-        return type(self)(**{**self.model_dump(), **changes})
-
-
-NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
-
-
-class ModelConfig(_Config):
+class ModelConfig(StrictModel):
     """Which checkpoint to load and where to run it."""
 
     name: str
     """a label for reports and videos"""
     checkpoint: str
     """``embedded:<name>`` (built on first use from ``architecture``), a diffusers-layout directory, or a hub id"""
-    architecture: dict[str, Any] | None = None
-    """passed verbatim to the engine's checkpoint builder; required for ``embedded:`` checkpoints"""
+    architecture: Cosmos3Architecture | None = None
+    """the engine's checkpoint builder input; required for ``embedded:`` checkpoints"""
     height: PositiveInt | None = None
     """frame height in pixels (None: the checkpoint's)"""
     width: PositiveInt | None = None
@@ -134,6 +74,8 @@ class ModelConfig(_Config):
     """weights and activations dtype (None: float32, the engine's default)"""
     attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
     """``sdpa`` runs anywhere, ``flashinfer`` uses paged kernels on CUDA, ``auto`` picks"""
+    cuda_graphs: bool = False
+    """replay each window's denoise steps from one captured CUDA graph (CUDA with ``sdpa`` only)"""
 
     @field_validator("name", "checkpoint")
     @classmethod
@@ -163,33 +105,7 @@ class ModelConfig(_Config):
         return None
 
 
-class RolloutConfig(_Config):
-    """How each window is generated (the engine's ``RolloutKnobs``)."""
-
-    chunk_size: int = 4
-    """actions (and pixel frames) per window; a multiple of 4 (the VAE's temporal compression), >= 4"""
-    num_steps: PositiveInt = 4
-    """denoising steps per window"""
-    guidance_scale: Annotated[float, Field(ge=1.0)] = 1.0
-    """text classifier-free guidance; 1 disables the unconditional stream"""
-    context_frames: NonNegativeInt = 0
-    """committed pixel frames kept in the KV cache behind the prompt; 0 keeps everything"""
-    window_mode: Literal["kv", "chained"] = "kv"
-    """``kv`` attends to committed K/V of past windows; ``chained`` conditions on the previous window's tail"""
-    flow_shift: Annotated[float, Field(gt=0.0)] = 5.0
-    """shift of the flow-matching sigma schedule"""
-    negative_prompt: str = ""
-    """text of the unconditional stream when guidance_scale > 1"""
-
-    @field_validator("chunk_size")
-    @classmethod
-    def _chunk(cls, value: int) -> int:
-        if value < 4 or value % 4:
-            raise ValueError("a multiple of 4 and >= 4")
-        return value
-
-
-class CacheConfig(_Config):
+class CacheConfig(StrictModel):
     """The paged KV cache shared by every session of one loaded model."""
 
     page_size: PositiveInt = 16
@@ -200,33 +116,7 @@ class CacheConfig(_Config):
     """pages in the CPU pool sessions can be offloaded to"""
 
 
-class DecoderConfig(_Config):
-    """The warm streaming VAE decoder (the engine's ``DecoderOptions``)."""
-
-    warm_cache: bool = True
-    """keep each stream's causal-conv cache so a window decodes only its new latents"""
-    latents_per_call: NonNegativeInt = 1
-    """latents per decoder call; 0 decodes a window's latents in one call (larger peak memory)"""
-    channels_last: bool = False
-    """run the decoder in channels-last layout"""
-    cudnn_benchmark: bool = False
-    """set cudnn.benchmark around the decode"""
-    onednn_conv: bool = False
-    """on CPU, run the decoder's 3-D convs through oneDNN: several times faster, equal to ``vae.decode``
-    within float32 rounding instead of bit for bit"""
-    max_warm_streams: NonNegativeInt = 0
-    """cap on streams holding a warm cache; 0 means no cap"""
-    context_latents: PositiveInt = 8
-    """latents re-decoded ahead of a window by a stream without a warm cache"""
-
-    def to_options(self):
-        """The engine's ``DecoderOptions`` with these values."""
-        from worldstep.engine.vae import DecoderOptions
-
-        return DecoderOptions(**self.model_dump())
-
-
-class EnvConfig(_Config):
+class EnvConfig(StrictModel):
     """Episode defaults of the gymnasium env (each can be overridden per ``reset``)."""
 
     max_windows: PositiveInt = 32
@@ -254,13 +144,13 @@ class EnvConfig(_Config):
 _SECTIONS = ("model", "rollout", "cache", "decoder", "env")
 
 
-class WorldstepConfig(_Config):
+class WorldstepConfig(StrictModel):
     """A whole run: the five sections of a config YAML."""
 
     model: ModelConfig
-    rollout: RolloutConfig = RolloutConfig()
+    rollout: RolloutKnobs = RolloutKnobs()
     cache: CacheConfig = CacheConfig()
-    decoder: DecoderConfig = DecoderConfig()
+    decoder: DecoderOptions = DecoderOptions()
     env: EnvConfig = EnvConfig()
 
     @classmethod
@@ -307,20 +197,30 @@ def _section_of(key: str) -> str:
         if key in WorldstepConfig.model_fields[section].annotation.model_fields:
             return section
     allowed = sorted(k for s in _SECTIONS for k in WorldstepConfig.model_fields[s].annotation.model_fields)
-    raise ConfigError(f"{key}: unknown key (allowed keys: {', '.join(_SECTIONS)}, {', '.join(allowed)})")
+    raise UnknownKeyError(unknown_key_message(key, [*_SECTIONS, *allowed]))
 
 
-CONFIG_NAMES = ("tiny", "cosmos3_edge", "pusher")
+CONFIG_NAMES = ("tiny", "cosmos3_edge", "cosmos3_nano", "pusher")
 """Configs shipped as package data (``worldstep.configs``)."""
 
 
+def _shipped_yaml(name: str) -> dict[str, Any]:
+    with importlib.resources.as_file(importlib.resources.files("worldstep.configs") / f"{name}.yaml") as p:
+        return yaml.safe_load(p.read_text())
+
+
+def shipped_env_section(name: str) -> EnvConfig:
+    """A shipped config's ``env`` section alone (validated; cheap: no model code is imported)."""
+    return EnvConfig(**(_shipped_yaml(name).get("env") or {}))
+
+
 def load_config(name_or_path: str | os.PathLike) -> WorldstepConfig:
-    """A shipped config by name (``tiny``, ``cosmos3_edge``; ``-`` and ``_`` interchangeable) or a YAML path."""
+    """A shipped config by name (``tiny``, ``cosmos3_edge``, ``cosmos3_nano``; ``-`` and ``_`` interchangeable) or a
+    YAML path."""
     name = str(name_or_path)
     key = name.replace("-", "_").lower()
     if key in CONFIG_NAMES:
-        with importlib.resources.as_file(importlib.resources.files("worldstep.configs") / f"{key}.yaml") as p:
-            return WorldstepConfig.from_yaml(p)
+        return WorldstepConfig.from_dict(_shipped_yaml(key))
     if name.endswith((".yaml", ".yml")) or Path(name).is_file():
         return WorldstepConfig.from_yaml(name)
     raise ConfigError(f"config = {name!r}: must be one of {CONFIG_NAMES} or a path to a .yaml file")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
-from worldstep.envs.video import Mp4Writer
+from worldstep.envs.video import Mp4Writer, frame_fps
 
 from .policies import Policy
 
@@ -161,7 +161,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     first = sim_obs["frames"][0]
     if observe == "model":
         result.model_success = False
-    writer = None if video_path is None else Mp4Writer(video_path, env.metadata["render_fps"])
+    writer = None if video_path is None else Mp4Writer(video_path, frame_fps(env))
     try:
         if writer is not None:
             writer.write(side_by_side(obs["frames"][:1], sim_obs["frames"][:1], scale))

@@ -31,7 +31,8 @@ class Policy(Protocol):
         """The next window's actions, float32 in [-1, 1]."""
 
 
-def _chunk_shape(action_space: spaces.Box | tuple[int, int]) -> tuple[int, int]:
+def chunk_shape(action_space: spaces.Box | tuple[int, int]) -> tuple[int, int]:
+    """The ``(chunk_size, action_width)`` of an action space (or of such a tuple), checked."""
     shape = action_space.shape if isinstance(action_space, spaces.Box) else action_space
     if not (isinstance(shape, tuple) and len(shape) == 2 and all(isinstance(n, int) and n >= 1 for n in shape)):
         raise ValueError(f"action_space={action_space!r} is invalid; allowed: a Box or a tuple "
@@ -43,7 +44,7 @@ class RandomPolicy:
     """Uniform actions in [-1, 1] from a seeded generator (``reset(seed)`` reseeds)."""
 
     def __init__(self, action_space: spaces.Box | tuple[int, int], seed: int | None = None) -> None:
-        self.shape = _chunk_shape(action_space)
+        self.shape = chunk_shape(action_space)
         self.rng = np.random.default_rng(seed)
 
     def reset(self, seed: int | None = None) -> None:
@@ -62,7 +63,7 @@ class SinePolicy:
 
     def __init__(self, action_space: spaces.Box | tuple[int, int], period: float = 48.0,
                  amplitude: float = 0.8) -> None:
-        self.shape = _chunk_shape(action_space)
+        self.shape = chunk_shape(action_space)
         if not period > 0:
             raise ValueError(f"period={period!r} is invalid; allowed: a number of frames > 0")
         if not 0 <= amplitude <= 1:
@@ -89,7 +90,7 @@ class ReplayPolicy:
     """
 
     def __init__(self, actions: str | os.PathLike | np.ndarray, action_space: spaces.Box | tuple[int, int]) -> None:
-        chunk, width = self.shape = _chunk_shape(action_space)
+        chunk, width = self.shape = chunk_shape(action_space)
         source = actions
         if isinstance(actions, (str, os.PathLike)):
             if not Path(actions).is_file():
@@ -136,7 +137,7 @@ class PerStepPolicy:
         if not callable(fn):
             raise TypeError(f"fn={fn!r} is invalid; allowed: a callable frame -> action")
         self.fn = fn
-        self.shape = _chunk_shape(action_space)
+        self.shape = chunk_shape(action_space)
 
     def reset(self, seed: int | None = None) -> None:
         reset = getattr(self.fn, "reset", None)
@@ -167,7 +168,7 @@ def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int
     if spec == "push":
         from worldstep.fidelity.policies import PixelPushPolicy
 
-        shape = _chunk_shape(action_space)
+        shape = chunk_shape(action_space)
         if shape[1] != 2:
             raise ValueError(f"policy='push' needs actions (chunk, 2); the env's action shape is {shape}")
         return PixelPushPolicy(0.0, chunk_size=shape[0], name="push")

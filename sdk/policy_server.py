@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from worldstep.engine.checks import check_int
 
 from .remote_policy import packb, unpackb
 
@@ -40,8 +41,7 @@ class PolicyServer:
                  lifetime_s: float = 3600.0) -> None:
         if not callable(infer):
             raise TypeError(f"infer={infer!r} is invalid; allowed: a callable obs dict -> reply dict")
-        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
-            raise ValueError(f"max_requests={max_requests!r} is invalid; allowed: an int >= 1")
+        check_int("max_requests", max_requests, 1)
         if not lifetime_s > 0:
             raise ValueError(f"lifetime_s={lifetime_s!r} is invalid; allowed: seconds > 0")
         self.infer = infer

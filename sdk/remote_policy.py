@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from worldstep.engine.checks import check_int
 
-from .policies import _chunk_shape
+from .policies import chunk_shape
 
 __all__ = [
     "ActionMode",
@@ -260,7 +261,7 @@ class RemotePolicy:
                  action_key: str = "actions", action_mode: str | ActionMode = ActionMode.EXACT,
                  clip: bool = False, timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
                  api_key: str | None = None, max_queries_per_window: int = 8) -> None:
-        self.shape = _chunk_shape(action_space)
+        self.shape = chunk_shape(action_space)
         self.obs_keys = _check_obs_keys(DEFAULT_OBS_KEYS if obs_keys is None else obs_keys)
         if ObsSource.PROMPT in self.obs_keys.values() and not (isinstance(prompt, str) and prompt.strip()):
             raise ValueError(f"prompt={prompt!r} is invalid; obs_keys maps "
@@ -283,9 +284,7 @@ class RemotePolicy:
         if not isinstance(clip, bool):
             raise TypeError(f"clip={clip!r} is invalid; allowed: True or False")
         self.clip = clip
-        if isinstance(max_queries_per_window, bool) or not isinstance(max_queries_per_window, int) \
-                or max_queries_per_window < 1:
-            raise ValueError(f"max_queries_per_window={max_queries_per_window!r} is invalid; allowed: an int >= 1")
+        check_int("max_queries_per_window", max_queries_per_window, 1)
         self.max_queries_per_window = max_queries_per_window
         self.client = PolicyClient(endpoint, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
                                    api_key=api_key)

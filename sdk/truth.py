@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
-from worldstep.envs.video import Mp4Writer
+from worldstep.envs.video import Mp4Writer, frame_fps
 
 from .fidelity.metrics import psnr
 from .policies import Policy
@@ -44,21 +47,69 @@ class TruthComparison:
         return float(np.mean(self.psnr_db)) if self.psnr_db else float("nan")
 
 
-def side_by_side(left: np.ndarray, right: np.ndarray, scale: int = 4, gap: int = 2) -> np.ndarray:
-    """``(T, H, W, 3)`` frames joined left | right with a white gap, upscaled ``scale``x (nearest)."""
+HEADER_PX = 32
+"""Height of the label strip above a labelled side-by-side video (two lines of text)."""
+
+
+def side_by_side(left: np.ndarray, right: np.ndarray, scale: int = 4, gap: int = 2,
+                 labels: tuple[str, str] | None = None, caption: str | None = None) -> np.ndarray:
+    """``(T, H, W, 3)`` frames joined left | right with a white gap, upscaled ``scale``x (nearest).
+
+    With ``labels`` (e.g. ``("model", "simulator")``) and/or ``caption`` (e.g. ``"window 3  PSNR 24.1 dB"``)
+    a ``HEADER_PX`` strip above the frames names each half over it and shows the caption below the names.
+    """
     bar = np.full((*left.shape[:2], gap, 3), 255, np.uint8)
     joined = np.concatenate([left, bar, right], axis=2)
-    return joined.repeat(scale, axis=1).repeat(scale, axis=2)
+    frames = joined.repeat(scale, axis=1).repeat(scale, axis=2)  # [T, H*scale, (2W+gap)*scale, 3]
+    if labels is None and caption is None:
+        return frames
+    header = _header(frames.shape[2], left.shape[2] * scale, (left.shape[2] + gap) * scale, labels, caption)
+    return np.concatenate([np.broadcast_to(header, (len(frames), *header.shape)), frames], axis=1)
+
+
+def _header(width: int, left_width: int, right_start: int, labels: tuple[str, str] | None,
+            caption: str | None) -> np.ndarray:
+    """``[HEADER_PX, width, 3]`` uint8: the halves' names at their left edges, the caption centred below."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, HEADER_PX), (0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    font = _font()
+    if labels is not None:
+        draw.text((4, 2), labels[0], fill=(255, 255, 255), font=font)
+        draw.text((right_start + 4, 2), labels[1], fill=(255, 255, 255), font=font)
+    if caption is not None:
+        text_width = draw.textlength(caption, font=font)
+        draw.text(((width - text_width) / 2, HEADER_PX // 2 + 1), caption, fill=(255, 220, 120), font=font)
+    return np.asarray(image)
+
+
+@lru_cache(maxsize=1)
+def _font() -> Any:
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=12)
+    except (ImportError, OSError, TypeError):  # a Pillow without FreeType: its bitmap font
+        return ImageFont.load_default()
+
+
+def _caption(window: int | None, psnr_db: float | None) -> str:
+    if window is None:
+        return "first frame"
+    return f"window {window}   PSNR {psnr_db:.1f} dB"
 
 
 def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: int = 0, max_windows: int = 8,
                        video_path: str | os.PathLike | None = None, scale: int = 4,
-                       progress: bool = False) -> TruthComparison:
+                       progress: bool = False, on_window: Callable[[], Any] | None = None) -> TruthComparison:
     """Closed loop on the model (the policy sees the model's frames); the simulator replays each chunk.
 
     The episode runs ``max_windows`` windows or until the model env ends it. ``env`` must reset to the
     simulator's first frame for ``seed`` (a model env made with ``simulator``). Success on both sides is the
     simulator's pixel judge ``success_from_frames`` when it has one (goal from the simulator's first frame).
+    The video labels its halves (model | the simulator's id) and shows each window's number and PSNR; it is
+    renamed into place when the episode ends (an exception leaves ``video_path`` as it was).
     """
     if getattr(env.unwrapped, "simulator", None) is None:
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
@@ -73,11 +124,13 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
                          f"frame shape {obs['frames'].shape} (same chunk size and frame size)")
     judge = getattr(truth.unwrapped, "success_from_frames", None)
     first = truth_obs["frames"][0]
-    writer = None if video_path is None else Mp4Writer(video_path, env.metadata["render_fps"])
+    labels = ("model", getattr(getattr(truth, "spec", None), "id", None) or "simulator")
+    writer = None if video_path is None else Mp4Writer(video_path, frame_fps(env))
     bar = tqdm(total=max_windows, desc="rollout+truth", unit="window", disable=not progress)
     try:
         if writer is not None:
-            writer.write(side_by_side(obs["frames"][:1], truth_obs["frames"][:1], scale))
+            writer.write(side_by_side(obs["frames"][:1], truth_obs["frames"][:1], scale, labels=labels,
+                                      caption=_caption(None, None)))
             result.video = str(writer.path)
         for _ in range(max_windows):
             actions = policy(obs)
@@ -90,13 +143,20 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
                 result.model_success = result.model_success or bool(judge(first, obs["frames"]))
                 result.truth_success = result.truth_success or bool(judge(first, truth_obs["frames"]))
             if writer is not None:
-                writer.write(side_by_side(obs["frames"], truth_obs["frames"], scale))
+                caption = _caption(result.windows - 1, result.psnr_db[-1])
+                writer.write(side_by_side(obs["frames"], truth_obs["frames"], scale, labels=labels, caption=caption))
             bar.update(1)
+            if on_window is not None:
+                on_window()
             if terminated or truncated:
                 break
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
+    if writer is not None:
+        writer.close()
     result.wall_s = time.perf_counter() - start
     return result

@@ -13,9 +13,9 @@ import numpy as np
 
 from .config import CONFIG_NAMES, ConfigError, WorldstepConfig, load_config
 
-# Loaded engine models by (model, cache, decoder) sections: envs made from the same config share the
-# weights and the page pool while any of them is alive; the entry goes when the last holder does.
-_LOADED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+# Models loaded with `load(..., share=True)`, by their (model, cache, decoder) sections; an entry goes when
+# the last World holding it does. `load` without `share` never looks here.
+_SHARED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 _ENV_RUNTIME_KEYS = ("render_mode", "reward_fn", "success_fn")
 
@@ -25,7 +25,8 @@ class World:
     """A loaded world model and the config it was loaded with.
 
     ``model`` is the engine's ``Cosmos3WorldModel`` (``spec``, ``kv``, ``decoder``, ``open_session``,
-    ``step_batch``). A World is a handle: copying it (gymnasium deep-copies env kwargs) shares the model.
+    ``step``, ``fork``, ``close``). A World is a handle to one loaded model and its page pool: pass it around
+    (``make_env(world)``, ``gym.make(id, model=world)``) to share them; copying it copies the handle.
     """
 
     model: Any
@@ -38,10 +39,8 @@ class World:
 
     @property
     def knobs(self):
-        """The engine's ``RolloutKnobs`` for ``config.rollout``."""
-        from worldstep.engine.models.cosmos3 import RolloutKnobs
-
-        return RolloutKnobs(**self.config.rollout.model_dump())
+        """The rollout knobs of this world's sessions (``config.rollout``, the engine's ``RolloutKnobs``)."""
+        return self.config.rollout
 
     @property
     def action_shape(self) -> tuple[int, int]:
@@ -71,6 +70,8 @@ def resolve_config(model: str | os.PathLike | WorldstepConfig | World) -> Worlds
         return load_config(text)
     local = Path(text).expanduser()
     is_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and not local.exists()
+    if not local.exists() and not is_hub_id and (text.startswith((".", "/", "~")) or os.sep in text):
+        raise FileNotFoundError(f"checkpoint folder {text!r} does not exist")
     if local.is_dir() or is_hub_id:
         # A real checkpoint: the run settings of the config its worldstep.json names (a checkpoint that
         # `worldstep train` wrote says "pusher"), else Cosmos3-Edge's; this checkpoint's weights and media size.
@@ -96,7 +97,7 @@ def _base_config_name(folder: Path) -> str:
 
 
 def load(model: str | os.PathLike | WorldstepConfig | World = "tiny", device: str | None = None,
-         dtype: str | None = None, **overrides: Any) -> World:
+         dtype: str | None = None, *, share: bool = False, **overrides: Any) -> World:
     """Load a world model.
 
     Args:
@@ -105,20 +106,29 @@ def load(model: str | os.PathLike | WorldstepConfig | World = "tiny", device: st
             folder, a hub id available offline, a ``WorldstepConfig`` or a ``World``.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (None: the config's).
         dtype: ``float32``, ``bfloat16`` or ``float16`` (None: the config's).
+        share: reuse a model this process loaded with ``share=True`` and the same model, cache and decoder
+            sections (sessions stay independent; they share the weights and the page pool). Without it every
+            call loads its own model; pass a ``World`` around to share one explicitly. Rollout and env
+            overrides of a ``World`` never reload it.
         **overrides: config keys by section (``rollout={"num_steps": 2}``) or by field name
             (``num_steps=2``, ``num_pages=64``); unknown keys raise ``ConfigError``.
-
-    A model already loaded in this process with the same model, cache and decoder sections is
-    reused (sessions stay independent); rollout and env overrides never reload.
     """
     if device is not None:
         overrides["device"] = device
     if dtype is not None:
         overrides["dtype"] = dtype
+    if not isinstance(share, bool):
+        raise ValueError(f"share={share!r} is invalid; allowed: True or False")
     config = resolve_config(model)
     if overrides:
         config = config.with_overrides(**overrides)
-    return World(model=_load_model(config), config=config)
+    if isinstance(model, World) and _same_model(model.config, config):
+        return World(model=model.model, config=config)
+    return World(model=_load_model(config, share), config=config)
+
+
+def _same_model(a: WorldstepConfig, b: WorldstepConfig) -> bool:
+    return (a.model, a.cache, a.decoder) == (b.model, b.cache, b.decoder)
 
 
 def embedded_checkpoint(name: str, architecture: dict) -> Path:
@@ -134,15 +144,16 @@ def embedded_checkpoint(name: str, architecture: dict) -> Path:
     return ensure_embedded_checkpoint(name, architecture)
 
 
-def _load_model(config: WorldstepConfig):
+def _load_model(config: WorldstepConfig, share: bool):
     import torch
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
 
     m = config.model
     device = ("cuda" if torch.cuda.is_available() else "cpu") if m.device == "auto" else m.device
-    key = json.dumps([{**m.model_dump(), "device": device}, config.cache.model_dump(), config.decoder.model_dump()],
-                     sort_keys=True)
-    model = _LOADED.get(key)
+    check_device(device)
+    key = json.dumps([{**m.model_dump(mode="json"), "device": device}, config.cache.model_dump(),
+                      config.decoder.model_dump()], sort_keys=True)
+    model = _SHARED.get(key) if share else None
     if model is not None:
         return model
     path = m.checkpoint if m.embedded_name is None else embedded_checkpoint(m.embedded_name, m.architecture)
@@ -150,10 +161,27 @@ def _load_model(config: WorldstepConfig):
         path, device=device, dtype=None if m.dtype is None else getattr(torch, m.dtype),
         num_pages=config.cache.num_pages, page_size=config.cache.page_size,
         cpu_offload_pages=config.cache.cpu_offload_pages, attention_backend=m.attention_backend,
-        decoder_options=config.decoder.to_options(), height=m.height, width=m.width, fps=m.fps, name=m.name,
+        decoder_options=config.decoder, height=m.height, width=m.width, fps=m.fps, name=m.name,
+        cuda_graphs=m.cuda_graphs,
     )
-    _LOADED[key] = model
+    if share:
+        _SHARED[key] = model
     return model
+
+
+def check_device(device: str) -> None:
+    """ValueError naming ``model.device`` when it names a CUDA device this machine does not have."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"model.device = {device!r}: CUDA is not available on this machine (torch "
+                         f"{torch.__version__}); allowed: 'auto' or 'cpu'")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"model.device = {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         f"allowed: 'cuda:0' .. 'cuda:{torch.cuda.device_count() - 1}', 'auto' or 'cpu'")
 
 
 def _split_env_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -208,9 +236,13 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image {str(path)!r} does not exist")
-    if path.suffix == ".npy":
-        return np.load(path)
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"))
+    try:
+        if path.suffix == ".npy":
+            return np.load(path)
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"))
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise ValueError(f"image {str(path)!r} is invalid: it cannot be read ({type(err).__name__}: {err}); "
+                         "allowed: an image file Pillow reads (PNG, JPEG, ...) or a .npy array") from None

@@ -78,11 +78,13 @@ def dense_kv_rollout(model, session_ids: list[int], first_latent, actions_list, 
     stream = DenseStream(*prefill_text(transformer, torch.tensor(session_ids)), model.kv.page_size)
     text_len = len(session_ids)
     offset = media_offset(text_len, transformer.config.unified_3d_mrope_temporal_modality_margin)
-    grid_h, grid_w = model.patch_grid
+    grid_h, grid_w = model.spec.patch_grid
     n = actions_list[0].shape[0] // 4
     chunk = actions_list[0].shape[0]
     outputs = []
-    scheduler = model.new_scheduler(type("K", (), {"flow_shift": flow_shift})())
+    from diffusers import UniPCMultistepScheduler
+
+    scheduler = UniPCMultistepScheduler.from_config(model.components.scheduler_config, flow_shift=flow_shift)
     for w, actions in enumerate(actions_list):
         start, end, clean = (0, 1 + n, 1) if w == 0 else (1 + w * n, 1 + (w + 1) * n, 0)
         shape = (1, spec.latent_channels, end - start, spec.latent_height, spec.latent_width)

@@ -13,17 +13,17 @@ from worldstep.engine.attention import (
     paged_attention,
     resolve_backend,
 )
-from worldstep.engine.kv import PagedAllocationManager, StaleStreamError
+from worldstep.engine.kv import PagedKVCache, StaleStreamError, StreamKey, StreamLabel
 
 L, H, HKV, D, PS = 2, 4, 2, 8, 4
 
 
-def make_cache(dtype=torch.float64) -> PagedAllocationManager:
-    return PagedAllocationManager(num_layers=L, num_pages=64, page_size=PS, num_kv_heads=HKV, head_dim=D, dtype=dtype)
+def make_cache(dtype=torch.float64) -> PagedKVCache:
+    return PagedKVCache(num_layers=L, num_pages=64, page_size=PS, num_kv_heads=HKV, head_dim=D, dtype=dtype)
 
 
 def add_stream(cache, key, committed: int, gen: torch.Generator) -> None:
-    cache.create_stream(key)
+    cache.table.create_stream(key)
     k = torch.randn(L, committed, HKV, D, generator=gen, dtype=cache.kv.dtype)
     v = torch.randn(L, committed, HKV, D, generator=gen, dtype=cache.kv.dtype)
     cache.append(key, k, v)
@@ -61,7 +61,7 @@ def test_sdpa_matches_dense_reference_on_ragged_streams(dtype):
     gen = torch.Generator().manual_seed(0)
     cache = make_cache(dtype)
     committed = [13, 0, 4, 9]  # ragged, one stream with nothing committed, one page-aligned
-    keys = [(f"s{i}", "main") for i in range(len(committed))]
+    keys = [StreamKey(f"s{i}", StreamLabel.MAIN) for i in range(len(committed))]
     for key, n in zip(keys, committed):
         add_stream(cache, key, n, gen)
     q_lens = [3, 5, 1, 4]
@@ -78,16 +78,18 @@ def test_sdpa_matches_dense_reference_on_ragged_streams(dtype):
 def test_stream_with_nothing_committed_attends_to_fresh_only():
     gen = torch.Generator().manual_seed(1)
     cache = make_cache()
-    cache.create_stream(("s", "main"))
+    cache.table.create_stream(StreamKey("s", StreamLabel.MAIN))
     q, k_new, v_new = random_inputs([6], gen)
-    batch = PagedAttentionBatch(cache, [cache.page_table(("s", "main"))], [6], "sdpa")
+    batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("s", StreamLabel.MAIN))], [6], "sdpa")
     torch.testing.assert_close(paged_attention(q, k_new, v_new, batch, 0), dense_reference(q, k_new, v_new))
 
 
+@pytest.mark.exactness
 def test_batched_equals_one_by_one_bit_for_bit():
+    """Each stream gets its own SDPA call with the shapes it has alone: equal by construction."""
     gen = torch.Generator().manual_seed(2)
     cache = make_cache(torch.float32)
-    keys, q_lens = [("a", "main"), ("b", "main"), ("c", "main")], [4, 2, 7]
+    keys, q_lens = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN), StreamKey("c", StreamLabel.MAIN)], [4, 2, 7]
     for key, n in zip(keys, [10, 3, 0]):
         add_stream(cache, key, n, gen)
     q, k_new, v_new = random_inputs(q_lens, gen, torch.float32)
@@ -104,7 +106,7 @@ def test_batched_equals_one_by_one_bit_for_bit():
 def test_gather_is_reused_across_steps_and_redone_after_epoch_change(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     cache = make_cache()
-    keys, q_lens = [("a", "main"), ("b", "main")], [3, 2]
+    keys, q_lens = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN)], [3, 2]
     for key in keys:
         add_stream(cache, key, 6, gen)
     calls = []
@@ -139,20 +141,20 @@ def test_gather_is_reused_across_steps_and_redone_after_epoch_change(monkeypatch
 
 def test_stale_after_release_and_offload_is_refused():
     gen = torch.Generator().manual_seed(4)
-    cache = PagedAllocationManager(num_layers=L, num_pages=16, page_size=PS, num_kv_heads=HKV, head_dim=D,
+    cache = PagedKVCache(num_layers=L, num_pages=16, page_size=PS, num_kv_heads=HKV, head_dim=D,
                                    dtype=torch.float64, cpu_offload_pages=16)
-    add_stream(cache, ("a", "main"), 12, gen)
-    batch = PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [2], "sdpa")
+    add_stream(cache, StreamKey("a", StreamLabel.MAIN), 12, gen)
+    batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [2], "sdpa")
     q, k_new, v_new = random_inputs([2], gen)
     paged_attention(q, k_new, v_new, batch, 0)
-    assert cache.offload("a")
+    assert cache.offload.offload("a")
     with pytest.raises(StaleStreamError, match="offloaded"):
         paged_attention(q, k_new, v_new, batch, 0)
-    cache.reload("a")
+    cache.offload.reload("a")
     with pytest.raises(StaleStreamError):
         paged_attention(q, k_new, v_new, batch, 0)
-    batch.tables[0] = cache.page_table(("a", "main"))
-    cache.release_oldest(("a", "main"), 4)
+    batch.tables[0] = cache.page_table(StreamKey("a", StreamLabel.MAIN))
+    cache.table.release_oldest(StreamKey("a", StreamLabel.MAIN), 4)
     with pytest.raises(StaleStreamError, match="compacted"):
         paged_attention(q, k_new, v_new, batch, 1)
 
@@ -160,8 +162,8 @@ def test_stale_after_release_and_offload_is_refused():
 def test_gradients_flow_through_fresh_kv():
     gen = torch.Generator().manual_seed(5)
     cache = make_cache()
-    add_stream(cache, ("a", "main"), 5, gen)
-    batch = PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [3], "sdpa")
+    add_stream(cache, StreamKey("a", StreamLabel.MAIN), 5, gen)
+    batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [3], "sdpa")
     q, k_new, v_new = (t.requires_grad_() for t in random_inputs([3], gen))
     paged_attention(q, k_new, v_new, batch, 0).sum().backward()
     paged_attention(q, k_new, v_new, batch, 0).sum().backward()  # second graph over the same buffers
@@ -170,8 +172,8 @@ def test_gradients_flow_through_fresh_kv():
 
 def test_input_validation_names_the_argument():
     cache = make_cache()
-    cache.create_stream(("a", "main"))
-    batch = PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [2], "sdpa")
+    cache.table.create_stream(StreamKey("a", StreamLabel.MAIN))
+    batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [2], "sdpa")
     q, k_new, v_new = random_inputs([2], torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="q must be"):
         paged_attention(q[:1], k_new, v_new, batch, 0)
@@ -182,9 +184,9 @@ def test_input_validation_names_the_argument():
     with pytest.raises(ValueError, match="multiple"):
         paged_attention(q[:, :3], k_new, v_new, batch, 0)
     with pytest.raises(ValueError, match="q_lens"):
-        PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [0], "sdpa")
+        PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [0], "sdpa")
     with pytest.raises(ValueError, match="equal length"):
-        PagedAttentionBatch(cache, [cache.page_table(("a", "main"))], [1, 2], "sdpa")
+        PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [1, 2], "sdpa")
 
 
 def test_resolve_backend_on_cpu():
@@ -203,10 +205,11 @@ def test_flashinfer_is_never_imported_on_cpu():
     code = (
         "import sys, torch\n"
         "from worldstep.engine.attention import PagedAttentionBatch, paged_attention\n"
-        "from worldstep.engine.kv import PagedAllocationManager\n"
-        "c = PagedAllocationManager(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=4)\n"
-        "c.create_stream(('a', 'main'))\n"
-        "b = PagedAttentionBatch(c, [c.page_table(('a', 'main'))], [2], 'auto')\n"
+        "from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel\n"
+        "c = PagedKVCache(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=4)\n"
+        "key = StreamKey('a', StreamLabel.MAIN)\n"
+        "c.table.create_stream(key)\n"
+        "b = PagedAttentionBatch(c, [c.page_table(key)], [2], 'auto')\n"
         "paged_attention(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), b, 0)\n"
         "assert 'flashinfer' not in sys.modules, 'flashinfer imported'\n"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib.resources import files
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,14 +18,15 @@ IMAGE = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def opened(tmp_path_factory):
+    """A model and one session taking 2-wide actions."""
     arch = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
     path = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", arch)
     model = Cosmos3WorldModel.from_pretrained(path, device="cpu", height=64, width=64)
-    s = model.open_session(IMAGE, "go", 1, knobs=RolloutKnobs(num_steps=1, decode=False))
-    yield s
-    s.close()
-    assert model.kv.num_used_pages == 0
+    session = model.open_session(IMAGE, "go", 1, knobs=RolloutKnobs(num_steps=1, decode=False), action_width=2)
+    yield SimpleNamespace(model=model, session=session)
+    model.close(session)
+    assert model.kv.table.num_used_pages == 0
 
 
 def _good_actions():
@@ -35,6 +37,7 @@ bad_shapes = st.one_of(
     st.tuples(st.integers(0, 9).filter(lambda n: n != CHUNK), st.integers(1, ACTION_DIM)),
     st.tuples(st.just(CHUNK), st.integers(ACTION_DIM + 1, 40)),
     st.tuples(st.just(CHUNK), st.just(0)),
+    st.tuples(st.just(CHUNK), st.integers(1, ACTION_DIM).filter(lambda k: k != 2)),  # not the declared width
 )
 bad_actions = st.one_of(
     bad_shapes.flatmap(lambda shape: hnp.arrays(np.float32, shape, elements=st.floats(-1, 1, width=32))),
@@ -48,11 +51,12 @@ bad_actions = st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=bad_actions)
-def test_random_bad_actions(session, actions):
-    index, seq_len = session.window_index, session.kv_stats().seq_len
+def test_random_bad_actions(opened, actions):
+    model, session = opened.model, opened.session
+    index, seq_len = session.window_index, model.kv_stats(session).seq_len
     with pytest.raises(ValueError, match="actions"):
-        session.step(actions)
-    assert (session.window_index, session.kv_stats().seq_len) == (index, seq_len)
+        model.step([session], [actions])
+    assert (session.window_index, model.kv_stats(session).seq_len) == (index, seq_len)
 
 
 bad_domains = st.one_of(
@@ -63,12 +67,12 @@ bad_domains = st.one_of(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(domain_id=bad_domains)
-def test_random_bad_domain_ids(session, domain_id):
-    model = session.model
-    pages = model.kv.num_used_pages
+def test_random_bad_domain_ids(opened, domain_id):
+    model = opened.model
+    pages = model.kv.table.num_used_pages
     with pytest.raises(ValueError, match="domain_id"):
         model.open_session(IMAGE, "go", domain_id)
-    assert model.kv.num_used_pages == pages and model.live_sessions == 1
+    assert model.kv.table.num_used_pages == pages and model.live_sessions == 1
 
 
 bad_images = st.one_of(
@@ -82,8 +86,8 @@ bad_images = st.one_of(
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(image=bad_images)
-def test_random_bad_images(session, image):
-    model = session.model
+def test_random_bad_images(opened, image):
+    model = opened.model
     with pytest.raises(ValueError, match="image"):
         model.open_session(image, "go", 1)
     assert model.live_sessions == 1
@@ -92,12 +96,13 @@ def test_random_bad_images(session, image):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.one_of(st.just(""), st.text(alphabet=" \t\n", max_size=5), st.integers(), st.none(),
                         st.just("x" * 20_001), st.lists(st.text(), max_size=2)))
-def test_random_bad_prompts(session, prompt):
+def test_random_bad_prompts(opened, prompt):
     with pytest.raises(ValueError, match="prompt"):
-        session.model.open_session(IMAGE, prompt, 1)
+        opened.model.open_session(IMAGE, prompt, 1)
 
 
-def test_session_still_steps_after_all_the_rejections(session):
+def test_session_still_steps_after_all_the_rejections(opened):
+    model, session = opened.model, opened.session
     before = session.window_index
-    assert session.step(_good_actions()).window_index == before
+    assert model.step([session], [_good_actions()])[0].window_index == before
     assert session.window_index == before + 1

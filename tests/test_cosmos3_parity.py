@@ -12,15 +12,23 @@ from cosmos3_reference import dense_kv_rollout
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.models.cosmos3 import (
+    Cosmos3Architecture,
+    Cosmos3WorldModel,
+    RolloutKnobs,
+    build_checkpoint,
+)
 
 DROID = 8  # diffusers' domain id of "droid_lerobot" (10-wide actions)
+TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    arch = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", arch, seed=3)
+# Every parity test runs on an Edge-shaped (relu2, Nemotron norms) and a Nano-shaped (SwiGLU, RMSNorm,
+# q/k norm on text) tiny checkpoint.
+@pytest.fixture(scope="module", params=["edge", "nano"])
+def checkpoint(request, tmp_path_factory):
+    arch = Cosmos3Architecture.of(TINY).shaped_like(request.param)
+    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}", arch, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +40,23 @@ def _image(size: int, seed: int = 0) -> np.ndarray:
     return np.random.RandomState(seed).randint(0, 256, (size, size, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize("guidance", [1.0, 3.0])
-@pytest.mark.parametrize("chunk", [4, 8])
+@pytest.mark.parametrize("guidance", [1.0, pytest.param(3.0, marks=pytest.mark.exactness)])
+@pytest.mark.parametrize("chunk", [pytest.param(4, marks=pytest.mark.exactness), 8])
 def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, chunk):
     """One window covering the whole clip reproduces Cosmos3OmniPipeline forward dynamics latents."""
+    _assert_one_window_matches(checkpoint, pipeline, guidance, chunk)
+
+
+def test_one_window_matches_with_a_system_prompt(tmp_path):
+    """A checkpoint saved with `default_use_system_prompt` (model_index.json) is prompted the pipeline's way."""
+    arch = Cosmos3Architecture.of(TINY).shaped_like("nano").replace(pipeline={"default_use_system_prompt": True})
+    folder = build_checkpoint(tmp_path / "tiny-nano-system", arch, seed=3)
+    pipeline = Cosmos3OmniPipeline.from_pretrained(folder)
+    assert pipeline.config.default_use_system_prompt is True
+    _assert_one_window_matches(folder, pipeline, guidance=3.0, chunk=4)
+
+
+def _assert_one_window_matches(checkpoint, pipeline, guidance, chunk):
     image, steps, negative = _image(256), 4, "blurry, static"
     actions = np.random.RandomState(1).uniform(-1, 1, (chunk, 10)).astype(np.float32)
     condition = CosmosActionCondition(
@@ -53,17 +74,17 @@ def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, c
     knobs = RolloutKnobs(chunk_size=chunk, num_steps=steps, guidance_scale=guidance, negative_prompt=negative,
                          decode=False)
     session = model.open_session(image, "pick up the red cube", DROID, knobs=knobs,
-                                 generator=torch.Generator().manual_seed(7))
-    got = session.step(actions).latents
+                                 generator=torch.Generator().manual_seed(7), action_width=10)
+    got = model.step([session], [actions])[0].latents
     diff = (got - expected[:, 1:]).abs().max().item()
     print(f"guidance {guidance} chunk {chunk}: max |worldstep - diffusers| = {diff:.2e}")  # shown with -s
     assert diff <= 1e-4, diff
     assert got.abs().max() > 0.1  # a real signal, not zeros
-    session.close()
-    assert model.kv.num_used_pages == 0
+    model.close(session)
+    assert model.kv.table.num_used_pages == 0
 
 
-@pytest.mark.parametrize("context_frames", [0, 2])
+@pytest.mark.parametrize("context_frames", [0, pytest.param(2, marks=pytest.mark.exactness)])
 def test_multi_window_kv_matches_dense_reference(checkpoint, context_frames):
     """Paged kv mode equals a dense oracle with explicit eviction, including released pages."""
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", page_size=16)
@@ -71,9 +92,9 @@ def test_multi_window_kv_matches_dense_reference(checkpoint, context_frames):
     rng = np.random.RandomState(5)
     actions = [rng.uniform(-1, 1, (4, 7)).astype(np.float32) for _ in range(6)]
     session = model.open_session(_image(128), "push the block left", 3, knobs=knobs,
-                                 generator=torch.Generator().manual_seed(11))
-    got = [session.step(a).latents for a in actions]
-    stats = session.kv_stats()
+                                 generator=torch.Generator().manual_seed(11), action_width=7)
+    got = [model.step([session], [a])[0].latents for a in actions]
+    stats = model.kv_stats(session)
 
     from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
 
@@ -90,7 +111,7 @@ def test_multi_window_kv_matches_dense_reference(checkpoint, context_frames):
     assert stats.released_tokens == stream.released
     if context_frames:
         assert stats.released_tokens > 0  # retention really freed pages
-    session.close()
+    model.close(session)
 
 
 def test_kv_windows_differ_from_independent_windows(checkpoint):
@@ -98,9 +119,11 @@ def test_kv_windows_differ_from_independent_windows(checkpoint):
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu")
     knobs = RolloutKnobs(chunk_size=4, num_steps=2, decode=False)
     a = np.zeros((4, 4), np.float32)
-    s1 = model.open_session(_image(128), "go", 0, knobs=knobs, generator=torch.Generator().manual_seed(0))
-    s2 = model.open_session(_image(128, seed=9), "go", 0, knobs=knobs, generator=torch.Generator().manual_seed(0))
-    s1.step(a), s2.step(a)
-    r1, r2 = s1.step(a), s2.step(a)
+    s1 = model.open_session(_image(128), "go", 0, knobs=knobs, generator=torch.Generator().manual_seed(0),
+                            action_width=4)
+    s2 = model.open_session(_image(128, seed=9), "go", 0, knobs=knobs, generator=torch.Generator().manual_seed(0),
+                            action_width=4)
+    model.step([s1], [a]), model.step([s2], [a])
+    r1, r2 = model.step([s1], [a])[0], model.step([s2], [a])[0]
     assert (r1.latents - r2.latents).abs().max() > 1e-5  # same noise + actions, different history
-    s1.close(), s2.close()
+    model.close(s1), model.close(s2)

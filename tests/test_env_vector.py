@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import worldstep
 from gymnasium.vector import AutoresetMode
-from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
+from tiny_world import FAST, assert_frames_match_batched, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
 from worldstep.envs import WorldModelVectorEnv
 
 
@@ -22,11 +22,12 @@ def test_make_vec_returns_the_batched_env(world):  # noqa: F811
     envs.close()
 
 
+@pytest.mark.exactness
 def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypatch):  # noqa: F811
     envs = worldstep.world.make_vec_env(world, num_envs=2, max_windows=2)
     calls = []
-    original = world.model.step_batch
-    monkeypatch.setattr(world.model, "step_batch", lambda s, a: calls.append(len(s)) or original(s, a))
+    original = world.model.step
+    monkeypatch.setattr(world.model, "step", lambda s, a, **k: calls.append(len(s)) or original(s, a, **k))
     space = envs.single_action_space
     actions = [np.stack([ramp(space, 0.4), ramp(space, -0.4)]), np.stack([zeros(space), ramp(space, 0.8)])]
 
@@ -52,13 +53,13 @@ def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypa
         env = worldstep.make_env(world)
         single, _ = env.reset(seed=seed, options={"prompt": prompt, "domain_id": 3})
         frames = [single["frames"]] + [env.step(a[i])[0]["frames"] for a in actions]
-        for b, s in zip(batched, frames):
-            assert np.array_equal(b[i], s)
+        for b, s in zip(batched, frames):  # batched transformer rows: equal within the stated bound
+            assert_frames_match_batched(b[i], s)
         again, _ = env.reset(options={"prompt": prompt, "domain_id": 3})  # the RNG continues as in the vector env
-        assert np.array_equal(autoreset[i], again["frames"])
+        assert np.array_equal(autoreset[i], again["frames"])  # a reset decodes frame 0 alone in both: same calls
         env.close()
     envs.close()
-    assert world.model.kv.num_used_pages == 0
+    assert world.model.kv.table.num_used_pages == 0
 
 
 def test_vector_bad_inputs(world):  # noqa: F811
@@ -77,4 +78,4 @@ def test_vector_bad_inputs(world):  # noqa: F811
         WorldModelVectorEnv(world.model, 0, world.knobs)
     envs.close()
     envs.close()
-    assert world.model.kv.num_used_pages == 0
+    assert world.model.kv.table.num_used_pages == 0

@@ -10,12 +10,12 @@ import pytest
 import worldstep
 from gymnasium.utils.env_checker import check_env
 from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import CheckpointNotFoundError
-from worldstep.envs import WindowTimings, WorldModelEnv
+from worldstep.engine.models.cosmos3 import CheckpointNotFoundError, KVStats, PhaseTimings
+from worldstep.envs import WorldModelEnv
 
 
 def counts(model) -> tuple[int, int, int]:
-    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+    return model.kv.table.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
 
 
 @pytest.fixture
@@ -35,8 +35,14 @@ def test_check_env_passes_without_warnings(world):  # noqa: F811
 
 
 def test_gym_make_default_id_builds_the_embedded_model(world):  # noqa: F811
-    env = gym.make("worldstep/Tiny-v0", **FAST)  # same config as the fixture: the loaded model is reused
-    assert env.unwrapped.model is world.model
+    env = gym.make("worldstep/Tiny-v0", **FAST)  # loading never shares silently: its own model and pool
+    assert env.unwrapped.model is not world.model and env.unwrapped.model.spec.name == world.model.spec.name
+    shared = [gym.make("worldstep/Tiny-v0", share=True, **FAST) for _ in range(2)]  # sharing is explicit
+    assert shared[0].unwrapped.model is shared[1].unwrapped.model is not env.unwrapped.model
+    passed = gym.make("worldstep/Tiny-v0", model=world, max_windows=3)  # or pass a World around
+    assert passed.unwrapped.model is world.model and passed.unwrapped.max_windows == 3
+    for other in (*shared, passed):
+        other.close()
     assert env.spec.max_episode_steps == worldstep.load_config("tiny").env.max_windows
     obs, info = env.reset(seed=0, options={"prompt": "pick up the red cube", "domain_id": 8})
     obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
@@ -49,7 +55,7 @@ def test_spaces_and_metadata(env, world):  # noqa: F811
     assert env.action_space == gym.spaces.Box(-1, 1, (4, spec.action_dim), np.float32)
     frames = env.observation_space["frames"]
     assert frames.shape == (4, spec.height, spec.width, 3) and frames.dtype == np.uint8
-    assert env.metadata["render_fps"] == spec.fps
+    assert env.metadata["frame_fps"] == spec.fps and env.metadata["render_fps"] == spec.fps / 4  # a frame per window
     narrow = worldstep.make_env(world, action_width=2)
     assert narrow.action_space.shape == (4, 2)
 
@@ -57,15 +63,14 @@ def test_spaces_and_metadata(env, world):  # noqa: F811
 def test_reset_frames_repeat_the_decoded_first_frame_and_step_infos(env):
     obs, info = env.reset(seed=0)
     assert np.array_equal(obs["frames"], np.repeat(obs["frames"][:1], 4, axis=0))
-    assert info["frame_start"] == 0 and info["frame_end"] == 1 and info["kv"]["protected_tokens"] > 0
+    assert info["frame_start"] == 0 and info["frame_end"] == 1 and info["kv"].protected_tokens > 0
     obs, reward, terminated, truncated, info = env.step(zeros(env.action_space))
     assert obs in env.observation_space
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert set(info) == {"window_index", "frame_start", "frame_end", "timings", "kv", "is_success", "kv_exhausted"}
     assert (info["window_index"], info["frame_start"], info["frame_end"]) == (0, 1, 5)
-    assert isinstance(info["timings"], WindowTimings) and info["timings"].denoise_s > 0
-    assert set(info["kv"]) == {"pages_in_use", "protected_tokens", "released_tokens", "seq_len"}
-    assert info["kv"]["pages_in_use"] > 0
+    assert isinstance(info["timings"], PhaseTimings) and info["timings"].denoise_s > 0
+    assert isinstance(info["kv"], KVStats) and info["kv"].pages_in_use > 0
 
 
 def test_same_seed_and_actions_give_the_same_frames(env):
@@ -105,10 +110,10 @@ BAD_ACTIONS = [
 @pytest.mark.parametrize(("actions", "match"), BAD_ACTIONS)
 def test_bad_actions_raise_and_env_keeps_working(env, actions, match):
     env.reset(seed=0)
-    pages = env.model.kv.num_used_pages
+    pages = env.model.kv.table.num_used_pages
     with pytest.raises(ValueError, match=match):
         env.step(actions)
-    assert env.model.kv.num_used_pages == pages and env.windows == 0
+    assert env.model.kv.table.num_used_pages == pages and env.windows == 0
 
 
 BAD_OPTIONS = [
@@ -118,7 +123,9 @@ BAD_OPTIONS = [
     ({"domain_id": 1.0}, r"options\['domain_id'\]=1.0"),
     ({"prompt": ""}, r"options\['prompt'\]='' is invalid; allowed: a non-empty string"),
     ({"prompt": 3}, r"options\['prompt'\]=3"),
-    ({"image": np.zeros((32, 32, 3), np.float32)}, r"options\['image'\].dtype=float32"),
+    ({"image": np.full((32, 32, 3), 2.0, np.float32)}, r"options\['image'\] float values in \[2, 2\]"),
+    ({"image": np.zeros((32, 32, 3), np.int32)}, r"options\['image'\].dtype=int32"),
+    ({"camera": "wrist"}, r"options keys \['camera'\] are invalid; allowed: \('image', 'prompt', 'domain_id'\)"),
     ({"image": np.zeros((32, 32), np.uint8)}, r"options\['image'\].shape=\(32, 32\)"),
     ({"image": [[0]]}, r"options\['image'\] of type list"),
 ]
@@ -134,10 +141,12 @@ def test_bad_reset_options_raise_and_episode_continues(env, options, match):
     assert info["window_index"] == 1
 
 
-def test_reset_options_image_and_unknown_keys(env, world):  # noqa: F811
+def test_reset_options_image_of_any_size_and_none_values(env, world):  # noqa: F811
     image = np.full((48, 40, 3), 200, np.uint8)  # any size: the engine resizes
-    obs, _ = env.reset(seed=0, options={"image": image, "camera": "wrist", "prompt": None})
+    obs, _ = env.reset(seed=0, options={"image": image, "prompt": None})  # None: the default prompt
     assert obs["frames"].shape[1:3] == (world.spec.height, world.spec.width)
+    floats, _ = env.reset(seed=0, options={"image": image / 255.0})  # or float in [0, 1]
+    np.testing.assert_array_equal(floats["frames"], obs["frames"])
 
 
 def test_step_before_reset(world):  # noqa: F811
@@ -174,7 +183,7 @@ def test_close_is_idempotent_and_returns_every_page(world):  # noqa: F811
     env = worldstep.make_env(world)
     env.reset(seed=0)
     env.step(zeros(env.action_space))
-    assert model.kv.num_used_pages > 0 and model.decoder.live_warm_streams == 1
+    assert model.kv.table.num_used_pages > 0 and model.decoder.live_warm_streams == 1
     env.reset(seed=1)  # a reset closes the previous session
     assert model.live_sessions == 1
     env.close()
@@ -206,10 +215,7 @@ def test_fork_continues_independently(world):  # noqa: F811
 
 
 def test_running_out_of_pages_is_truncation(world):  # noqa: F811
-    probe = worldstep.make_env(world)
-    _, info = probe.reset(seed=0)
-    probe.close()
-    pages = info["kv"]["pages_in_use"] + 1  # the prompt and the first window fit, a few windows more do not
+    pages = world.model.min_pages(world.config.env.prompt, world.knobs)  # the prompt and first window fit
     small = worldstep.load(world.config, num_pages=pages, context_frames=0)
     env = worldstep.make_env(small, max_windows=50)
     env.reset(seed=0)
@@ -219,7 +225,7 @@ def test_running_out_of_pages_is_truncation(world):  # noqa: F811
             break
     assert truncated and not terminated and info["kv_exhausted"] and reward == 0.0
     assert obs in env.observation_space
-    assert small.model.kv.num_used_pages == 0  # the session was closed, its pages returned
+    assert small.model.kv.table.num_used_pages == 0  # the session was closed, its pages returned
     with pytest.raises(gym.error.ResetNeeded):
         env.step(zeros(env.action_space))
     env.reset(seed=0)  # and the env is usable again

@@ -71,10 +71,12 @@ def test_pixel_policy_uses_frames_only():
     assert np.array_equal(policy({"frames": obs["frames"].copy()}), a)
 
 
-def test_small_budget_report(tmp_path):
+def test_small_budget_report(tmp_path, capsys):
     from worldstep.fidelity import main
 
     report = main(["--budget", "small", "--out", str(tmp_path), "--threads", "1"])
+    progress = capsys.readouterr().err  # a report takes minutes: it says what it is doing
+    assert "fidelity:" in progress and "model rollouts" in progress and "task" in progress
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["split"] == "validation" and saved["episode_seeds"] == [20_000_000, 20_000_001]
     series = saved["open_loop"]["series"]

@@ -7,7 +7,7 @@ import pytest
 from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_window, score_frames
 from worldstep.fidelity.policies import FLOOR, graded_policies
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
-from worldstep.fidelity.rollouts import EpisodeResult, sim_episodes
+from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
 from worldstep.fidelity.seeds import SEALED_TEST, VALIDATION, split_range
 from worldstep.fidelity.stats import bootstrap, mean_estimate, rate_dict, wilson
 
@@ -42,8 +42,8 @@ def test_wilson_interval_and_rate_dict():
     assert rate["ci95"][0] < 0.3 < rate["ci95"][1] and rate["wilson95"][0] < 0.3 < rate["wilson95"][1]
 
 
-def _results(table: np.ndarray, names: list[str], seeds: list[int], sim: bool) -> list[EpisodeResult]:
-    return [EpisodeResult(n, s, bool(table[p, e]), 1, None if sim else bool(table[p, e]))
+def _results(table: np.ndarray, names: list[str], seeds: list[int], sim: bool) -> list[EpisodeOutcome]:
+    return [EpisodeOutcome(n, s, bool(table[p, e]), 1, None if sim else bool(table[p, e]))
             for p, n in enumerate(names) for e, s in enumerate(seeds)]
 
 

@@ -12,14 +12,14 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from worldstep.engine.kv import KVPoolExhausted, PagedAllocationManager
+from worldstep.engine.kv import KVPoolExhausted, PagedKVCache, StreamKey, StreamLabel, check_invariants
 from worldstep.engine.windowing import RetentionPolicy
 
 L, HKV, D, PS = 2, 1, 2, 4
 NUM_PAGES, CPU_PAGES = 12, 8
 SESSIONS = ["a", "b", "c"]
 PICK = st.integers(0, 10**6)
-KEYS = [(s, label) for s in SESSIONS for label in ("main", "uncond")]
+KEYS = [StreamKey(s, label) for s in SESSIONS for label in StreamLabel]
 
 
 def tokens(start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +39,7 @@ class Expected:
 class KVMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.cache = PagedAllocationManager(
+        self.cache = PagedKVCache(
             num_layers=L, num_pages=NUM_PAGES, page_size=PS, num_kv_heads=HKV, head_dim=D,
             cpu_offload_pages=CPU_PAGES,
         )
@@ -59,7 +59,7 @@ class KVMachine(RuleBasedStateMachine):
         return KEYS[choice % len(KEYS)]
 
     def keys_of(self, session: str) -> list[tuple[str, str]]:
-        return [key for key in self.model if key[0] == session]
+        return [key for key in self.model if key.session_id == session]
 
     def usable(self, key) -> bool:
         """Whether ``key`` can be operated on; otherwise check that the cache refuses."""
@@ -67,7 +67,7 @@ class KVMachine(RuleBasedStateMachine):
             with pytest.raises(KeyError):
                 self.cache.page_table(key)
             return False
-        if key[0] in self.offloaded:
+        if key.session_id in self.offloaded:
             with pytest.raises(ValueError, match="offloaded"):
                 self.cache.gather(key, 0)
             return False
@@ -88,20 +88,21 @@ class KVMachine(RuleBasedStateMachine):
     @initialize(sizes=st.lists(st.integers(1, 14), min_size=1, max_size=3))
     def start_with_content(self, sizes):
         """Begin from live streams so short runs still reach release, fork and offload."""
-        for (session, label), n in zip([("a", "main"), ("b", "main"), ("a", "uncond")], sizes):
-            self.cache.create_stream((session, label))
-            self.cache.append((session, label), *tokens(self.next_token, n))
-            self.model[(session, label)] = Expected(list(range(self.next_token, self.next_token + n)))
+        starts = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN), StreamKey("a", StreamLabel.UNCOND)]
+        for key, n in zip(starts, sizes):
+            self.cache.table.create_stream(key)
+            self.cache.append(key, *tokens(self.next_token, n))
+            self.model[key] = Expected(list(range(self.next_token, self.next_token + n)))
             self.next_token += n
-            self.changed.add((session, label))
+            self.changed.add(key)
 
     @rule(key=st.sampled_from(KEYS))
     def create(self, key):
-        if key in self.model or key[0] in self.offloaded:
+        if key in self.model or key.session_id in self.offloaded:
             with pytest.raises(ValueError):
-                self.cache.create_stream(key)
+                self.cache.table.create_stream(key)
             return
-        self.cache.create_stream(key)
+        self.cache.table.create_stream(key)
         self.model[key] = Expected()
         self.changed.add(key)
 
@@ -111,11 +112,11 @@ class KVMachine(RuleBasedStateMachine):
         if not self.usable(key):
             return
         k, v = tokens(self.next_token, n)
-        if not self.cache.can_append(key, n):
-            before = (self.cache.page_table(key), self.cache.num_free_pages)
+        if not self.cache.table.can_append(key, n):
+            before = (self.cache.page_table(key), self.cache.table.num_free_pages)
             with pytest.raises(KVPoolExhausted):
                 self.cache.append(key, k, v)
-            assert (self.cache.page_table(key), self.cache.num_free_pages) == before
+            assert (self.cache.page_table(key), self.cache.table.num_free_pages) == before
             return
         self.cache.append(key, k, v)
         self.model[key].tokens += range(self.next_token, self.next_token + n)
@@ -133,16 +134,16 @@ class KVMachine(RuleBasedStateMachine):
         refused = n != e.protected and (e.released > 0 or e.protected > 0 or n > len(e.tokens))
         if refused:
             with pytest.raises(ValueError):
-                self.cache.protect_prefix(key, n)
+                self.cache.table.protect_prefix(key, n)
             return
-        self.cache.protect_prefix(key, n)
+        self.cache.table.protect_prefix(key, n)
         e.protected = n
 
     @rule(choice=PICK, n=st.integers(0, 20))
     def release(self, choice, n):
         key = self.pick(choice)
         if self.usable(key):
-            self.expect_release(key, n, self.cache.release_oldest(key, n))
+            self.expect_release(key, n, self.cache.table.release_oldest(key, n))
 
     @rule(choice=PICK, context=st.integers(0, 10))
     def retention(self, choice, context):
@@ -152,19 +153,19 @@ class KVMachine(RuleBasedStateMachine):
         e = self.model[key]
         policy = RetentionPolicy(e.protected, context)
         n = policy.tokens_to_release(len(e.tokens))
-        self.expect_release(key, n, self.cache.apply_retention(key, policy))
+        self.expect_release(key, n, self.cache.table.apply_retention(key, policy))
 
     @rule(choice=PICK, dst_session=st.sampled_from(SESSIONS))
     def fork(self, choice, dst_session):
         src = self.pick(choice)
-        dst = (dst_session, src[1])
+        dst = StreamKey(dst_session, src.label)
         if not self.usable(src):
             return
         if dst in self.model or dst_session in self.offloaded:
             with pytest.raises(ValueError):
-                self.cache.fork(src, dst)
+                self.cache.table.fork(src, dst)
             return
-        self.cache.fork(src, dst)
+        self.cache.table.fork(src, dst)
         e = self.model[src]
         self.model[dst] = Expected(list(e.tokens), e.protected, e.released)
         self.changed.add(dst)
@@ -174,32 +175,32 @@ class KVMachine(RuleBasedStateMachine):
         keys = self.keys_of(session)
         if not keys or session in self.offloaded:
             with pytest.raises((KeyError, ValueError)):
-                self.cache.offload(session)
+                self.cache.offload.offload(session)
             return
         before = {key: self.cache.page_table(key) for key in keys}
         distinct = len({p for t in before.values() for p in t.pages})
-        free_before = (self.cache.num_free_pages, self.cache.num_free_cpu_pages)
-        fits = distinct <= self.cache.num_free_cpu_pages
-        assert self.cache.offload(session) is fits
+        free_before = (self.cache.table.num_free_pages, self.cache.offload.num_free_pages)
+        fits = distinct <= self.cache.offload.num_free_pages
+        assert self.cache.offload.offload(session) is fits
         if fits:
             self.offloaded[session] = {key: set(t.pages) for key, t in before.items()}
         else:  # nothing freed, nothing changed
             assert {key: self.cache.page_table(key) for key in keys} == before
-            assert (self.cache.num_free_pages, self.cache.num_free_cpu_pages) == free_before
+            assert (self.cache.table.num_free_pages, self.cache.offload.num_free_pages) == free_before
 
     @rule(session=st.sampled_from(SESSIONS))
     def reload(self, session):
         if session not in self.offloaded:
             with pytest.raises(ValueError):
-                self.cache.reload(session)
+                self.cache.offload.reload(session)
             return
         needed = len(set().union(*self.offloaded[session].values()))  # shared pages were saved once
-        if needed > self.cache.num_free_pages:
+        if needed > self.cache.table.num_free_pages:
             with pytest.raises(KVPoolExhausted):
-                self.cache.reload(session)
-            assert self.cache.is_offloaded(session)
+                self.cache.offload.reload(session)
+            assert self.cache.table.is_offloaded(session)
             return
-        self.cache.reload(session)
+        self.cache.offload.reload(session)
         del self.offloaded[session]
         self.changed.update(self.keys_of(session))
 
@@ -211,31 +212,31 @@ class KVMachine(RuleBasedStateMachine):
                 self.cache.remove(key)
             return
         pages = self.cache.page_table(key).pages
-        sole = sum(self.cache.allocator.ref_count(p) == 1 for p in pages)
+        sole = sum(self.cache.table.allocator.ref_count(p) == 1 for p in pages)
         assert self.cache.remove(key) == sole
         del self.model[key]
         self.epochs.pop(key, None)
-        self.offloaded.get(key[0], {}).pop(key, None)
-        if not self.keys_of(key[0]):
-            self.offloaded.pop(key[0], None)
+        self.offloaded.get(key.session_id, {}).pop(key, None)
+        if not self.keys_of(key.session_id):
+            self.offloaded.pop(key.session_id, None)
 
     @rule(session=st.sampled_from(SESSIONS))
     def remove_session(self, session):
-        free_before = self.cache.num_free_pages
+        free_before = self.cache.table.num_free_pages
         returned = self.cache.remove_session(session)
-        assert self.cache.num_free_pages == free_before + returned
+        assert self.cache.table.num_free_pages == free_before + returned
         for key in self.keys_of(session):
             del self.model[key]
             self.epochs.pop(key, None)
         self.offloaded.pop(session, None)
-        assert self.cache.pages_in_use(session) == 0
+        assert self.cache.table.pages_in_use(session) == 0
 
     # invariants
 
     @invariant()
     def pools_are_consistent(self):
-        self.cache.check_invariants()
-        a = self.cache.allocator
+        check_invariants(self.cache)
+        a = self.cache.table.allocator
         free = list(a.free_page_ids)
         assert len(free) == len(set(free)) and set(free).isdisjoint(a.used_page_ids)
         assert set(free) | a.used_page_ids == set(range(NUM_PAGES))
@@ -251,8 +252,8 @@ class KVMachine(RuleBasedStateMachine):
         for key, e in self.model.items():
             t = self.cache.page_table(key)
             assert (t.seq_len, t.protected_prefix_tokens, t.released_tokens) == (len(e.tokens), e.protected, e.released)
-            assert len(t.pages) == (0 if key[0] in self.offloaded else -(-len(e.tokens) // PS))
-            if key[0] in self.offloaded:
+            assert len(t.pages) == (0 if key.session_id in self.offloaded else -(-len(e.tokens) // PS))
+            if key.session_id in self.offloaded:
                 continue
             for layer in range(L):
                 k, v = self.cache.gather(key, layer)

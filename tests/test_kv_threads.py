@@ -5,7 +5,7 @@ import sys
 import threading
 
 import torch
-from worldstep.engine.kv import PagedAllocationManager
+from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel, check_invariants
 from worldstep.engine.windowing import RetentionPolicy
 
 L, HKV, D, PS = 2, 2, 4, 4
@@ -18,34 +18,34 @@ def tokens(start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return k, -k
 
 
-def worker(cache: PagedAllocationManager, name: str, seed: int, errors: list[BaseException]) -> None:
+def worker(cache: PagedKVCache, name: str, seed: int, errors: list[BaseException]) -> None:
     rng = random.Random(seed)
-    key, fork_key = (name, "main"), (name + "-fork", "main")
+    key, fork_key = StreamKey(name, StreamLabel.MAIN), StreamKey(name + "-fork", StreamLabel.MAIN)
     held: list[int] = []
     next_id = seed * 1_000_000
     try:
-        cache.create_stream(key)
+        cache.table.create_stream(key)
         cache.append(key, *tokens(next_id, 6))
         held, next_id = list(range(next_id, next_id + 6)), next_id + 6
-        cache.protect_prefix(key, 6)
+        cache.table.protect_prefix(key, 6)
         policy = RetentionPolicy(protected_tokens=6, context_tokens=12)
         for _ in range(ROUNDS):
             n = rng.randint(1, 9)
             cache.append(key, *tokens(next_id, n))
             held += range(next_id, next_id + n)
             next_id += n
-            released = cache.apply_retention(key, policy)
+            released = cache.table.apply_retention(key, policy)
             first = -(-6 // PS) * PS
             del held[first : first + released]
             op = rng.random()
             if op < 0.3:
-                assert cache.offload(name)
-                assert cache.pages_in_use(name) == 0
-                cache.reload(name)
-            elif op < 0.45 and not cache.has_stream(fork_key):
-                cache.fork(key, fork_key)
-            elif op < 0.6 and cache.has_stream(fork_key):
-                cache.remove(fork_key)
+                assert cache.offload.offload(name)
+                assert cache.table.pages_in_use(name) == 0
+                cache.offload.reload(name)
+            elif op < 0.45 and not cache.table.has_stream(fork_key):
+                cache.table.fork(key, fork_key)
+            elif op < 0.6 and cache.table.has_stream(fork_key):
+                cache.table.remove(fork_key)
             k, v = cache.gather(key, rng.randrange(L))
             ids = (k[:, 0, 0] - k[0, 0, 0] + held[0]).round().long().tolist()
             assert ids == held, f"{name}: stream content diverged"
@@ -54,17 +54,17 @@ def worker(cache: PagedAllocationManager, name: str, seed: int, errors: list[Bas
         errors.append(exc)
 
 
-def auditor(cache: PagedAllocationManager, done: threading.Event, errors: list[BaseException]) -> None:
+def auditor(cache: PagedKVCache, done: threading.Event, errors: list[BaseException]) -> None:
     """Reads the whole pool while the workers write: every read must see a consistent state."""
     try:
         while not done.is_set():
-            cache.check_invariants()  # one locked read of pools and streams together
+            check_invariants(cache)  # one locked read of pools and streams together
     except BaseException as exc:
         errors.append(exc)
 
 
 def test_two_threads_keep_pool_consistent():
-    cache = PagedAllocationManager(
+    cache = PagedKVCache(
         num_layers=L, num_pages=64, page_size=PS, num_kv_heads=HKV, head_dim=D, cpu_offload_pages=64
     )
     errors: list[BaseException] = []
@@ -85,10 +85,10 @@ def test_two_threads_keep_pool_consistent():
         sys.setswitchinterval(interval)
     assert not any(t.is_alive() for t in [*threads, audit])
     assert not errors, errors
-    cache.check_invariants()
+    check_invariants(cache)
     for name in ("s0", "s1"):
-        assert cache.page_table((name, "main")).protected_prefix_tokens == 6
+        assert cache.page_table(StreamKey(name, StreamLabel.MAIN)).protected_prefix_tokens == 6
         cache.remove_session(name)
         cache.remove_session(name + "-fork")
-    assert cache.num_free_pages == 64 and cache.num_used_pages == 0
-    assert cache.num_free_cpu_pages == 64
+    assert cache.table.num_free_pages == 64 and cache.table.num_used_pages == 0
+    assert cache.offload.num_free_pages == 64

@@ -158,19 +158,21 @@ def test_server_exception_comes_back_with_its_traceback(serve):
 
 def test_stalled_server_times_out_then_the_policy_reconnects(serve):
     calls = {"n": 0}
+    stalled_reply_ready = threading.Event()
 
     def stall_once(obs):
         calls["n"] += 1
         if calls["n"] == 1:
             time.sleep(2.0)  # bounded: longer than the client's timeout
+            stalled_reply_ready.set()
         return {"actions": np.zeros(SHAPE, np.float32)}
 
     server = serve(stall_once)
     policy = RemotePolicy(server.endpoint, SHAPE, prompt="p", timeout_s=0.3)
-    start = time.perf_counter()
     with pytest.raises(RemotePolicyTimeout, match=rf"{server.endpoint}: no reply within 0.3 s"):
         policy(OBS)
-    assert time.perf_counter() - start < 1.5
+    # Ordering, not wall time (load-independent): the client gave up before the stalled reply existed.
+    assert not stalled_reply_ready.is_set()
     assert policy(OBS).shape == SHAPE  # a fresh connection, not the late reply of the stalled request
 
 
@@ -209,7 +211,7 @@ def test_evaluate_marks_the_episode_whose_policy_failed_and_goes_on(world, serve
     assert all(e.windows == 2 and e.error is None for i, e in enumerate(report.episodes) if i != failed_index)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["num_failed"] == 1 and data["episodes"][failed_index]["status"] == "failed"
-    assert world.model.kv.num_used_pages == 0
+    assert world.model.kv.table.num_used_pages == 0
 
 
 def test_remote_policy_example_runs_standalone(tmp_path, cache_dir):  # noqa: F811

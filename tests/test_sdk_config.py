@@ -8,10 +8,10 @@ import yaml
 from worldstep import (
     CacheConfig,
     ConfigError,
-    DecoderConfig,
+    DecoderOptions,
     EnvConfig,
     ModelConfig,
-    RolloutConfig,
+    RolloutKnobs,
     WorldstepConfig,
     load_config,
 )
@@ -19,19 +19,20 @@ from worldstep.world import resolve_config
 
 
 def test_public_api():
-    assert {"load", "make_env", "evaluate", "WorldstepConfig", "ModelConfig", "RolloutConfig", "CacheConfig",
-            "DecoderConfig", "EnvConfig"} <= set(worldstep.__all__)
+    assert {"load", "make_env", "evaluate", "World", "WorldstepConfig", "ModelConfig", "RolloutKnobs", "CacheConfig",
+            "DecoderOptions", "EnvConfig"} <= set(worldstep.__all__)
     for name in worldstep.__all__:
         assert hasattr(worldstep, name)
 
 
-@pytest.mark.parametrize("name", ["tiny", "cosmos3_edge", "cosmos3-edge"])
+@pytest.mark.parametrize("name", ["tiny", "cosmos3_edge", "cosmos3-edge", "cosmos3_nano", "cosmos3-nano"])
 def test_shipped_configs_load_and_round_trip(name, tmp_path):
     config = load_config(name)
     path = tmp_path / "c.yaml"
     config.to_yaml(path)
     assert WorldstepConfig.from_yaml(path) == config
-    assert yaml.safe_load(path.read_text())["model"]["architecture"] == config.model.architecture
+    written = yaml.safe_load(path.read_text())["model"]["architecture"]
+    assert written == (None if config.model.architecture is None else config.model.architecture.model_dump())
 
 
 def test_tiny_values():
@@ -97,7 +98,7 @@ def test_strict_ints(tmp_path, value):
 
 
 def test_float_knobs_accept_ints():
-    assert RolloutConfig(guidance_scale=2, flow_shift=3).guidance_scale == 2.0
+    assert RolloutKnobs(guidance_scale=2, flow_shift=3).guidance_scale == 2.0
 
 
 @pytest.mark.parametrize("where", ["top", "rollout", "model"])
@@ -137,16 +138,22 @@ def test_configs_are_frozen():
 
 
 def test_each_section_validates_alone():
-    for cls, kwargs in [(RolloutConfig, {"chunk_size": 3}), (CacheConfig, {"page_size": 0}),
-                        (DecoderConfig, {"latents_per_call": -1}), (EnvConfig, {"domain_id": True}),
+    for cls, kwargs in [(RolloutKnobs, {"chunk_size": 3}), (CacheConfig, {"page_size": 0}),
+                        (DecoderOptions, {"latents_per_call": -1}), (EnvConfig, {"domain_id": True}),
                         (ModelConfig, {"name": "", "checkpoint": "x"})]:
         with pytest.raises(ConfigError):
             cls(**kwargs)
 
 
-def test_decoder_config_converts_to_engine_options():
-    options = DecoderConfig(latents_per_call=2).to_options()
-    assert options.latents_per_call == 2 and options.warm_cache is True
+def test_config_sections_are_the_engine_models():
+    """One definition per knob set: the YAML sections are the engine's own models, validated the same way."""
+    config = load_config("tiny")
+    assert type(config.rollout) is RolloutKnobs and type(config.decoder) is DecoderOptions
+    assert config.rollout.latents_per_window == config.rollout.chunk_size // 4
+    with pytest.raises(ConfigError, match="chunk_size = 6: must be a multiple of 4"):
+        RolloutKnobs(chunk_size=6)
+    with pytest.raises(ConfigError, match="rollout.chunk_size = 6: must be a multiple of 4"):
+        config.with_overrides(chunk_size=6)
 
 
 def test_overrides_by_field_and_section():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import worldstep
 from tiny_world import FAST, cache_dir, world, zeros  # noqa: F401 - fixtures
-from worldstep.evaluate import EpisodeConfig
+from worldstep.episodes import EpisodeConfig
 from worldstep.memory import plan, plan_for_world
 from worldstep.policies import RandomPolicy, SinePolicy
 
@@ -17,12 +17,18 @@ EPISODE_KEYS = {"index", "seed", "windows", "frames", "episode_return", "success
                 "wall_s", "frames_per_second", "video"}
 
 
-def test_load_reuses_a_live_model_and_rollout_overrides_do_not_reload(world):  # noqa: F811
-    again = worldstep.load("tiny", device="cpu", **{**FAST, "num_steps": 2}, max_windows=3)
+def test_load_shares_only_when_asked_and_rollout_overrides_of_a_world_do_not_reload(world):  # noqa: F811
+    again = worldstep.load(world, num_steps=2, max_windows=3)  # a World passed around: its model, new knobs
     assert again.model is world.model and again.config.rollout.num_steps == 2
     assert again.knobs.num_steps == 2 and again.action_shape == (4, world.spec.action_dim)
-    other = worldstep.load("tiny", device="cpu", **FAST, num_pages=64)
-    assert other.model is not world.model and other.model.kv.allocator.num_pages == 64
+    fresh = worldstep.load("tiny", device="cpu", **FAST)  # no hidden cache: a fresh model and page pool
+    assert fresh.model is not world.model
+    shared = [worldstep.load("tiny", device="cpu", share=True, **FAST) for _ in range(2)]
+    assert shared[0].model is shared[1].model is not fresh.model
+    other = worldstep.load(world, num_pages=64)  # a cache override needs another model
+    assert other.model is not world.model and other.model.kv.table.allocator.num_pages == 64
+    with pytest.raises(ValueError, match="share=1 is invalid"):
+        worldstep.load("tiny", share=1)
 
 
 def test_make_env_takes_config_keys_and_env_arguments(world):  # noqa: F811
@@ -48,7 +54,7 @@ def test_evaluate_writes_report_and_videos(world, tmp_path):  # noqa: F811
     for e in data["episodes"]:
         with av.open(e["video"]) as container:
             assert sum(1 for _ in container.decode(video=0)) == 1 + 4 * e["windows"]
-    assert report.mean_return == 0.0 and world.model.kv.num_used_pages == 0
+    assert report.mean_return == 0.0 and world.model.kv.table.num_used_pages == 0
 
 
 def test_batched_evaluate_matches_sequential(world, tmp_path):  # noqa: F811
@@ -61,7 +67,7 @@ def test_batched_evaluate_matches_sequential(world, tmp_path):  # noqa: F811
     strip = [{k: v for k, v in vars(e).items() if k not in ("wall_s", "frames_per_second")} for e in seq.episodes]
     assert strip == [{k: v for k, v in vars(e).items() if k not in ("wall_s", "frames_per_second")}
                      for e in bat.episodes]
-    assert bat.batched and world.model.kv.num_used_pages == 0
+    assert bat.batched and world.model.kv.table.num_used_pages == 0
 
 
 def test_evaluate_rejects_bad_episodes_and_argument_mixes(world, tmp_path):  # noqa: F811
@@ -84,8 +90,8 @@ def test_memory_plan_bounds_the_pages_an_episode_holds(world):  # noqa: F811
         env.reset(seed=0)
         infos = [env.step(zeros(env.action_space))[4]["kv"] for _ in range(4)]
         env.close()
-        held = [kv["pages_in_use"] for kv in infos]
-        assert (infos[-1]["released_tokens"] > 0) == (context > 0)
+        held = [kv.pages_in_use for kv in infos]
+        assert (infos[-1].released_tokens > 0) == (context > 0)
         memory = plan_for_world(w, windows=4)
         assert max(held) <= memory.peak_pages_per_episode <= max(held) + 1
     arch_only = plan(world.config, windows=4, text_tokens=memory.text_tokens)

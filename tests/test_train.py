@@ -82,8 +82,8 @@ def test_text_kv_is_differentiable_and_equals_engine_prefill():
 
 
 def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
-    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
     from worldstep.envs.push_sim import PushSimEnv
     from worldstep.train import main
     from worldstep.train.loop import DOMAIN_ID, PROMPT
@@ -106,9 +106,9 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     assert (world.spec.height, world.spec.width) == (64, 64)
     obs, _ = PushSimEnv().reset(seed=0)
     session = world.open_session(obs["frames"][0], PROMPT, DOMAIN_ID, knobs=RolloutKnobs(context_frames=1),
-                                 generator=torch.Generator().manual_seed(0))
+                                 generator=torch.Generator().manual_seed(0), action_width=2)
     for _ in range(2):
-        result = session.step(np.zeros((4, 2), np.float32))
+        result = world.step([session], [np.zeros((4, 2), np.float32)])[0]
         assert result.frames.shape == (4, 64, 64, 3) and result.frames.dtype == np.uint8
 
     # a snapshot export of the same run carries the same weights
@@ -136,8 +136,8 @@ def test_shipped_pusher_checkpoint_follows_actions():
     """The embedded `pusher` weights load from package data and move the effector the way actions say."""
     from pathlib import Path
 
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
-    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
     from worldstep.envs.push_sim import PushSimEnv, detect_objects
 
     path = Path(__file__).parents[1] / "configs" / "models" / "pusher"
@@ -147,27 +147,29 @@ def test_shipped_pusher_checkpoint_follows_actions():
     moved = []
     for direction in (1.0, -1.0):
         session = world.open_session(obs["frames"][0], meta["prompt"], meta["domain_id"],
-                                     knobs=RolloutKnobs(context_frames=4), generator=torch.Generator().manual_seed(0))
+                                     knobs=RolloutKnobs(context_frames=4), generator=torch.Generator().manual_seed(0),
+                                     action_width=2)
         actions = np.zeros((4, 2), np.float32)
         actions[:, 0] = direction
-        frames = session.step(actions).frames
+        frames = world.step([session], [actions])[0].frames
         moved.append(detect_objects(frames[-1])["effector"][0] - info["effector"][0])
-        session.close()
+        world.close(session)
     assert moved[0] > 4 and moved[1] < -4  # 4 steps of 3 px: about +-12 px in the simulator
 
 
-def test_training_forward_equals_the_rollout_forward(tmp_path):
+def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
     """The training pass predicts, for every window of a clip, exactly the velocity the engine's paged
     rollout computes at that window's denoise step (same clip: the rollout's own committed latents).
 
     The rollout's committed context, noisy window tensors, timesteps and velocities are recorded at its
     scheduler; the training batch is built from them (noise chosen so that `(1 - s) z + s eps` is the
-    rollout's noisy tensor at `s = t / 1000`). `page_size=1` makes the engine's page-floored retention
+    rollout's noisy tensor at `s = t / 1000`); one session steps alone, so it is row 0 of the window's
+    stacked scheduler call. `page_size=1` makes the engine's page-floored retention
     equal the nominal horizon the training mask uses (`context_frames` latent frames).
     """
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, build_checkpoint
+    from diffusers import UniPCMultistepScheduler
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
     from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
-    from worldstep.engine.models.cosmos3.spec import RolloutKnobs
     from worldstep.envs.push_sim import PushSimEnv
 
     t_arch, v_arch = architectures(small=True)
@@ -179,20 +181,21 @@ def test_training_forward_equals_the_rollout_forward(tmp_path):
     knobs = RolloutKnobs(chunk_size=4, num_steps=3, context_frames=context_frames)
     obs, _ = PushSimEnv().reset(seed=11)
     session = world.open_session(obs["frames"][0], prompt, domain, knobs=knobs,
-                                 generator=torch.Generator().manual_seed(5))
+                                 generator=torch.Generator().manual_seed(5), action_width=2)
     calls = []  # (timestep, noisy window tensor, velocity) per denoise step, in order
-    step = session.scheduler.step
+    step = UniPCMultistepScheduler.step
 
-    def recording_step(model_output, timestep, sample, **kwargs):
+    def recording_step(self, model_output, timestep, sample, *args, **kwargs):
         calls.append((float(timestep), sample[0].clone(), model_output[0].clone()))
-        return step(model_output, timestep, sample, **kwargs)
+        return step(self, model_output, timestep, sample, *args, **kwargs)
 
-    session.scheduler.step = recording_step
+    monkeypatch.setattr(UniPCMultistepScheduler, "step", recording_step)
     actions = np.random.default_rng(0).uniform(-1, 1, (windows, 4, 2)).astype(np.float32)
     committed = [session.first_latent]
     for w in range(windows):
-        committed.append(session.step(actions[w]).latents)  # [C, 1, h, w]
-    session.close()
+        committed.append(world.step([session], [actions[w]])[0].latents)  # [C, 1, h, w]
+    world.close(session)
+    assert len(calls) == windows * knobs.num_steps
     z = torch.cat(committed, dim=1)[None]  # [1, C, 1 + W, h, w]
 
     tr = world.transformer

@@ -14,7 +14,7 @@ from worldstep.envs.push_sim import PushSimEnv, first_frame
 from worldstep.envs.scene import SimulatorScene
 from worldstep.fidelity.metrics import psnr
 from worldstep.policies import make_policy
-from worldstep.truth import rollout_with_truth, side_by_side
+from worldstep.truth import HEADER_PX, rollout_with_truth, side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_pusher_env_resets_to_the_simulator_scene(pusher, monkeypatch):
     assert "scene_seed" not in info and np.array_equal(seen[-1], first_frame(np.random.default_rng(9)))
     scene = env._scene
     env.close()
-    assert scene._env is None and env.model.kv.num_used_pages == 0 and env.model.live_sessions == 0
+    assert scene._env is None and env.model.kv.table.num_used_pages == 0 and env.model.live_sessions == 0
 
 
 def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, tmp_path):
@@ -86,10 +86,10 @@ def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, 
         frames.append(obs["frames"])
     with av.open(str(result.video)) as container:
         video = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    assert len(video) == 13 and video[0].shape == (256, 520, 3)
+    assert len(video) == 13 and video[0].shape == (HEADER_PX + 256, 520, 3)  # a label strip over the halves
     right = np.concatenate(frames)[:, ::1].repeat(4, 1).repeat(4, 2)
     # lossy codec: the right half matches the simulator's frames closely, not bit for bit
-    assert np.mean([psnr(v[:, 264:], r) for v, r in zip(video, right)]) > 30
+    assert np.mean([psnr(v[HEADER_PX:, 264:], r) for v, r in zip(video, right)]) > 30
     # the model's frames resemble the simulator's (a trained model, not noise) and the PSNR is per window
     assert all(p > 14 for p in result.psnr_db)
 
@@ -100,6 +100,20 @@ def test_side_by_side_layout():
     joined = side_by_side(left, right, scale=2, gap=1)
     assert joined.shape == (2, 8, 18, 3)
     assert (joined[:, :, :8] == 0).all() and (joined[:, :, 8:10] == 255).all() and (joined[:, :, 10:] == 9).all()
+
+
+def test_side_by_side_labels_its_halves_and_captions_the_window():
+    left = np.zeros((1, 64, 64, 3), np.uint8)
+    right = np.full((1, 64, 64, 3), 9, np.uint8)
+    plain = side_by_side(left, right)
+    labelled = side_by_side(left, right, labels=("model", "simulator"), caption="window 3   PSNR 24.1 dB")
+    assert labelled.shape == (1, HEADER_PX + 256, 520, 3)
+    assert np.array_equal(labelled[:, HEADER_PX:], plain)  # the frames themselves are untouched
+    names = labelled[0, : HEADER_PX // 2]
+    assert names[:, :256].max() > 128 and names[:, 264:].max() > 128  # a name over each half
+    other = side_by_side(left, right, labels=("model", "simulator"), caption="window 4   PSNR 19.0 dB")
+    assert np.array_equal(other[0, : HEADER_PX // 2], names)  # same names
+    assert not np.array_equal(other[0, HEADER_PX // 2 : HEADER_PX], labelled[0, HEADER_PX // 2 : HEADER_PX])
 
 
 def test_push_policy_solves_the_simulator_and_rejects_other_action_widths():

@@ -1,11 +1,39 @@
-"""One KV stream's state (where its tokens live) and the frozen snapshot consumers read it by."""
+"""Names of KV streams, one stream's state, and the frozen snapshot consumers read a stream by."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
-StreamKey = tuple[str, str]
-"""(session_id, label); labels are "main" and "uncond" (the CFG stream)."""
+
+class StreamLabel(str, Enum):
+    """Which of a session's streams: its conditioned stream, or the unconditioned one of text-only CFG."""
+
+    MAIN = "main"
+    UNCOND = "uncond"
+
+
+@dataclass(frozen=True, order=True)
+class StreamKey:
+    """One stream of the pool: a session's stream under a label."""
+
+    session_id: str
+    label: StreamLabel
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.session_id, str) or not self.session_id:
+            raise ValueError(f"StreamKey.session_id must be a non-empty str, got {self.session_id!r}")
+        if not isinstance(self.label, StreamLabel):
+            raise ValueError(f"StreamKey.label must be a StreamLabel, got {self.label!r}")
+
+    def __str__(self) -> str:
+        return f"{self.session_id}/{self.label.value}"
+
+
+def check_stream_key(key: object) -> StreamKey:
+    if not isinstance(key, StreamKey):
+        raise ValueError(f"key={key!r} is invalid; allowed: a StreamKey(session_id, StreamLabel)")
+    return key
 
 
 @dataclass(frozen=True)
@@ -13,9 +41,8 @@ class PageTable:
     """A snapshot of one stream: which pages hold its tokens, in order, at one epoch.
 
     Token ``i`` of the stream lives in ``pages[i // page_size]`` at offset ``i % page_size``; every
-    page but the last is full. Readers that go by page position must call
-    `PagedAllocationManager.check_current` first: a release compacts the list, so a position names
-    different tokens afterwards.
+    page but the last is full. Readers that go by page position must call `StreamTable.check_current`
+    first: a release compacts the list, so a position names different tokens afterwards.
     """
 
     key: StreamKey
@@ -28,7 +55,7 @@ class PageTable:
 
 @dataclass
 class StreamState:
-    """Mutable per-stream state owned by the cache (callers see `PageTable` snapshots only).
+    """Mutable per-stream state owned by the `StreamTable` (callers see `PageTable` snapshots only).
 
     ``seq_len`` counts tokens currently held (it drops on release), ``released_tokens`` counts tokens
     released from the front so far, ``prefix_epoch`` changes with every change of committed content.
@@ -43,11 +70,5 @@ class StreamState:
     cpu_pages: list[int] | None = None
 
     def table(self, key: StreamKey) -> PageTable:
-        return PageTable(
-            key=key,
-            pages=tuple(self.pages),
-            seq_len=self.seq_len,
-            protected_prefix_tokens=self.protected_prefix_tokens,
-            released_tokens=self.released_tokens,
-            prefix_epoch=self.prefix_epoch,
-        )
+        return PageTable(key, tuple(self.pages), self.seq_len, self.protected_prefix_tokens,
+                         self.released_tokens, self.prefix_epoch)

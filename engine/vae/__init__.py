@@ -1,18 +1,30 @@
-"""Warm streaming Wan VAE decoder and first-frame encoder (see docs/internals.md, engine/vae)."""
+"""Warm streaming Wan VAE decoder and first-frame encoder (see docs/internals.md, engine/vae).
 
-from .decoder import WarmWanDecoder
-from .encoder import encode_first_frame, preprocess_first_frame
-from .frames import frames_from_pixels, frames_per_window
+`DecoderOptions` imports without torch (the YAML config uses it); everything else loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from .options import DecoderOptions
-from .stream import DecodeStream, StreamPath
 
-__all__ = [
-    "DecodeStream",
-    "DecoderOptions",
-    "StreamPath",
-    "WarmWanDecoder",
-    "encode_first_frame",
-    "frames_from_pixels",
-    "frames_per_window",
-    "preprocess_first_frame",
-]
+_LAZY = {
+    "WHOLE_STREAM_DECODE_ATOL": ".decoder",
+    "WarmWanDecoder": ".decoder",
+    "encode_first_frame": ".encoder",
+    "preprocess_first_frame": ".encoder",
+    "frames_from_pixels": ".frames",
+    "frames_per_window": ".frames",
+    "LatentNorm": ".latents",
+    "DecodeStream": ".stream",
+    "StreamPath": ".stream",
+}
+
+__all__ = ["DecoderOptions", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@ diffusers' decoder reads and writes a plain list `feat_cache` (one slot per caus
 order). A slot is `None` before the conv has run, the string ``"Rep"`` for an `upsample3d`
 time-conv after latent 0 (latent 0 is not doubled in time), or a tensor holding the last time steps
 the conv saw. diffusers replaces slots and never edits a stored tensor in place, and so does this
-package; a shallow copy of the list is therefore a valid snapshot (fork, batching).
+package; a shallow copy of the list is therefore a valid snapshot (fork, retry).
 """
 
 from __future__ import annotations
@@ -52,29 +52,3 @@ def compact_slots(slots: list[Slot]) -> None:
     for i, s in enumerate(slots):
         if isinstance(s, torch.Tensor):
             slots[i] = compact(s)
-
-
-def signature(slots: list[Slot] | None) -> tuple:
-    """What must agree for two caches to run in one batched call: each slot's kind and shape."""
-    if slots is None:
-        return ("cold",)
-    return tuple(s if not isinstance(s, torch.Tensor) else tuple(s.shape[1:]) for s in slots)
-
-
-def stack_caches(caches: list[list[Slot]]) -> list[Slot]:
-    """Concatenate same-signature caches along the batch dimension (markers pass through)."""
-    stacked: list[Slot] = []
-    for column in zip(*caches):
-        first = column[0]
-        stacked.append(torch.cat(column, dim=0) if isinstance(first, torch.Tensor) else first)
-    return stacked
-
-
-def split_cache(slots: list[Slot], sizes: list[int]) -> list[list[Slot]]:
-    """Undo `stack_caches`: one compact cache per stream of the given batch sizes."""
-    caches: list[list[Slot]] = [[] for _ in sizes]
-    for s in slots:
-        parts = s.split(sizes, dim=0) if isinstance(s, torch.Tensor) else [s] * len(sizes)
-        for cache, part in zip(caches, parts):
-            cache.append(compact(part) if isinstance(part, torch.Tensor) else part)
-    return caches

@@ -1,29 +1,40 @@
 """`WarmWanDecoder`: decode many live latent streams window by window with one shared Wan VAE.
 
 Each stream (`DecodeStream`) carries its own causal-conv cache, so a window decodes only its new
-latents and yields exactly the frames one `vae.decode` of the whole stream would (bit for bit in
-fp32 eager with one latent per call). A stream without a cache re-decodes its retained context
-ahead of the window from an empty cache and keeps only the new frames (the stateless path).
+latents. With one latent per call (the default) a stream issues the same decoder calls, with the same
+shapes, as `vae.decode` does for the whole stream; only `post_quant_conv`, a pointwise 1x1x1 conv that
+runs here one latent at a time instead of over the whole clip, may round differently (kernels pick
+their path by shape). The frames therefore equal one whole-stream decode within float32 rounding
+(max |diff| <= 1e-5 in [-1, 1] pixels, at most 1 uint8 level; see docs/exactness.md), and they are
+bit-identical whatever the window pattern and whichever other streams are decoded alongside. A stream
+without a cache re-decodes its retained context ahead of the window from an empty cache and keeps
+only the new frames (the stateless path).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from .cache import compact, compact_slots, count_slots
-from .jobs import GroupRunner, Output, WindowJob
+from .jobs import Output, WindowJob, WindowRunner
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .perf import cudnn_benchmark, decoder_copy
 from .stream import DecodeStream, StreamPath
 
 _stream_ids = itertools.count()
+
+# A warm stream vs one `vae.decode` of the whole stream, in [-1, 1] pixels: only `post_quant_conv`'s call
+# shape differs (per latent vs whole clip), so they agree within float32 rounding. Measured max 3.8e-6 on
+# the test VAEs over seeds, window patterns and CPU kernel selections (docs/exactness.md).
+WHOLE_STREAM_DECODE_ATOL = 1e-5
 
 
 class WarmWanDecoder:
@@ -45,16 +56,16 @@ class WarmWanDecoder:
         self.options = options if options is not None else DecoderOptions()
         weight = vae.post_quant_conv.weight
         self.device: torch.device = weight.device
-        self.dtype: torch.dtype = weight.dtype
+        self.dtype: torch.dtype = getattr(torch, self.options.dtype) if self.options.dtype else weight.dtype
         self.z_dim: int = vae.config.z_dim
         self.patch_size: int | None = vae.config.patch_size
         self.temporal_factor: int = 2 ** sum(bool(t) for t in vae.config.temperal_downsample)
         self._norm = LatentNorm.from_vae(vae, self.device, self.dtype)
         self._decoder = decoder_copy(vae.decoder, channels_last=self.options.channels_last,
-                                     onednn_conv=self.options.onednn_conv)
-        self._runner = GroupRunner(
+                                     onednn_conv=self.options.onednn_conv, dtype=self.dtype)
+        self._runner = WindowRunner(
             decoder=self._decoder,
-            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv),
+            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv, dtype=self.dtype),
             num_slots=count_slots(self._decoder),
             latents_per_call=self.options.latents_per_call,
             channels_last=self.options.channels_last,
@@ -67,7 +78,16 @@ class WarmWanDecoder:
 
     def open_stream(self) -> DecodeStream:
         """A new stream; it picks warm or stateless at its first window."""
-        return DecodeStream(stream_id=next(_stream_ids), decoder=self)
+        return DecodeStream(stream_id=next(_stream_ids), owner=id(self))
+
+    @contextlib.contextmanager
+    def stream(self) -> Iterator[DecodeStream]:
+        """`open_stream` as a context manager: the stream is closed on any exit (an aborted episode too)."""
+        stream = self.open_stream()
+        try:
+            yield stream
+        finally:
+            self.close_stream(stream)
 
     def close_stream(self, stream: DecodeStream) -> None:
         """Free the stream's cache and context and its warm slot. Idempotent; waits for a decode of
@@ -80,8 +100,6 @@ class WarmWanDecoder:
             if stream.slot_release is not None:
                 stream.slot_release()  # runs once; also unregisters the collection hook
 
-    abort_stream = close_stream
-
     def fork_stream(self, stream: DecodeStream) -> DecodeStream:
         """An independent copy of `stream` at the same point: cache and retained context are shared
         snapshots (slots and context are replaced, never edited), so the two may diverge freely.
@@ -93,7 +111,7 @@ class WarmWanDecoder:
         with stream.lock:
             fork = DecodeStream(
                 stream_id=next(_stream_ids),
-                decoder=self,
+                owner=id(self),
                 latents_decoded=stream.latents_decoded,
                 frames_decoded=stream.frames_decoded,
                 grid=stream.grid,
@@ -138,21 +156,24 @@ class WarmWanDecoder:
     def decode_batch(
         self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor], output: Output = "frames"
     ) -> list:
-        """Decode one window of each stream; streams at the same phase and window length share
-        decoder calls, the rest are split into groups. All or nothing: if any group raises, no
-        stream advances, and every cache the failed call had touched is dropped (that stream's
-        retry re-decodes behind its context, then continues warm).
+        """Decode one window of each stream, each through its own decoder calls (the calls it would
+        make alone). All or nothing: if any stream's run raises, no stream advances, and every cache
+        a run had touched is dropped (that stream's retry re-decodes behind its context, then
+        continues warm).
 
         Args:
             streams: distinct open streams of this decoder.
             latents: per stream, normalised `[C, t, h, w]` or `[1, C, t, h, w]`.
-            output: "frames" (uint8 `[T, H, W, 3]` numpy) or "pixels" (see `decode_pixels`).
+            output: "frames" (uint8 `[T, H, W, 3]` numpy), "pixels" (see `decode_pixels`) or "device"
+                (uint8 `[T, H, W, 3]` left on the decoder's device: nothing waits for the device, so the
+                caller can queue more work before fetching; the latents' finiteness is then the caller's
+                to check, also without a wait).
         Returns:
-            per stream, its window on the CPU.
+            per stream, its window (on the CPU unless ``output="device"``).
         """
-        if output not in ("frames", "pixels"):
-            raise ValueError(f"output must be 'frames' or 'pixels', got {output!r}")
-        windows = self._check_batch(streams, latents)
+        if output not in ("frames", "pixels", "device"):
+            raise ValueError(f"output must be 'frames', 'pixels' or 'device', got {output!r}")
+        windows = self._check_batch(streams, latents, check_finite=output != "device")
         held: list[threading.Lock] = []
         try:
             for s in streams:
@@ -188,14 +209,12 @@ class WarmWanDecoder:
         )
 
     def _run_jobs(self, jobs: list[WindowJob]) -> None:
-        groups: dict[tuple, list[WindowJob]] = {}
-        for job in jobs:
-            groups.setdefault(job.group_key(), []).append(job)
         touched: list[DecodeStream] = []
         try:
-            for group in groups.values():
-                touched.extend(j.stream for j in group if not j.cold)
-                self._runner.run(group)
+            for job in jobs:
+                if not job.cold:
+                    touched.append(job.stream)
+                self._runner.run(job)
         except BaseException:
             for s in touched:  # a half-advanced cache must never be continued
                 s.slots = None
@@ -236,7 +255,7 @@ class WarmWanDecoder:
     def _check_owner(self, stream: DecodeStream) -> None:
         if not isinstance(stream, DecodeStream):
             raise TypeError(f"stream must be a DecodeStream, got {type(stream).__name__}")
-        if stream.decoder is not self:
+        if stream.owner != id(self):
             raise ValueError(f"stream {stream.stream_id} belongs to another WarmWanDecoder")
 
     def _check_open(self, stream: DecodeStream) -> None:
@@ -244,7 +263,8 @@ class WarmWanDecoder:
         if stream.closed:
             raise ValueError(f"stream {stream.stream_id} is closed; open a new one with open_stream()")
 
-    def _check_batch(self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _check_batch(self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor],
+                     check_finite: bool = True) -> list[torch.Tensor]:
         if len(streams) != len(latents) or not streams:
             raise ValueError(f"need one latents tensor per stream, got {len(streams)} streams, {len(latents)} tensors")
         if len({id(s) for s in streams}) != len(streams):
@@ -252,10 +272,10 @@ class WarmWanDecoder:
         windows = []
         for s, z in zip(streams, latents):
             self._check_open(s)
-            windows.append(self._check_latents(s, z))
+            windows.append(self._check_latents(s, z, check_finite))
         return windows
 
-    def _check_latents(self, stream: DecodeStream, z: torch.Tensor) -> torch.Tensor:
+    def _check_latents(self, stream: DecodeStream, z: torch.Tensor, check_finite: bool = True) -> torch.Tensor:
         """The window as `[1, C, t, h, w]` on the decoder's device, or ValueError naming `latents`."""
         if not isinstance(z, torch.Tensor) or not z.is_floating_point():
             raise ValueError(f"latents must be a floating-point torch.Tensor, got {type(z).__name__}")
@@ -268,6 +288,6 @@ class WarmWanDecoder:
         if stream.grid is not None and tuple(z.shape[3:]) != stream.grid:
             raise ValueError(f"latents grid {tuple(z.shape[3:])} differs from stream grid {stream.grid}")
         z = z.to(self.device)
-        if not bool(torch.isfinite(z).all()):
+        if check_finite and not bool(torch.isfinite(z).all()):  # a host wait: callers queueing work check later
             raise ValueError("latents contain NaN or Inf; a warm cache would carry them into every later window")
         return z

@@ -15,35 +15,15 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
 
+from ..checks import check_image, is_int
 from .cache import count_slots, empty_cache
 from .latents import LatentNorm
 
-MIN_IMAGE_SIDE = 8  # px; smaller images carry too little to condition a rollout on
-
-
-def _check_image(image: np.ndarray) -> None:
-    if not isinstance(image, np.ndarray):
-        raise ValueError(f"image must be a numpy array [H, W, 3], got {type(image).__name__}")
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"image must be [H, W, 3] (RGB, channels last), got shape {image.shape}")
-    if min(image.shape[:2]) < MIN_IMAGE_SIDE:
-        raise ValueError(f"image must be at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} px, got shape {image.shape}")
-    if image.dtype == np.uint8:
-        return
-    if not np.issubdtype(image.dtype, np.floating):
-        raise ValueError(f"image dtype must be uint8 (0..255) or float (0..1), got {image.dtype}")
-    if not np.isfinite(image).all():
-        raise ValueError("image (float) contains NaN or Inf; allowed values are 0..1")
-    lo, hi = float(image.min()), float(image.max())
-    if lo < 0.0 or hi > 1.0:
-        raise ValueError(f"image (float) values must lie in 0..1, got min {lo:g}, max {hi:g}")
-
 
 def _check_size(height: int, width: int, multiple: int = 1) -> None:
-    allowed = "a positive integer" + (f" multiple of {multiple}" if multiple > 1 else "")
     for name, value in (("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < multiple or value % multiple:
-            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        if not is_int(value) or value < multiple or value % multiple:
+            raise ValueError(f"{name}={value!r} is invalid; allowed: a positive int, a multiple of {multiple}")
 
 
 def preprocess_first_frame(image: np.ndarray, height: int, width: int) -> torch.Tensor:
@@ -55,7 +35,7 @@ def preprocess_first_frame(image: np.ndarray, height: int, width: int) -> torch.
     Returns:
         `[1, 3, height, width]` float32 on the CPU.
     """
-    _check_image(image)
+    image = check_image("image", image)
     _check_size(height, width)
     pixels = torch.from_numpy(np.ascontiguousarray(image)).unsqueeze(0).permute(0, 3, 1, 2)  # [1,3,H,W]
     pixels = pixels.to(torch.float32)
@@ -87,7 +67,7 @@ def encode_first_frame(vae: torch.nn.Module, image: np.ndarray, height: int, wid
 
     Args:
         vae: a diffusers `AutoencoderKLWan`.
-        image: `[H, W, 3]` uint8 (0..255) or float (0..1) numpy array, any size >= 8 px.
+        image: `[H, W, 3]` uint8 (0..255) or float (0..1) numpy array, any size >= 16 px.
         height, width: output frame size, multiples of the VAE's `scale_factor_spatial`.
     Returns:
         `[1, C, 1, height / s, width / s]` float32 on the VAE's device, `(mu - mean) / std`.

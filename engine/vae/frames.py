@@ -26,17 +26,16 @@ def pixels_from_decoder(out: torch.Tensor, patch_size: int | None) -> torch.Tens
     return out.clamp(min=-1.0, max=1.0)
 
 
-def frames_from_pixels(pixels: torch.Tensor) -> np.ndarray:
-    """Map pixels in [-1, 1] to uint8 frames on the CPU.
+def frames_u8(pixels: torch.Tensor) -> torch.Tensor:
+    """Map pixels in [-1, 1] to uint8 frames where they live (no host copy).
 
-    Matches diffusers' postprocess bit for bit: `(x * 0.5 + 0.5).clamp(0, 1)` in the pixels' dtype,
-    then float32 `* 255`, round half to even, uint8. The uint8 conversion runs where `pixels` live,
-    so only a quarter of the bytes cross to the host.
+    Matches diffusers' postprocess bit for bit: `(x * 0.5 + 0.5).clamp(0, 1)` in the pixels' dtype, then
+    float32 `* 255`, round half to even, uint8; only a quarter of the bytes then cross to the host.
 
     Args:
         pixels: one video, `[1, 3, T, H, W]` or `[3, T, H, W]` (channels, then time).
     Returns:
-        uint8 `[T, H, W, 3]`.
+        uint8 `[T, H, W, 3]` on the pixels' device.
     """
     if pixels.ndim == 5:
         if pixels.shape[0] != 1:
@@ -45,5 +44,9 @@ def frames_from_pixels(pixels: torch.Tensor) -> np.ndarray:
     if pixels.ndim != 4 or pixels.shape[0] != 3:
         raise ValueError(f"pixels must be [1, 3, T, H, W] or [3, T, H, W], got {tuple(pixels.shape)}")
     unit = (pixels * 0.5 + 0.5).clamp(0, 1).float()  # [3,T,H,W]
-    u8 = (unit * 255).round().to(torch.uint8)
-    return u8.permute(1, 2, 3, 0).contiguous().cpu().numpy()  # [T,H,W,3]
+    return (unit * 255).round().to(torch.uint8).permute(1, 2, 3, 0)  # [T,H,W,3]
+
+
+def frames_from_pixels(pixels: torch.Tensor) -> np.ndarray:
+    """`frames_u8` copied to a numpy array on the CPU."""
+    return frames_u8(pixels).contiguous().cpu().numpy()

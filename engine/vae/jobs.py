@@ -1,4 +1,9 @@
-"""One decode call's work: a job per stream, grouped into batched runs of the Wan decoder."""
+"""One stream's window in a decode call, and the run that decodes it.
+
+Every stream runs its own decoder calls, never stacked with another stream's: a kernel's rounding may
+depend on the batch size (oneDNN does at some shapes), and a stream's frames must not depend on which
+other streams happen to be decoded in the same call.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .cache import Slot, empty_cache, signature, split_cache, stack_caches
+from .cache import Slot, empty_cache
 from .causal import call_sizes, run_decoder
-from .frames import frames_from_pixels, pixels_from_decoder
+from .frames import frames_u8, pixels_from_decoder
 from .stream import DecodeStream
 
-Output = Literal["frames", "pixels"]
+Output = Literal["frames", "pixels", "device"]
 
 
 @dataclass(eq=False)
@@ -38,7 +43,7 @@ class WindowJob:
     cold: bool
     out_dtype: torch.dtype
     output: Output
-    parts: list[np.ndarray | torch.Tensor] = field(default_factory=list)  # per call, on the CPU
+    parts: list[torch.Tensor] = field(default_factory=list)  # per call, on the device
     num_frames: int = 0
     x_new: torch.Tensor | None = None
     slots: list[Slot] | None = None
@@ -48,27 +53,27 @@ class WindowJob:
         """Leading one-latent calls whose frames belong to the context, not the window."""
         return 0 if self.context is None else self.context.shape[2]
 
-    def group_key(self) -> tuple:
-        # first_chunk applies to a whole call, and stacked caches must agree slot by slot.
-        if self.cold:
-            return ("cold", self.z.shape[2], self.skip_calls)
-        return ("warm", self.z.shape[2], signature(self.stream.slots))
-
     def keep(self, pixels: torch.Tensor) -> None:
-        """Store one call's output on the CPU. Args: pixels `[1, 3, T_call, H, W]` in [-1, 1]."""
+        """Keep one call's output on the device (one host copy per window, in `result`).
+
+        Args: pixels `[1, 3, T_call, H, W]` in [-1, 1].
+        """
         pixels = pixels.to(self.out_dtype)
         self.num_frames += pixels.shape[2]
-        self.parts.append(pixels.cpu() if self.output == "pixels" else frames_from_pixels(pixels))
+        self.parts.append(pixels if self.output == "pixels" else frames_u8(pixels))
 
     def result(self) -> np.ndarray | torch.Tensor:
+        """The window: pixels `[1, 3, T, H, W]` on the CPU, uint8 frames `[T, H, W, 3]` as numpy, or (``device``)
+        uint8 frames left on the device for the caller to fetch."""
         if self.output == "pixels":
-            return torch.cat(self.parts, dim=2)  # [1,3,T,H,W]
-        return np.concatenate(self.parts, axis=0)  # [T,H,W,3]
+            return torch.cat(self.parts, dim=2).cpu()  # [1,3,T,H,W]
+        frames = torch.cat(self.parts, dim=0)  # [T,H,W,3]
+        return frames if self.output == "device" else frames.cpu().numpy()
 
 
 @dataclass(frozen=True)
-class GroupRunner:
-    """Runs a group of same-phase jobs through one sequence of batched decoder calls."""
+class WindowRunner:
+    """Decodes one stream's window through the Wan decoder, call by call."""
 
     decoder: nn.Module
     post_quant_conv: nn.Module
@@ -77,39 +82,17 @@ class GroupRunner:
     channels_last: bool
     patch_size: int | None
 
-    def run(self, group: list[WindowJob]) -> None:
-        """Decode the group's windows; a warm single-stream cache is advanced in place.
-
-        A group of several warm streams runs on a stacked copy of their caches and drops the
-        streams' own lists first, so the caches are not held twice while it runs.
-        """
-        first = group[0]
-        # post_quant_conv on the stacked batch, as vae.decode of the stacked streams would.
-        x_new = self.post_quant_conv(torch.cat([j.z for j in group]))  # [B,C,t,h,w]
-        for b, j in enumerate(group):
-            j.x_new = x_new[b : b + 1]
-        x = x_new
-        if first.context is not None:
-            x = torch.cat([torch.cat([j.context for j in group]), x_new], dim=2)  # [B,C,k+t,h,w]
-        slots = self._input_cache(group)
-        sizes = call_sizes(x.shape[2], self.latents_per_call, first.cold)
-        calls = run_decoder(self.decoder, x, slots, sizes, stream_start=first.cold, channels_last=self.channels_last)
+    def run(self, job: WindowJob) -> None:
+        """Decode the job's window; a warm cache is advanced in place (the caller drops it if this raises)."""
+        # One latent per post_quant_conv call: the same call shapes whatever the window pattern, so a
+        # stream's frames do not depend on how its latents were cut into windows.
+        x_new = torch.cat([self.post_quant_conv(job.z[:, :, i : i + 1]) for i in range(job.z.shape[2])], dim=2)
+        job.x_new = x_new  # [1,C,t,h,w]
+        x = x_new if job.context is None else torch.cat([job.context, x_new], dim=2)  # [1,C,k+t,h,w]
+        slots = empty_cache(self.num_slots) if job.cold else job.stream.slots
+        sizes = call_sizes(x.shape[2], self.latents_per_call, job.cold)
+        calls = run_decoder(self.decoder, x, slots, sizes, stream_start=job.cold, channels_last=self.channels_last)
         for i, out in enumerate(calls):
-            if i < first.skip_calls:
-                continue  # frames of the re-decoded context
-            pixels = pixels_from_decoder(out, self.patch_size)  # [B,3,T_call,H,W]
-            for b, j in enumerate(group):
-                j.keep(pixels[b : b + 1])
-        caches = split_cache(slots, [1] * len(group)) if len(group) > 1 else [slots]
-        for j, cache in zip(group, caches):
-            j.slots = cache
-
-    def _input_cache(self, group: list[WindowJob]) -> list[Slot]:
-        if group[0].cold:
-            return empty_cache(self.num_slots)
-        if len(group) == 1:
-            return group[0].stream.slots  # advanced in place; dropped by the caller if the run raises
-        stacked = stack_caches([j.stream.slots for j in group])
-        for j in group:
-            j.stream.slots = None
-        return stacked
+            if i >= job.skip_calls:  # earlier calls re-decode the context: their frames are dropped
+                job.keep(pixels_from_decoder(out, self.patch_size))  # [1,3,T_call,H,W]
+        job.slots = slots

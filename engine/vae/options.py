@@ -2,81 +2,58 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
-
-_SWITCHES = ("warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv")
-_COUNTS = {  # key -> (lowest allowed value, what the value means)
-    "latents_per_call": (0, "latents per steady decoder call; 0 = a whole window per call"),
-    "max_warm_streams": (0, "warm caches per decoder; 0 = no cap"),
-    "context_latents": (1, "latents re-decoded ahead of a window that has no warm cache"),
-}
+from ..checks import check_int
+from ..settings import NonNegativeInt, PositiveInt, StrictModel
 
 
-class DecoderOptions(BaseModel):
-    """Switches of `WarmWanDecoder`; YAML keys of the same names.
+class DecoderOptions(StrictModel):
+    """Switches of `WarmWanDecoder`; the YAML config's ``decoder`` section is this model.
 
     Attributes:
         warm_cache: keep each stream's causal-conv cache so a window decodes only its new latents
-            (exact vs one whole-stream decode). Off: every window re-decodes `context_latents` of
-            context from an empty cache (an approximation, ~(K + w) / w slower).
+            (within float32 rounding of one whole-stream decode). Off: every window re-decodes
+            `context_latents` of context from an empty cache (an approximation, ~(K + w) / w slower).
         latents_per_call: latents per decoder call on steady windows. 1 issues exactly
-            `vae.decode`'s calls (bit-exact, smallest transient peak). 0 decodes a whole window per
-            call: equal within rounding (~1e-6) for a transient peak that grows with the window.
+            `vae.decode`'s decoder calls (frames within `WHOLE_STREAM_DECODE_ATOL` of one whole-stream
+            decode and identical for any window pattern; smallest transient peak). 0 decodes a whole
+            window per call: equal within rounding (~1e-6) for a transient peak that grows with it.
             A stream's first window (fresh or re-decoded behind its context) always runs one
             latent per call, whatever this says. Check it against the window with
             `validate_for_window`.
         channels_last: run the decoder on a channels-last copy of its weights and activations
             (the shared VAE keeps its layout; the copy doubles the decoder's weight memory). No
             gain on CPU.
-        onednn_conv: on a CPU, run every float32 3-D conv of the decoder through oneDNN, on a
-            private copy of the decoder. torch sends the small per-latent convs of a streaming decode
-            to its reference kernel (`slow_conv3d`, an unfold + GEMM), 3-10x slower than oneDNN at
-            these shapes; oneDNN sums in another order, so frames equal `vae.decode`'s within float32
-            rounding (~1e-5 before uint8 quantisation), not bit for bit. No effect on CUDA.
+        onednn_conv: on a CPU, decode float32 through the fast path of a private copy of the decoder
+            (`engine/vae/perf.py`): every 3-D conv through oneDNN with the spatial padding inside the
+            conv (torch sends the small per-latent convs of a streaming decode to its reference kernel,
+            `slow_conv3d`, 3-10x slower at these shapes), and the RMS norm as one sum of squares instead
+            of `F.normalize`'s strided reduction. Sums run in another order, so frames equal
+            `vae.decode`'s within 1e-4 (measured 5.4e-6) before uint8 quantisation. No effect on CUDA.
         cudnn_benchmark: set `torch.backends.cudnn.benchmark` around each decode only, restored
             afterwards (also when the decode raises). The flag is process-global: concurrent
             decodes from several threads see each other's setting while they overlap.
         max_warm_streams: warm caches per decoder (0 = no cap). A stream that starts its first
             window while the cap is reached stays stateless for its whole life. The cap counts
             streams, not bytes: size it from `cache_bytes` at the served resolution and dtype.
+        dtype: the dtype the decoder runs in (None: the VAE's own). Another dtype than the VAE's runs on a
+            private copy of the decoder in that dtype (the shared VAE keeps its weights); bfloat16 halves
+            the cache and the decoder's time on a GPU, at bf16 rounding (docs/exactness.md).
         context_latents: latents a stream retains and re-decodes ahead of a window that has no
             warm cache (stateless streams, or a warm stream whose cache was dropped by a failed
             decode). At least 1: a later window's first latent needs a predecessor to yield its 4
             frames.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
     warm_cache: bool = True
-    latents_per_call: int = 1
+    latents_per_call: NonNegativeInt = 1
     channels_last: bool = False
     cudnn_benchmark: bool = False
     onednn_conv: bool = False
-    max_warm_streams: int = 0
-    context_latents: int = 8
-
-    @field_validator(*_SWITCHES, mode="before")
-    @classmethod
-    def _real_boolean(cls, value: Any, info) -> Any:
-        # A YAML string "false" is truthy: refuse it instead of reading it as True.
-        if not isinstance(value, bool):
-            raise ValueError(
-                f"{info.field_name} must be a boolean (true or false), got {value!r} ({type(value).__name__})"
-            )
-        return value
-
-    @field_validator(*_COUNTS, mode="before")
-    @classmethod
-    def _count_in_range(cls, value: Any, info) -> Any:
-        lowest, meaning = _COUNTS[info.field_name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(
-                f"{info.field_name} must be an integer >= {lowest} ({meaning}), "
-                f"got {value!r} ({type(value).__name__})"
-            )
-        return value
+    max_warm_streams: NonNegativeInt = 0
+    context_latents: PositiveInt = 8
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def validate_for_window(self, latents_per_window: int) -> None:
         """Raise ValueError when `latents_per_call` exceeds a window's latent frames.
@@ -84,10 +61,7 @@ class DecoderOptions(BaseModel):
         Args:
             latents_per_window: latent frames of a full (not the short last) window.
         """
-        if isinstance(latents_per_window, bool) or not isinstance(latents_per_window, int):
-            raise ValueError(f"latents_per_window must be an integer >= 1, got {latents_per_window!r}")
-        if latents_per_window < 1:
-            raise ValueError(f"latents_per_window must be an integer >= 1, got {latents_per_window}")
+        check_int("latents_per_window", latents_per_window, 1)
         if self.latents_per_call > latents_per_window:
             raise ValueError(
                 f"latents_per_call = {self.latents_per_call} is larger than a window's "

@@ -6,14 +6,10 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
 
 import torch
 
 from .cache import Slot, cache_nbytes
-
-if TYPE_CHECKING:
-    from .decoder import WarmWanDecoder
 
 
 class StreamPath(str, Enum):
@@ -25,13 +21,15 @@ class StreamPath(str, Enum):
 
 @dataclass(eq=False)
 class DecodeStream:
-    """State of one stream. Open with `WarmWanDecoder.open_stream`; the decoder mutates it.
+    """State of one stream: a record the decoder opens, mutates and closes (`WarmWanDecoder.open_stream`,
+    `decode`, `close_stream`); it holds no reference to the decoder.
 
     The cache lives here, never on the shared VAE module, so streams are independent of each other
-    and of `vae.decode`/`encode` calls. Use as a context manager to close it on any exit.
+    and of `vae.decode`/`encode` calls.
 
     Attributes:
         stream_id: unique within the process.
+        owner: the id of the decoder that opened it (a stream is decoded by its own decoder only).
         path: `None` until the first window is decoded, then `StreamPath.WARM` or `STATELESS`.
         latents_decoded: latent frames committed so far (a failed window does not count).
         frames_decoded: frames returned so far.
@@ -40,7 +38,7 @@ class DecodeStream:
     """
 
     stream_id: int
-    decoder: WarmWanDecoder = field(repr=False)
+    owner: int
     path: StreamPath | None = None
     latents_decoded: int = 0
     frames_decoded: int = 0
@@ -66,12 +64,3 @@ class DecodeStream:
     @property
     def retained_latents(self) -> int:
         return 0 if self.context is None else self.context.shape[2]
-
-    def close(self) -> None:
-        self.decoder.close_stream(self)
-
-    def __enter__(self) -> DecodeStream:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -43,10 +43,12 @@ _SMALL_VAE = {"base_dim": 16, "decoder_base_dim": 24, "z_dim": 16, "dim_mult": [
 
 @dataclass(frozen=True)
 class BenchArch:
-    """An architecture block (as in configs/*.yaml) plus the rollout shape the bench uses with it."""
+    """An architecture block (as in configs/*.yaml), the decoder options its config ships, and the rollout shape
+    the bench uses with it."""
 
     name: str
     architecture: dict[str, Any] = field(repr=False)
+    decoder: dict[str, Any] = field(repr=False)
     chunk_size: int  # actions per window (env step)
     height: int
     width: int
@@ -60,34 +62,33 @@ class BenchArch:
         return self.chunk_size // 4
 
 
-def _config_architecture(config: str) -> dict[str, Any]:
-    text = files("worldstep.configs").joinpath(f"{config}.yaml").read_text()
-    return yaml.safe_load(text)["model"]["architecture"]
-
-
-def _small_architecture() -> dict[str, Any]:
-    arch = copy.deepcopy(_config_architecture("tiny"))
-    arch["transformer"].update(_SMALL_TRANSFORMER)
-    arch["vae"].update(_SMALL_VAE)
-    arch.update(height=256, width=256)
-    return arch
+def _config(name: str) -> dict[str, Any]:
+    return yaml.safe_load(files("worldstep.configs").joinpath(f"{name}.yaml").read_text())
 
 
 def bench_arch(name: str) -> BenchArch:
     """`tiny` (128x128, 4 actions/window), `small` (256x256, 8), `edge` (480x832, 16) or `pusher` (64x64, 4)."""
-    if name == "tiny":
-        arch = _config_architecture("tiny")
-        return BenchArch("tiny", arch, chunk_size=4, height=arch["height"], width=arch["width"])
-    if name == "small":
-        return BenchArch("small", _small_architecture(), chunk_size=8, height=256, width=256)
+    if name in ("tiny", "small"):
+        config = _config("tiny")
+        arch, decoder = config["model"]["architecture"], config["decoder"]
+        if name == "tiny":
+            return BenchArch("tiny", arch, decoder, chunk_size=4, height=arch["height"], width=arch["width"])
+        arch = copy.deepcopy(arch)
+        arch["transformer"].update(_SMALL_TRANSFORMER)
+        arch["vae"].update(_SMALL_VAE)
+        arch.update(height=256, width=256)
+        return BenchArch("small", arch, decoder, chunk_size=8, height=256, width=256)
     if name == "edge":
-        arch = _config_architecture("cosmos3_edge")
-        return BenchArch("edge", arch, chunk_size=16, height=arch["height"], width=arch["width"], page_size=128)
+        config = _config("cosmos3_edge")
+        arch = config["model"]["architecture"]
+        return BenchArch("edge", arch, config["decoder"], chunk_size=16, height=arch["height"], width=arch["width"],
+                         page_size=128)
     if name == "pusher":
-        arch = _config_architecture("pusher")
+        config = _config("pusher")
+        arch = config["model"]["architecture"]
         shipped = str(files("worldstep.configs").joinpath("models", "pusher"))
-        return BenchArch("pusher", arch, chunk_size=4, height=arch["height"], width=arch["width"], page_size=4,
-                         domain_id=0, action_width=2, checkpoint=shipped)
+        return BenchArch("pusher", arch, config["decoder"], chunk_size=4, height=arch["height"], width=arch["width"],
+                         page_size=4, domain_id=0, action_width=2, checkpoint=shipped)
     raise ValueError(f"arch={name!r} is invalid; allowed: 'tiny', 'small', 'edge', 'pusher'")
 
 
@@ -102,20 +103,33 @@ def checkpoint_for(arch: BenchArch, cache_dir: str | Path | None = None) -> Path
 
 
 def load_model(arch: BenchArch, *, height: int | None = None, width: int | None = None, num_pages: int = 512,
-               cache_dir: str | Path | None = None, device: str = "cpu", exact_decode: bool = False):
-    """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's).
-
-    Its decoder runs as the shipped configs set it (3-D convs through oneDNN on CPU), or with
-    `exact_decode` on the reference kernels `vae.decode` uses (bit-exact, slower on CPU).
-    """
+               cache_dir: str | Path | None = None):
+    """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's), decoding
+    as its shipped config does (`small`: as `tiny`)."""
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
     from worldstep.engine.vae import DecoderOptions
 
     return Cosmos3WorldModel.from_pretrained(
-        checkpoint_for(arch, cache_dir), device=device, num_pages=num_pages, page_size=arch.page_size,
+        checkpoint_for(arch, cache_dir), device="cpu", num_pages=num_pages, page_size=arch.page_size,
         height=height or arch.height, width=width or arch.width, name=f"bench-{arch.name}",
-        decoder_options=DecoderOptions(onednn_conv=not exact_decode),
+        decoder_options=DecoderOptions(**arch.decoder),
     )
+
+
+def open_session(model, arch: BenchArch, knobs, seed: int = 0, image=None):
+    """A session of `model` on the bench's prompt and embodiment, first frame `image` (default `first_frame`)."""
+    import torch
+
+    image = first_frame(model.spec.height, model.spec.width) if image is None else image
+    return model.open_session(image, PROMPT, arch.domain_id, knobs=knobs, action_width=arch.action_width,
+                              generator=torch.Generator().manual_seed(seed))
+
+
+def rollout_knobs(arch: BenchArch, num_steps: int, context_frames: int, **kwargs):
+    """`RolloutKnobs` of the bench: the arch's window, `num_steps` denoise steps, a bounded context."""
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
+
+    return RolloutKnobs(chunk_size=arch.chunk_size, num_steps=num_steps, context_frames=context_frames, **kwargs)
 
 
 def first_frame(height: int, width: int, seed: int = 0):

@@ -17,8 +17,9 @@ from .results import BenchResult, render_table
 
 _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:function", help)
     "rollout": (S.RolloutSettings, "rollout:run_rollout",
-                "ms per env step: worldstep kv / chained vs the official diffusers recipe; windows 1..64; pipelined"),
-    "decode": (S.DecodeSettings, "decode:run_decode", "the warm streaming decoder's bench (run_decode_bench)"),
+                "ms per env step: the diffusers recipe as shipped, with worldstep's kernels, and worldstep kv"),
+    "decode": (S.DecodeSettings, "decode:run_decode",
+               "warm streaming decode vs the stateless context re-decode and the whole-clip re-decode"),
     "vector": (S.VectorSettings, "vector:run_vector", "env steps/s of N batched sessions vs N sessions one by one"),
     "soak": (S.SoakSettings, "soak:run_soak", "KV pages and RSS over a long bounded-context rollout"),
     "gpu": (S.GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
@@ -76,13 +77,15 @@ def _fill(bench: argparse.ArgumentParser) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """Run the bench `args.bench`, print its tables and notes, write `--json`."""
     import importlib
+    import time
+
+    import torch
 
     from .machine import load_average
     from .progress import Progress
 
     cls, target, _ = _BENCHES[args.bench]
-    import torch
-
+    wall, cpu = time.perf_counter(), time.process_time()
     previous = torch.get_num_threads()
     if args.threads is not None:
         if args.threads < 1:
@@ -95,7 +98,9 @@ def run_command(args: argparse.Namespace) -> int:
         result: BenchResult = run(settings, Progress(args.bench, quiet=args.quiet))
     finally:
         torch.set_num_threads(previous)
-    result.machine["load_average_end"] = load_average()
+    # process CPU seconds: with --threads 1, about what the run takes on an idle core
+    result.machine.update(load_average_end=load_average(), run_wall_s=round(time.perf_counter() - wall, 1),
+                          run_cpu_s=round(time.process_time() - cpu, 1))
     print(format_result(result))
     if args.json:
         path = result.write_json(args.json)

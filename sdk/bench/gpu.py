@@ -1,10 +1,19 @@
-"""`worldstep bench gpu`: Cosmos3-Edge at full size on one CUDA device, random bf16 weights.
+"""`worldstep bench gpu`: Cosmos3-Edge at full size on one CUDA device, random bf16 transformer.
 
-One 16-action window at the 480p tier per setting: ms per denoise step, per commit and per decode;
-achieved TFLOP/s of the generation forward (analytic FLOPs, `flops.py`) and MFU against the device
-peak; real-time factor (video seconds produced per wall second) at each step count, with and
-without CFG. On a machine without CUDA it prints why and exits 0 (`--allow-cpu` runs the same code
-on the CPU, for tests with `--arch tiny`).
+The modules are built once, in memory (never saved), with the VAE in the dtype users get (`--vae-dtype`,
+float32 as `load()` builds it today), and run at 832x480 with 16-action windows. `--sections`, in order:
+
+- ``windows``: one session; ms per denoise step / commit / decode, gen-forward TFLOP/s and MFU
+  (analytic FLOPs, `flops.py`), real-time factor (video seconds per wall second) at each step count,
+  with and without CFG.
+- ``sessions``: N sessions through one batched forward per step: aggregate env steps/s and video s/s,
+  peak KV pages and peak device memory next to `worldstep info`'s memory plan for the same config.
+- ``official``: NVIDIA's diffusers recipe (`official.py`) on the same modules and GPU, next to
+  worldstep's env step at the same steps.
+- ``backends``: ms per denoise step with sdpa and with flashinfer on the same modules (decode off).
+
+Figures of each finished section go to `--partial-json` at once, so a run cut short keeps them. Without
+CUDA it prints why and exits 0 (`--allow-cpu` runs the same code on the CPU, for tests with `--arch tiny`).
 """
 
 from __future__ import annotations
@@ -14,8 +23,9 @@ from typing import Any
 
 import torch
 
-from .archs import PROMPT, action_chunks, bench_arch, first_frame
+from .archs import action_chunks, bench_arch
 from .flops import GenShape, forward_flops, peak_tflops
+from .gpu_model import edge_model, open_sessions, rows
 from .inmemory import build_components, parameter_count
 from .machine import describe_machine
 from .measure import median, ratio
@@ -23,8 +33,12 @@ from .progress import Progress
 from .results import BenchResult, Table
 from .settings import GpuSettings
 
+SECTIONS = ("windows", "sessions", "official", "backends")
+VAE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
 
 def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
+    _check(settings)
     result = BenchResult("gpu", describe_machine(), settings=vars(settings).copy())
     if not torch.cuda.is_available() and not settings.allow_cpu:
         reason = "no CUDA device on this machine; bench gpu measured nothing (run it on a GPU machine)"
@@ -34,62 +48,84 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     arch = bench_arch(settings.arch)
-    progress(f"building {arch.name} with random {str(dtype).removeprefix('torch.')} weights on {device}")
-    model = _build_model(arch, settings, device, dtype)
+    progress(f"building {arch.name} with random {_name(dtype)} weights on {device} (VAE {settings.vae_dtype})")
+    components = build_components(arch, device, dtype, vae_dtype=VAE_DTYPES[settings.vae_dtype])
+    model = edge_model(components, arch, device, settings.attention_backend, height=settings.height,
+                       width=settings.width)
     peak = settings.peak_tflops or (peak_tflops(result.machine.get("gpu", "")) if device.type == "cuda" else None)
-    runs = []
-    for steps in settings.steps:
-        for guidance in settings.guidance:
-            progress(f"{steps} steps, guidance {guidance:g}: 1 warm-up + {settings.windows} windows")
-            runs.append(_measure(model, arch, settings, steps, guidance, peak))
     result.results = {
-        "skipped": False, "arch": arch.name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-        "attention_backend": model.backend.value, "height": model.spec.height, "width": model.spec.width,
-        "chunk_size": arch.chunk_size, "fps": model.spec.fps, "peak_tflops": peak,
+        "skipped": False, "arch": arch.name, "device": str(device), "dtype": _name(dtype),
+        "vae_dtype": settings.vae_dtype, "attention_backend": model.backend.value, "height": model.spec.height,
+        "width": model.spec.width, "chunk_size": arch.chunk_size, "fps": model.spec.fps,
+        "tokens_per_frame": model.spec.tokens_per_frame, "peak_tflops": peak,
         "transformer_params": parameter_count(model.transformer), "vae_params": parameter_count(model.vae),
-        "runs": runs,
     }
-    result.tables.append(_table(result.results))
+
+    def checkpoint() -> None:
+        if settings.partial_json:
+            result.write_json(settings.partial_json)
+
+    for section in settings.sections:
+        progress(f"section {section}")
+        start = time.perf_counter()
+        if section == "windows":
+            result.results["runs"] = []
+            for steps in settings.steps:
+                for guidance in settings.guidance:
+                    result.results["runs"].append(_measure(model, arch, settings, steps, guidance, peak, progress))
+                    checkpoint()
+            result.tables.append(_table(result.results))
+        elif section == "sessions":
+            from .gpu_sessions import measure_sessions, sessions_table
+
+            result.results["sessions"] = measure_sessions(model, arch, settings, progress)
+            result.tables.append(sessions_table(result.results))
+        elif section == "official":
+            from .gpu_official import measure_official, official_table
+
+            result.results["official"] = measure_official(components, model, arch, settings, progress)
+            result.tables.append(official_table(result.results))
+        else:
+            result.results["backends"] = _measure_backends(components, arch, settings, device, progress)
+            result.tables.append(_backends_table(result.results))
+        result.results.setdefault("section_s", {})[section] = round(time.perf_counter() - start, 1)
+        checkpoint()
     return result
 
 
-def _build_model(arch, settings: GpuSettings, device: torch.device, dtype: torch.dtype):
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
-
-    components = build_components(arch, device, dtype)
-    return Cosmos3WorldModel(components, device=device, num_pages=512, page_size=arch.page_size,
-                             height=settings.height or arch.height, width=settings.width or arch.width,
-                             name=f"bench-{arch.name}")
-
-
-def _rows(model, session) -> list[tuple[int, int]]:
-    """(fresh tokens, attended tokens) per row of the session's next window."""
-    q = session.knobs.latents_per_window * model.spec.tokens_per_frame + session.knobs.chunk_size
-    if session.window_index == 0:
-        q += model.spec.tokens_per_frame  # the clean conditioning frame rides in window 0
-    return [(q, model.kv.page_table((session.session_id, label)).seq_len + q) for label in session.labels]
+def _check(settings: GpuSettings) -> None:
+    unknown = [s for s in settings.sections if s not in SECTIONS]
+    if unknown:
+        raise ValueError(f"sections={settings.sections} is invalid; allowed: a comma list of {', '.join(SECTIONS)}")
+    if settings.vae_dtype not in VAE_DTYPES:
+        raise ValueError(f"vae_dtype={settings.vae_dtype!r} is invalid; allowed: {', '.join(VAE_DTYPES)}")
 
 
-def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, peak: float | None) -> dict[str, Any]:
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, peak: float | None,
+             progress: Progress) -> dict[str, Any]:
     from worldstep.engine.models.cosmos3 import RolloutKnobs
 
+    progress(f"{steps} steps, guidance {guidance:g}: 1 warm-up + {settings.windows} windows")
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance, context_frames=8)
     shape = GenShape.from_config(model.transformer.config)
-    session = model.open_session(first_frame(model.spec.height, model.spec.width), PROMPT, arch.domain_id, knobs=knobs,
-                                 generator=torch.Generator().manual_seed(0))
-    chunks = action_chunks(settings.windows + 1, arch)
+    session = open_sessions(model, arch, knobs, 1)[0]
     windows = []
     try:
-        for w, actions in enumerate(chunks):
-            flops = forward_flops(shape, _rows(model, session)).total
+        for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
+            flops = forward_flops(shape, rows(model, [session])).total
             start = time.perf_counter()
-            r = session.step(actions)
+            r = model.step([session], [actions])[0]
             wall = time.perf_counter() - start
             if w > 0:  # window 0 warms kernels, allocators and the decoder cache
                 windows.append({"wall_s": wall, "denoise_s": r.timings.denoise_s, "commit_s": r.timings.commit_s,
-                                "decode_s": r.timings.decode_s, "forward_flops": flops})
+                                "decode_s": r.timings.decode_s, "forward_flops": flops,
+                                "finite": bool(torch.isfinite(r.latents).all())})
     finally:
-        session.close()
+        model.close(session)
     step_s = median([w["denoise_s"] / steps for w in windows])
     flops = median([w["forward_flops"] for w in windows])
     achieved = flops / step_s / 1e12 if step_s > 0 else float("nan")
@@ -102,15 +138,16 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
         "mfu": ratio(achieved, peak) if peak else None,
         "video_s_per_window": arch.chunk_size / model.spec.fps,
         "real_time_factor": ratio(arch.chunk_size / model.spec.fps, wall),
-        "windows": windows,
+        "latents_finite": all(w["finite"] for w in windows),
+        "windows": [{k: round(v, 5) if isinstance(v, float) else v for k, v in w.items()} for w in windows],
     }
 
 
 def _table(f: dict[str, Any]) -> Table:
     peak = f"peak {f['peak_tflops']:g} TFLOP/s" if f["peak_tflops"] else "peak unknown (--peak-tflops)"
     table = Table(
-        title=(f"{f['arch']} on {f['device']} ({f['dtype']}, {f['attention_backend']}), {f['height']}x{f['width']}, "
-               f"{f['chunk_size']} actions/window"),
+        title=(f"{f['arch']} on {f['device']} ({f['dtype']}, VAE {f['vae_dtype']}, {f['attention_backend']}), "
+               f"{f['height']}x{f['width']}, {f['chunk_size']} actions/window"),
         columns=["steps", "CFG", "ms / denoise step", "ms / commit", "ms / decode", "ms / window", "TFLOP/s",
                  "MFU", "real-time factor"],
         note=f"Generation forward FLOPs counted analytically (projections, attention over context, MLP); {peak}.",
@@ -118,4 +155,54 @@ def _table(f: dict[str, Any]) -> Table:
     for r in f["runs"]:
         table.add(r["num_steps"], r["cfg"], r["ms_per_denoise_step"], r["ms_per_commit"], r["ms_per_decode"],
                   r["ms_per_window"], r["achieved_tflops"], r["mfu"], r["real_time_factor"])
+    return table
+
+
+# --- backends --------------------------------------------------------------------------------------
+
+
+def _measure_backends(components, arch, settings: GpuSettings, device: torch.device,
+                      progress: Progress) -> dict[str, Any]:
+    """ms per denoise step, decode off, with each attention backend over the same modules and inputs."""
+    from worldstep.engine.attention import AttentionBackendName, resolve_backend
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
+
+    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps, context_frames=8,
+                         decode=False)
+    counts = sorted({1, max(settings.sessions)})
+    out: dict[str, Any] = {"num_steps": knobs.num_steps, "counts": counts, "ms_per_denoise_step": {}}
+    for backend in (AttentionBackendName.SDPA, AttentionBackendName.FLASHINFER):
+        if resolve_backend("auto", device) is not AttentionBackendName.FLASHINFER and backend.value == "flashinfer":
+            out["flashinfer_note"] = "not run: flashinfer needs CUDA and the flashinfer package"
+            continue
+        model = edge_model(components, arch, device, backend.value, height=settings.height, width=settings.width)
+        per_count = {}
+        for count in counts:
+            progress(f"backend {backend.value}, {count} session(s): 1 warm-up + {settings.windows} windows")
+            sessions = open_sessions(model, arch, knobs, count)
+            try:
+                seconds = []
+                for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
+                    results = model.step(sessions, [actions] * count)
+                    if w > 0:
+                        seconds.append(results[0].timings.denoise_s / knobs.num_steps)
+            finally:
+                for s in sessions:
+                    model.close(s)
+            per_count[str(count)] = 1e3 * median(seconds)
+        out["ms_per_denoise_step"][backend.value] = per_count
+    fi, sd = out["ms_per_denoise_step"].get("flashinfer"), out["ms_per_denoise_step"]["sdpa"]
+    out["flashinfer_speedup"] = {c: ratio(sd[c], fi[c]) for c in sd} if fi else None
+    return out
+
+
+def _backends_table(f: dict[str, Any]) -> Table:
+    b = f["backends"]
+    table = Table(title=f"attention backends, {f['arch']} at {f['height']}x{f['width']}, {b['num_steps']} steps, "
+                        "decode off", columns=["sessions", "sdpa ms / step", "flashinfer ms / step", "speedup"],
+                  note=b.get("flashinfer_note", "Same modules, same inputs; ms per denoise step (median)."))
+    for count in b["ms_per_denoise_step"]["sdpa"]:
+        fi = b["ms_per_denoise_step"].get("flashinfer", {}).get(count)
+        table.add(int(count), b["ms_per_denoise_step"]["sdpa"][count], fi,
+                  (b["flashinfer_speedup"] or {}).get(count))
     return table

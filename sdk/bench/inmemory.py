@@ -37,11 +37,13 @@ def _cast(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module
 
 
-def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """`Cosmos3Components` of `arch` with random weights in `dtype` on `device` (VAE included)."""
+def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                     vae_dtype: torch.dtype | None = None):
+    """`Cosmos3Components` of `arch` with random weights: the transformer in `dtype`, the VAE in `vae_dtype`
+    (default `dtype`; `load()` gives users a float32 VAE), both on `device`."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
     from worldstep.engine.models.cosmos3 import Cosmos3Components
-    from worldstep.engine.models.cosmos3.checkpoint import _SCHEDULER_CONFIG, build_tokenizer
+    from worldstep.engine.models.cosmos3.checkpoint import SCHEDULER_CONFIG, build_tokenizer
 
     transformer_arch = dict(arch.architecture["transformer"])
     vae_arch = dict(arch.architecture["vae"])
@@ -50,14 +52,14 @@ def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, 
     vae_arch.setdefault("latents_std", [1.0] * z_dim)
     with torch.device(device):
         transformer = _cast(Cosmos3OmniTransformer(**transformer_arch), dtype)
-        vae = _cast(AutoencoderKLWan(**vae_arch), dtype)
+        vae = _cast(AutoencoderKLWan(**vae_arch), vae_dtype or dtype)
     _randomize_(transformer, seed, std=0.02)
     _randomize_(vae, seed + 1, std=0.05)
     transformer.eval().requires_grad_(False)
     vae.eval().requires_grad_(False)
     return Cosmos3Components(
         path=Path(f"<in-memory {arch.name}>"), transformer=transformer, vae=vae,
-        scheduler_config=dict(_SCHEDULER_CONFIG), tokenizer=build_tokenizer(int(transformer_arch["vocab_size"])),
+        scheduler_config=dict(SCHEDULER_CONFIG), tokenizer=build_tokenizer(int(transformer_arch["vocab_size"])),
         use_native_flow_schedule=True, default_use_system_prompt=False,
         media={k: arch.architecture[k] for k in ("height", "width", "fps") if k in arch.architecture},
     )

@@ -3,6 +3,8 @@
 Absolute times on a 2-core box shared with other work drift by 2x within a minute, so every
 comparison runs its alternatives interleaved round by round (rotating who goes first), drops
 warm-up rounds, and reports medians and ratios of medians: drift then hits every alternative alike.
+Each call is also timed in process CPU seconds: with one intra-op thread (`--threads 1`) that is about
+what the call takes on an idle core, the figure to read when the machine is loaded.
 """
 
 from __future__ import annotations
@@ -16,18 +18,33 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Samples:
-    """Wall-clock seconds of one alternative, warm-up rounds excluded."""
+    """Wall-clock and process CPU seconds of one alternative, warm-up rounds excluded."""
 
     name: str
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def median_s(self) -> float:
-        return statistics.median(self.seconds) if self.seconds else float("nan")
+        return median(self.seconds)
 
     @property
     def median_ms(self) -> float:
         return 1e3 * self.median_s
+
+    @property
+    def median_cpu_ms(self) -> float:
+        return 1e3 * median(self.cpu_seconds)
+
+
+class Stopwatch:
+    """Wall-clock and process CPU seconds since it was made: `wall, cpu = watch.elapsed()`."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def elapsed(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
 def interleave(alternatives: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, Samples]:
@@ -39,19 +56,21 @@ def interleave(alternatives: dict[str, Callable[[], object]], rounds: int, warmu
         warmup: rounds run first and discarded (first calls allocate, fill caches, warm allocators).
     """
 
-    def timed(fn: Callable[[], object]) -> Callable[[], float]:
-        def run() -> float:
-            start = time.perf_counter()
+    def timed(fn: Callable[[], object]) -> Callable[[], tuple[float, float]]:
+        def run() -> tuple[float, float]:
+            watch = Stopwatch()
             fn()
-            return time.perf_counter() - start
+            return watch.elapsed()
 
         return run
 
     return interleave_timed({name: timed(fn) for name, fn in alternatives.items()}, rounds, warmup)
 
 
-def interleave_timed(alternatives: dict[str, Callable[[], float]], rounds: int, warmup: int) -> dict[str, Samples]:
-    """`interleave` for callables that time themselves (to leave their setup out) and return seconds."""
+def interleave_timed(alternatives: dict[str, Callable[[], tuple[float, float]]], rounds: int,
+                     warmup: int) -> dict[str, Samples]:
+    """`interleave` for callables that time themselves (to leave their setup out) and return
+    `Stopwatch.elapsed()`: (wall, CPU) seconds."""
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds={rounds}, warmup={warmup} are invalid; allowed: rounds >= 1, warmup >= 0")
     names = list(alternatives)
@@ -59,9 +78,10 @@ def interleave_timed(alternatives: dict[str, Callable[[], float]], rounds: int, 
     for r in range(warmup + rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            elapsed = alternatives[name]()
+            wall, cpu = alternatives[name]()
             if r >= warmup:
-                samples[name].seconds.append(elapsed)
+                samples[name].seconds.append(wall)
+                samples[name].cpu_seconds.append(cpu)
     return samples
 
 

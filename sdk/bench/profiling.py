@@ -3,8 +3,8 @@
 Three views per architecture, each over the same kind of window (bounded context, after a warm-up):
 phases (denoise / commit / decode wall time), operators (torch.profiler self CPU time, grouped into
 VAE convolutions, transformer matmuls, attention and the rest) and Python functions (cProfile
-self time). A last table times the same window with 1 intra-op thread and with torch's default,
-interleaved: on a small shared machine the default can be several times slower.
+self time). A last table times the same window with 1 intra-op thread and with one per core, interleaved:
+which wins depends on the model size and on what else the machine runs.
 """
 
 from __future__ import annotations
@@ -13,17 +13,19 @@ import cProfile
 import os
 import pstats
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import action_chunks, bench_arch, load_model, open_session, rollout_knobs
 from .machine import describe_machine
 from .measure import interleave, median, ratio
 from .progress import Progress
 from .results import BenchResult, Table
 from .settings import ProfileSettings
 
+_REPO = f"{Path(__file__).resolve().parents[2]}/"  # worldstep's own files, shown relative to the repository
 _CATEGORIES = (  # (category, substrings of aten op names), first match wins
     ("VAE convolution", ("conv", "upsample", "pad", "replication")),
     ("attention", ("attention", "softmax")),
@@ -40,38 +42,35 @@ def _category(op: str) -> str:
     return "elementwise and other"
 
 
-def _open(model, arch, settings: ProfileSettings):
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
-
-    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
-                         context_frames=settings.context_frames)
-    return model.open_session(first_frame(arch.height, arch.width), PROMPT, arch.domain_id, knobs=knobs,
-                              generator=torch.Generator().manual_seed(0))
-
-
 def _profile_arch(name: str, settings: ProfileSettings, progress: Progress) -> dict[str, Any]:
     arch = bench_arch(name)
     model = load_model(arch, cache_dir=settings.cache_dir)
-    session = _open(model, arch, settings)
+    session = open_session(model, arch, rollout_knobs(arch, settings.num_steps, settings.context_frames))
     chunks = iter(action_chunks(4 + 3 * settings.windows + 64, arch))
-    for _ in range(1 + settings.context_frames // arch.latents_per_window):  # fill the context first
-        session.step(next(chunks))
-    progress(f"{name}: phases and torch.profiler over {settings.windows} windows")
-    phases = []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+
+    def step():
+        return model.step([session], [next(chunks)])[0]
+
+    try:
+        for _ in range(1 + settings.context_frames // arch.latents_per_window):  # fill the context first
+            step()
+        progress(f"{name}: phases and torch.profiler over {settings.windows} windows")
+        phases = []
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(settings.windows):
+                t = step().timings
+                phases.append({"denoise": t.denoise_s, "commit": t.commit_s, "decode": t.decode_s})
+        ops = _operators(prof, settings.windows)
+        progress(f"{name}: cProfile over {settings.windows} windows")
+        profiler = cProfile.Profile()
+        profiler.enable()
         for _ in range(settings.windows):
-            t = session.step(next(chunks)).timings
-            phases.append({"denoise": t.denoise_s, "commit": t.commit_s, "decode": t.decode_s})
-    ops = _operators(prof, settings.windows)
-    progress(f"{name}: cProfile over {settings.windows} windows")
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(settings.windows):
-        session.step(next(chunks))
-    profiler.disable()
-    functions = _functions(profiler, settings.windows, settings.top)
-    threads = _threads(session, chunks, settings)
-    session.close()
+            step()
+        profiler.disable()
+        functions = _functions(profiler, settings.windows, settings.top)
+        threads = _threads(step, settings)
+    finally:
+        model.close(session)
     return {"arch": name, "height": arch.height, "width": arch.width, "chunk_size": arch.chunk_size,
             "phases_ms": {k: 1e3 * median([p[k] for p in phases]) for k in phases[0]},
             "categories_ms": ops["categories"], "top_ops": ops["top"][: settings.top], "top_functions": functions,
@@ -99,13 +98,13 @@ def _functions(profiler: cProfile.Profile, windows: int, top: int) -> list[dict[
 
 
 def _short(path: str) -> str:
-    for marker in ("site-packages/", "/work/main/", "/lib/python"):
+    for marker in ("site-packages/", _REPO, "/lib/python"):
         if marker in path:
             return path.split(marker, 1)[1]
     return path
 
 
-def _threads(session, chunks, settings: ProfileSettings) -> dict[str, float]:
+def _threads(step, settings: ProfileSettings) -> dict[str, float]:
     """Median ms per window with 1 intra-op thread vs one per core, interleaved on the same session."""
     previous, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
 
@@ -113,7 +112,7 @@ def _threads(session, chunks, settings: ProfileSettings) -> dict[str, float]:
         def run() -> None:
             torch.set_num_threads(n)
             try:
-                session.step(next(chunks))
+                step()
             finally:
                 torch.set_num_threads(previous)
 

@@ -1,6 +1,7 @@
 """Each subcommand's knobs as a dataclass; the CLI flags are generated from the fields.
 
-Defaults finish in a few minutes on 2 CPU cores; tests shrink them through the same flags.
+Defaults are what the published figures use; `bench rollout`'s default finishes in under 3 minutes on 2 idle
+CPU cores, and its long scans are flags. Tests shrink every size through the same flags.
 """
 
 from __future__ import annotations
@@ -21,11 +22,22 @@ class RolloutSettings:
     context_frames: int = _help("committed latent frames kept in context (bounded context)", default=4)
     compare_size: int = _help("frame side of the per-step comparison (a pipeline canvas: 256)", default=256)
     scan_arch: str = _help("architecture of the windows 1..N scan and the pipelined rollout", default="tiny")
-    scan_windows: int = _help("windows of the scan (0: skip)", default=64)
+    scan_windows: int = _help("windows of one long session, timed one by one (e.g. 64; 0: skip)", default=0)
     scan_span: int = _help("windows in the early and the late group of the scan", default=16)
-    pipeline_windows: int = _help("windows per open-loop rollout, pipelined vs sequential (0: skip)", default=8)
+    pipeline_windows: int = _help("windows per open-loop rollout, pipelined vs sequential (e.g. 8; 0: skip)",
+                                  default=0)
     pipeline_rounds: int = _help("measured rollouts per mode", default=3)
     cache_dir: str | None = _help("checkpoint cache (default $WORLDSTEP_CACHE or ~/.cache/worldstep)", default=None)
+
+
+@dataclass
+class DecodeSettings:
+    height: int = _help("frame height (multiple of 16)", default=256)
+    width: int = _help("frame width (multiple of 16)", default=256)
+    window_latents: list[int] = _help("latents per decoded window, one row each", default_factory=lambda: [1, 2, 4])
+    timed_windows: int = _help("timed windows per row (>= 3)", default=3)
+    context_latents: int = _help("latents the stateless alternative re-decodes ahead of a window", default=8)
+    base_dim: int = _help("VAE base_dim (Wan 2.2 family, z_dim 16, dim_mult 1,2,4,4)", default=32)
 
 
 @dataclass
@@ -53,30 +65,31 @@ class SoakSettings:
 @dataclass
 class GpuSettings:
     arch: str = _help("architecture (edge: Cosmos3-Edge at full size)", default="edge")
+    sections: list[str] = _help("what to measure, in order: windows, sessions, official, backends",
+                                default_factory=lambda: ["windows", "sessions", "official", "backends"])
+    attention_backend: str = _help("attention backend of the windows/sessions/official sections: auto, sdpa, "
+                                   "flashinfer", default="auto")
+    vae_dtype: str = _help("VAE dtype (float32: what load() gives users today; bfloat16)", default="float32")
     steps: list[int] = _help("denoise steps of the real-time-factor runs", default_factory=lambda: [4, 30])
     guidance: list[float] = _help("guidance scales (1 = no CFG)", default_factory=lambda: [1.0, 3.0])
+    sessions: list[int] = _help("numbers of sessions stepped together (sessions section)",
+                                default_factory=lambda: [1, 4, 8])
+    session_steps: int = _help("denoise steps of the sessions and backends sections", default=4)
+    official_steps: int = _help("denoise steps of the official-recipe comparison", default=4)
     height: int | None = _help("frame height (default: the arch's, 480 for edge)", default=None)
     width: int | None = _help("frame width (default: the arch's, 832 for edge)", default=None)
     windows: int = _help("measured windows per setting (after one warm-up window)", default=2)
     peak_tflops: float | None = _help("device peak dense bf16 TFLOP/s (default: looked up by name)", default=None)
     allow_cpu: bool = _help("run on CPU anyway (tests: --arch tiny --allow-cpu)", default=False)
+    partial_json: str | None = _help("also write the figures here after each section (kept if a run is cut)",
+                                     default=None)
 
 
 @dataclass
 class ProfileSettings:
     archs: list[str] = _help("architectures to profile", default_factory=lambda: ["tiny", "small"])
-    windows: int = _help("profiled windows per architecture (after one warm-up window)", default=3)
+    windows: int = _help("profiled windows per architecture (after the context is full)", default=3)
     num_steps: int = _help("denoise steps per window", default=4)
     context_frames: int = _help("committed latent frames kept in context", default=4)
     top: int = _help("operators and functions listed per architecture", default=10)
     cache_dir: str | None = _help("checkpoint cache", default=None)
-
-
-@dataclass
-class DecodeSettings:
-    height: int = _help("frame height (multiple of 16)", default=256)
-    width: int = _help("frame width (multiple of 16)", default=256)
-    window_latents: list[int] = _help("latents per decoded window", default_factory=lambda: [1, 4, 8])
-    timed_windows: int = _help("timed windows per window size", default=2)
-    base_dim: int = _help("VAE base_dim", default=32)
-    quick: bool = _help("toy sizes (32x32, base_dim 8, z_dim 4) for tests", default=False)

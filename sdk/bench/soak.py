@@ -13,9 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
-from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import action_chunks, bench_arch, load_model, open_session, rollout_knobs
 from .machine import describe_machine
 from .measure import median, ratio, rss_bytes
 from .progress import Progress
@@ -26,28 +24,25 @@ TARGET_RSS_GROWTH_PCT = 5.0
 
 
 def run_soak(settings: SoakSettings, progress: Progress) -> BenchResult:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
-
     if settings.windows < 4:
         raise ValueError(f"windows={settings.windows} is invalid; allowed: >= 4")
     arch = bench_arch(settings.arch)
     model = load_model(arch, cache_dir=settings.cache_dir)
-    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
-                         context_frames=settings.context_frames)
-    session = model.open_session(first_frame(arch.height, arch.width), PROMPT, arch.domain_id, knobs=knobs,
-                                 generator=torch.Generator().manual_seed(0))
     chunks = action_chunks(settings.windows, arch)
     per_window: list[dict[str, Any]] = []
-    for w, actions in enumerate(chunks):
-        start = time.perf_counter()
-        r = session.step(actions)
-        per_window.append({"window": w + 1, "ms": 1e3 * (time.perf_counter() - start), "pages": r.kv.pages_in_use,
-                           "pool_used_pages": model.kv.num_used_pages, "rss_mib": rss_bytes() / 2**20})
-        if (w + 1) % 50 == 0:
-            progress(f"window {w + 1}/{settings.windows}: {r.kv.pages_in_use} pages, "
-                     f"RSS {per_window[-1]['rss_mib']:.0f} MiB")
-    session.close()
-    figures = _figures(settings, arch.chunk_size, per_window, pool_after_close=model.kv.num_used_pages)
+    session = open_session(model, arch, rollout_knobs(arch, settings.num_steps, settings.context_frames))
+    try:
+        for w, actions in enumerate(chunks):
+            start = time.perf_counter()
+            r = model.step([session], [actions])[0]
+            per_window.append({"window": w + 1, "ms": 1e3 * (time.perf_counter() - start), "pages": r.kv.pages_in_use,
+                               "pool_used_pages": model.kv.table.num_used_pages, "rss_mib": rss_bytes() / 2**20})
+            if (w + 1) % 50 == 0:
+                progress(f"window {w + 1}/{settings.windows}: {r.kv.pages_in_use} pages, "
+                         f"RSS {per_window[-1]['rss_mib']:.0f} MiB")
+    finally:
+        model.close(session)
+    figures = _figures(settings, arch.chunk_size, per_window, pool_after_close=model.kv.table.num_used_pages)
     result = BenchResult("soak", describe_machine(), settings=vars(settings).copy(), results=figures)
     result.tables.append(_table(figures))
     if figures["rss_growth_pct"] >= TARGET_RSS_GROWTH_PCT or not figures["pages_flat"]:

@@ -1,5 +1,5 @@
 """`worldstep bench vector`: aggregate env steps per second of N sessions stepped through ONE batched
-engine call (`model.step_batch`, and the `WorldModelVectorEnv` built on it) against the same N
+engine call (`model.step(sessions, actions)`, and the `WorldModelVectorEnv` built on it) against the same N
 sessions stepped one after another. The phase split (denoise / commit / decode, summed over the
 separate steps) says where batching pays and where it cannot."""
 
@@ -9,9 +9,17 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
-from .archs import PROMPT, BenchArch, action_chunks, bench_arch, first_frame, load_model
+from .archs import (
+    PROMPT,
+    BenchArch,
+    action_chunks,
+    bench_arch,
+    first_frame,
+    load_model,
+    open_session,
+    rollout_knobs,
+)
 from .machine import describe_machine
 from .measure import interleave, median, ratio
 from .progress import Progress
@@ -22,16 +30,16 @@ TARGET_SPEEDUP_AT_8 = 3.0
 
 
 def _phases(results) -> dict[str, float]:
-    """Seconds per phase of one call; a batched call's timings are shared by its sessions, so take one."""
+    """Seconds per phase of one call: its sessions share one denoise and one commit, and each decodes its own
+    stream (docs/exactness.md: a stream's frames must not depend on which streams share a call)."""
     t = results[0].timings
-    return {"denoise_s": t.denoise_s, "commit_s": t.commit_s, "decode_s": t.decode_s}
+    return {"denoise_s": t.denoise_s, "commit_s": t.commit_s, "decode_s": sum(r.timings.decode_s for r in results)}
 
 
 def _alternatives(model, arch: BenchArch, n: int, knobs, settings: VectorSettings, image: np.ndarray,
                   phases: dict[str, list[dict[str, float]]]) -> tuple[dict[str, Callable[[], None]], list]:
     def open_sessions() -> list:
-        return [model.open_session(image, PROMPT, arch.domain_id, knobs=knobs,
-                                   generator=torch.Generator().manual_seed(i)) for i in range(n)]
+        return [open_session(model, arch, knobs, seed=i, image=image) for i in range(n)]
 
     batched, separate = open_sessions(), open_sessions()
     steps = settings.warmup + settings.rounds
@@ -39,50 +47,39 @@ def _alternatives(model, arch: BenchArch, n: int, knobs, settings: VectorSetting
 
     def step_batched() -> None:
         w = batched[0].window_index
-        phases["batched"].append(_phases(model.step_batch(batched, [c[w] for c in chunks])))
+        phases["batched"].append(_phases(model.step(batched, [c[w] for c in chunks])))
 
     def step_separate() -> None:
         w = separate[0].window_index
-        parts = [_phases([s.step(c[w])]) for s, c in zip(separate, chunks)]
+        parts = [_phases(model.step([s], [c[w]])) for s, c in zip(separate, chunks)]
         phases["separate"].append({k: sum(p[k] for p in parts) for k in parts[0]})
 
     alternatives = {"batched": step_batched, "separate": step_separate}
-    closers = batched + separate
+    closers = [model.close_all]
     if settings.vector_env:
-        env = _vector_env(model, arch, n, knobs, steps)
-        if env is not None:
-            env.reset(seed=0)
-            env_chunks = [np.stack([c[w] for c in chunks]) for w in range(steps)]
-            counter = [0]
+        from worldstep.envs import WorldModelVectorEnv
 
-            def step_env() -> None:
-                env.step(env_chunks[counter[0]])
-                counter[0] += 1
+        env = WorldModelVectorEnv(model, n, knobs, max_windows=steps + 1, prompt=PROMPT, domain_id=arch.domain_id,
+                                  image=image, action_width=arch.action_width)
+        closers.insert(0, env.close)
+        env.reset(seed=0)
+        env_chunks = [np.stack([c[w] for c in chunks]) for w in range(steps)]
+        taken = [0]
 
-            alternatives["vector_env"] = step_env
-            closers.append(env)
+        def step_env() -> None:
+            env.step(env_chunks[taken[0]])
+            taken[0] += 1
+
+        alternatives["vector_env"] = step_env
     return alternatives, closers
 
 
-def _vector_env(model, arch: BenchArch, n: int, knobs, steps: int):
-    """`WorldModelVectorEnv` when the envs package provides it; None otherwise (the bench says so)."""
-    try:
-        from worldstep.envs import WorldModelVectorEnv
-    except (ImportError, AttributeError):
-        return None
-    return WorldModelVectorEnv(model, n, knobs, max_windows=steps + 1, prompt=PROMPT, domain_id=arch.domain_id,
-                               action_width=arch.action_width)
-
-
 def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
-
     arch = bench_arch(settings.arch)
     result = BenchResult("vector", describe_machine(), settings=vars(settings).copy())
     max_n = max(settings.sizes)
     model = load_model(arch, num_pages=max(512, 3 * max_n * 64), cache_dir=settings.cache_dir)
-    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
-                         context_frames=settings.context_frames)
+    knobs = rollout_knobs(arch, settings.num_steps, settings.context_frames)
     image = first_frame(arch.height, arch.width)
     rows = []
     for n in settings.sizes:
@@ -92,11 +89,9 @@ def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
         try:
             samples = interleave(alternatives, rounds=settings.rounds, warmup=settings.warmup)
         finally:
-            for c in closers:
-                c.close()
+            for close in closers:
+                close()
         rows.append(_row(n, samples, phases, settings.warmup))
-    if settings.vector_env and "vector_env" not in rows[0]["steps_per_s"]:
-        result.notes.append("worldstep.envs.WorldModelVectorEnv is not available: only the engine path was measured.")
     result.results = {"arch": settings.arch, "chunk_size": arch.chunk_size, "height": arch.height,
                       "width": arch.width, "by_n": rows, "target_speedup_at_8": TARGET_SPEEDUP_AT_8}
     result.tables += [_table(settings, arch, rows), _phase_table(rows)]
@@ -110,7 +105,9 @@ def _row(n: int, samples, phases, warmup: int) -> dict[str, Any]:
              for name, ps in phases.items()}
     return {
         "n": n, "steps_per_s": steps_per_s, "ms_per_call": {name: s.median_ms for name, s in samples.items()},
+        "cpu_ms_per_call": {name: s.median_cpu_ms for name, s in samples.items()},
         "speedup": ratio(steps_per_s["batched"], steps_per_s["separate"]),
+        "cpu_speedup": ratio(samples["separate"].median_cpu_ms, samples["batched"].median_cpu_ms),
         "speedup_vector_env": ratio(steps_per_s.get("vector_env", float("nan")), steps_per_s["separate"]),
         "phases_ms": split,
     }
@@ -120,13 +117,15 @@ def _table(settings: VectorSettings, arch, rows: list[dict[str, Any]]) -> Table:
     table = Table(
         title=(f"Aggregate env steps/s, {settings.arch} model {arch.height}x{arch.width}, {arch.chunk_size} "
                f"actions/window, {settings.num_steps} denoise steps"),
-        columns=["N", "separate steps/s", "step_batch steps/s", "vector env steps/s", "batched / separate",
-                 "vector env / separate"],
-        note="Medians of interleaved rounds; one round = one env step of each of the N sessions.",
+        columns=["N", "separate steps/s", "batched steps/s", "vector env steps/s", "batched / separate",
+                 "vector env / separate", "batched / separate, CPU time"],
+        note=("Medians of interleaved rounds; one round = one env step of each of the N sessions. The last column "
+              "compares process CPU time per round (with --threads 1, about the wall time on an idle core)."),
     )
     for r in rows:
         s = r["steps_per_s"]
-        table.add(r["n"], s["separate"], s["batched"], s.get("vector_env"), r["speedup"], r["speedup_vector_env"])
+        table.add(r["n"], s["separate"], s["batched"], s.get("vector_env"), r["speedup"], r["speedup_vector_env"],
+                  r["cpu_speedup"])
     return table
 
 

@@ -1,5 +1,5 @@
 """Does a step stay as cheap at window 64 as at window 1? Per-window time and KV pages over a long
-rollout with a bounded context.
+rollout with a bounded context (`bench rollout --scan-windows N`).
 
 The early and the late windows are also measured side by side: a second session starts when the
 first reaches its late group, and the two step alternately, so machine drift cannot fake (or hide)
@@ -11,54 +11,44 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
-from .archs import PROMPT, action_chunks, bench_arch, first_frame, load_model
+from .archs import action_chunks, bench_arch, load_model, open_session, rollout_knobs
 from .measure import median, ratio
 from .progress import Progress
 from .results import Table
 from .settings import RolloutSettings
 
 
-def _timed_step(session, actions) -> tuple[float, Any]:
-    start = time.perf_counter()
-    result = session.step(actions)
-    return time.perf_counter() - start, result
-
-
 def scan_windows(settings: RolloutSettings, progress: Progress) -> dict[str, Any]:
     """Figures of windows 1..N of one session, plus a fresh session interleaved with the late group."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
-
     arch = bench_arch(settings.scan_arch)
     total, span = settings.scan_windows, min(settings.scan_span, settings.scan_windows)
     model = load_model(arch, cache_dir=settings.cache_dir)
-    image = first_frame(arch.height, arch.width)
-    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.num_steps,
-                         context_frames=settings.context_frames)
+    knobs = rollout_knobs(arch, settings.num_steps, settings.context_frames)
     chunks = action_chunks(total, arch)
-    main = model.open_session(image, PROMPT, arch.domain_id, knobs=knobs, generator=torch.Generator().manual_seed(0))
-    fresh = None
+    main, fresh = open_session(model, arch, knobs), None
     windows: list[dict[str, Any]] = []
     fresh_s: list[float] = []
-    for w in range(total):
-        if w == total - span:
-            fresh = model.open_session(image, PROMPT, arch.domain_id, knobs=knobs, generator=torch.Generator().manual_seed(0))
-        order = [main] if fresh is None else [main, fresh] if w % 2 == 0 else [fresh, main]
-        for session in order:
-            if session is fresh:
-                elapsed, _ = _timed_step(fresh, chunks[w - (total - span)])
-                fresh_s.append(elapsed)
-            else:
-                elapsed, r = _timed_step(main, chunks[w])
-                windows.append({"window": w + 1, "ms": 1e3 * elapsed, "denoise_ms": 1e3 * r.timings.denoise_s,
-                                "commit_ms": 1e3 * r.timings.commit_s, "decode_ms": 1e3 * r.timings.decode_s,
-                                "pages": r.kv.pages_in_use, "seq_len": r.kv.seq_len})
-        if (w + 1) % 16 == 0:
-            progress(f"scan {settings.scan_arch}: window {w + 1}/{total}, {windows[-1]['pages']} pages")
-    main.close()
-    if fresh is not None:
-        fresh.close()
+    try:
+        for w in range(total):
+            if w == total - span:
+                fresh = open_session(model, arch, knobs)
+            order = [main] if fresh is None else [main, fresh] if w % 2 == 0 else [fresh, main]
+            for session in order:
+                actions = chunks[w - (total - span)] if session is fresh else chunks[w]
+                start = time.perf_counter()
+                r = model.step([session], [actions])[0]
+                elapsed = time.perf_counter() - start
+                if session is fresh:
+                    fresh_s.append(elapsed)
+                else:
+                    t = r.timings
+                    windows.append({"window": w + 1, "ms": 1e3 * elapsed, "denoise_ms": 1e3 * t.denoise_s,
+                                    "commit_ms": 1e3 * t.commit_s, "decode_ms": 1e3 * t.decode_s,
+                                    "pages": r.kv.pages_in_use, "seq_len": r.kv.seq_len})
+            if (w + 1) % 16 == 0:
+                progress(f"scan {settings.scan_arch}: window {w + 1}/{total}, {windows[-1]['pages']} pages")
+    finally:
+        model.close_all()
     return _figures(settings, arch.chunk_size, windows, fresh_s, span)
 
 
@@ -80,8 +70,7 @@ def _figures(settings: RolloutSettings, chunk: int, windows: list[dict[str, Any]
 
 
 def scan_table(f: dict[str, Any]) -> Table:
-    s = f["span"]
-    n = f["windows"]
+    s, n = f["span"], f["windows"]
     table = Table(
         title=(f"Windows 1..{n}, {f['arch']} model, {f['chunk_size']} actions/window, context "
                f"{f['context_frames']} latent frames, {f['num_steps']} denoise steps"),

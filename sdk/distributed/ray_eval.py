@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
@@ -14,9 +15,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
+from worldstep.engine.checks import check_int
 
 from ..config import WorldstepConfig
-from ..evaluate import EpisodeConfig, EpisodeResult, EvalReport, _episodes
+from ..episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
+from ..outputs import write_json
 from ..policies import Policy
 from .scheduler import ShardScheduler
 from .worker import EpisodeOutput, EvalWorker, Shard
@@ -43,7 +46,7 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
                  batched: bool = False, batch_size: int | None = None, seed: int = 0, record_video: bool = True,
                  progress: bool = True, ray_address: str | None = None, num_workers: int = 2,
                  max_retries: int = 2, cpus_per_worker: float | None = None,
-                 timeout_s: float | None = None) -> EvalReport:
+                 timeout_s: float | None = None, run_info: dict[str, Any] | None = None) -> EvalReport:
     """:func:`worldstep.evaluate` over ``num_workers`` Ray actors; writes the same ``report.json`` and mp4s.
 
     Args:
@@ -65,17 +68,19 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         cpus_per_worker: CPU share per actor on CPU-only clusters (default: 0.5, less when that would not
             fit every actor on the cluster).
         timeout_s: raise ``TimeoutError`` when the whole evaluation takes longer (None: no limit).
+        run_info: recorded as ``run`` in ``report.json``.
     """
     ray = require_ray()
     if isinstance(model, (gym.Env, gym.vector.VectorEnv)):
         raise ValueError("backend='ray' needs a model (a name, config, checkpoint or World), not an env: every "
                          "Ray actor loads its own copy of the model")
-    _check_int("num_workers", num_workers, 1)
-    _check_int("max_retries", max_retries, 0)
+    check_int("num_workers", num_workers, 1)
+    check_int("max_retries", max_retries, 0)
     if batch_size is not None:
-        _check_int("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1)
     config = _config_of(model)
-    eps = _episodes(episodes, seed)
+    eps = episode_configs(episodes, seed, config.env.max_windows)
+    started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -93,9 +98,11 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
 
         def make_actor(k: int):
             return remote_cls.options(name=f"worldstep-eval-{run_id}-{k}", **options).remote(
-                config, policy, success_fn, batched, record_video, max(ep.max_windows for ep in eps))
+                config, policy, success_fn, batched, record_video, max(ep.max_windows for ep in eps),
+                torch_threads(options["num_cpus"]))
 
-        report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched)
+        report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched,
+                            run=dict(run_info or {}))
         bar = tqdm(total=len(eps), desc=f"evaluate (ray, {workers} workers)", unit="episode", disable=not progress)
         scheduler = ShardScheduler(make_actor, workers, max_retries)
 
@@ -116,7 +123,8 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         if started_ray:
             ray.shutdown()
     report.episodes.sort(key=lambda e: e.index)
-    (out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+    report.wall_s = time.perf_counter() - started
+    write_json(out_dir / "report.json", report.to_dict())
     return report
 
 
@@ -140,17 +148,12 @@ def action_shape(config: WorldstepConfig) -> tuple[int, int] | None:
     without loading the model: a Ray driver need not hold a copy. None when only loading would tell."""
     width = config.env.action_width
     if width is None:
-        transformer = (config.model.architecture or {}).get("transformer", {})
-        width = transformer.get("action_dim")
+        architecture = config.model.architecture
+        width = None if architecture is None else architecture.transformer.get("action_dim")
     if width is None:
         path = Path(config.model.checkpoint) / "transformer" / "config.json"
         width = json.loads(path.read_text()).get("action_dim") if path.is_file() else None
     return None if width is None else (config.rollout.chunk_size, int(width))
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= {low}")
 
 
 def _config_of(model: Any) -> WorldstepConfig:
@@ -187,6 +190,15 @@ def _actor_options(resources: dict[str, float], num_workers: int,
     elif isinstance(cpus_per_worker, bool) or not isinstance(cpus_per_worker, (int, float)) or cpus_per_worker < 0:
         raise ValueError(f"cpus_per_worker={cpus_per_worker!r} is invalid; allowed: a number >= 0")
     return {"num_cpus": float(cpus_per_worker)}, num_workers
+
+
+def torch_threads(num_cpus: float) -> int:
+    """torch threads of an actor holding ``num_cpus`` CPUs: its whole share, at least one.
+
+    Set explicitly rather than left to Ray's environment: a kernel may split its work, and round, by the
+    thread count, so a local run at the same count gives the same frames (docs/exactness.md).
+    """
+    return max(1, math.floor(num_cpus))
 
 
 def _shards(eps: list[EpisodeConfig], batched: bool, batch_size: int | None, workers: int) -> list[Shard]:

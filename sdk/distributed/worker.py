@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import WorldstepConfig
-from ..evaluate import EpisodeConfig, EpisodeResult
+from ..episodes import EpisodeConfig, EpisodeResult
 
 
 @dataclass
@@ -46,9 +46,12 @@ class EvalWorker:
     """
 
     def __init__(self, config: WorldstepConfig, policy: Any, success_fn: Any, batched: bool,
-                 record_video: bool, max_windows: int) -> None:
+                 record_video: bool, max_windows: int, threads: int) -> None:
+        import torch
+
         from ..world import load
 
+        torch.set_num_threads(threads)
         self.world = load(config)
         self.policy = policy
         self.env_kwargs = {"max_windows": max_windows, "success_fn": success_fn}
@@ -60,7 +63,7 @@ class EvalWorker:
         return f"{socket.gethostname()}:{os.getpid()} ({self.world.model.device})"
 
     def run(self, shard: Shard) -> list[EpisodeOutput]:
-        from ..evaluate import evaluate
+        from ..local import evaluate_local
         from ..world import make_env, make_vec_env
 
         if self.batched:
@@ -69,8 +72,9 @@ class EvalWorker:
             env = make_env(self.world, **self.env_kwargs)
         try:
             with tempfile.TemporaryDirectory(prefix="worldstep-ray-") as tmp:
-                report = evaluate(env, self.policy, shard.episodes, out_dir=tmp, record_video=self.record_video,
-                                  progress=False)
+                report = evaluate_local(env, self.policy, list(shard.episodes), seed=0, success_fn=None,
+                                        out_dir=Path(tmp), batched=self.batched, batch_size=None,
+                                        record_video=self.record_video, progress=False)
                 outputs = []
                 for index, result in zip(shard.indices, report.episodes):
                     video = Path(result.video).read_bytes() if result.video is not None else None

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from .metrics import pearson, spearman
-from .rollouts import EpisodeResult
+from .rollouts import EpisodeOutcome
 from .stats import bootstrap, rate_dict
 
 
-def outcome_table(results: list[EpisodeResult], names: list[str], seeds: list[int],
+def outcome_table(results: list[EpisodeOutcome], names: list[str], seeds: list[int],
                   field: str = "success") -> np.ndarray:
     """`[P, E]` bool: `field` of each (policy, seed) episode; KeyError when one is missing."""
     index = {(r.policy, r.seed): getattr(r, field) for r in results}
@@ -85,7 +85,7 @@ def group_stats(sim: np.ndarray, model: np.ndarray, seed: int) -> dict[str, Any]
     }
 
 
-def policy_report(sim_results: list[EpisodeResult], model_results: list[EpisodeResult], names: list[str],
+def policy_report(sim_results: list[EpisodeOutcome], model_results: list[EpisodeOutcome], names: list[str],
                   floor: tuple[str, ...], seeds: list[int], seed: int = 0) -> dict[str, Any]:
     """Everything the report says about policy evaluation in the model."""
     sim = outcome_table(sim_results, names, seeds)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from .openloop import (
 from .plots import write_media
 from .policies import FLOOR, graded_policies
 from .ranking import outcome_table, policy_report
-from .rollouts import RolloutSettings, sim_episodes
+from .rollouts import RolloutRecipe, sim_episodes
 from .seeds import split_range
 from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run_tasks
 
@@ -137,9 +138,9 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
     return args
 
 
-def _resolve(args: FidelityArgs, out: Path) -> tuple[Path, RolloutSettings]:
-    """The checkpoint folder (a tiny random one is built for `--budget small`) and the rollout settings."""
-    from worldstep.engine.models.cosmos3 import build_checkpoint
+def _resolve(args: FidelityArgs, out: Path) -> tuple[Path, RolloutRecipe]:
+    """The checkpoint folder (a tiny random one is built for `--budget small`) and the rollout recipe."""
+    from worldstep.engine.models.cosmos3 import RolloutKnobs, build_checkpoint
 
     path = Path(args.checkpoint) if args.checkpoint else out / "tiny-random-checkpoint"
     if args.checkpoint is None and not (path / "model_index.json").exists():
@@ -147,10 +148,10 @@ def _resolve(args: FidelityArgs, out: Path) -> tuple[Path, RolloutSettings]:
         meta = json.loads((path / "worldstep.json").read_text())  # run it with the pusher env (its simulator)
         (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0}))
     meta = json.loads((path / "worldstep.json").read_text()) if (path / "worldstep.json").exists() else {}
-    settings = RolloutSettings(prompt=meta.get("prompt", "A robot pushes a block to the goal."),
-                               domain_id=int(meta.get("domain_id", 0)), num_steps=args.num_steps,
-                               context_frames=args.context_frames, flow_shift=args.flow_shift)
-    return path, settings
+    knobs = RolloutKnobs(num_steps=args.num_steps, context_frames=args.context_frames, flow_shift=args.flow_shift)
+    recipe = RolloutRecipe(prompt=meta.get("prompt", "A robot pushes a block to the goal."),
+                           domain_id=int(meta.get("domain_id", 0)), knobs=knobs)
+    return path, recipe
 
 
 # --- tasks ---------------------------------------------------------------------------------------
@@ -285,8 +286,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    path, settings = _resolve(args, out)
-    chunk = settings.chunk_size
+    path, recipe = _resolve(args, out)
+    print(f"fidelity: {path} -> {out} ({args.workers} worker(s), split {args.split}); simulating held-out clips",
+          file=sys.stderr)
+    chunk = recipe.chunk_size
     seeds = split_range(args.split)
     episode_seeds = seeds.episode_seeds(args.episodes)
     held = held_out(seeds.clip_seeds(args.clips), args.windows * chunk)
@@ -294,11 +297,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     episode_tasks = _episode_tasks(args, episode_seeds, len(graded_policies())) if "policies" in args.sections else []
     plan_seeds = episode_seeds[: args.plan_episodes]
     plan_tasks = _planner_tasks(args, plan_seeds) if "planning" in args.sections and plan_seeds else []
-    outputs = run_tasks(path, args.threads, args.workers, settings, plan_tasks + episode_tasks + open_tasks,
+    outputs = run_tasks(path, args.threads, args.workers, recipe, plan_tasks + episode_tasks + open_tasks,
                         max_windows=args.policy_windows)
     plan_out = outputs[: len(plan_tasks)]
     episode_out = outputs[len(plan_tasks): len(plan_tasks) + len(episode_tasks)]
-    report = {"checkpoint": str(path), "split": args.split, "args": asdict(args), "settings": asdict(settings),
+    report = {"checkpoint": str(path), "split": args.split, "args": asdict(args), "settings": recipe.to_dict(),
               "episode_seeds": [episode_seeds[0], episode_seeds[-1]]}
     open_loop, videos, policies, planning = None, None, None, {}
     if open_tasks:

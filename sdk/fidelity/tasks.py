@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .policies import graded_policies
-from .rollouts import RolloutSettings, model_episodes, open_loop
+from .rollouts import RolloutRecipe, model_episodes, open_loop
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Worker:
 
     path: str
     threads: int
-    settings: RolloutSettings
+    recipe: RolloutRecipe
     max_windows: int = 16
     _world: Any = field(default=None, repr=False)
     _env: Any = field(default=None, repr=False)
@@ -39,7 +39,7 @@ class Worker:
             from worldstep.world import resolve_config
 
             torch.set_num_threads(self.threads)
-            decoder = resolve_config(self.path).decoder.to_options()  # as the folder's config decodes
+            decoder = resolve_config(self.path).decoder  # as the folder's config decodes
             self._world = Cosmos3WorldModel.from_pretrained(self.path, device="cpu", page_size=4, num_pages=32768,
                                                             decoder_options=decoder)
         return self._world
@@ -50,14 +50,16 @@ class Worker:
             import worldstep
 
             torch.set_num_threads(self.threads)
-            s = self.settings
-            self._env = worldstep.make_env(self.path, num_steps=s.num_steps, context_frames=s.context_frames,
-                                           flow_shift=s.flow_shift, max_windows=self.max_windows)
+            knobs = self.recipe.knobs
+            self._env = worldstep.make_env(self.path, num_steps=knobs.num_steps, context_frames=knobs.context_frames,
+                                           flow_shift=knobs.flow_shift, max_windows=self.max_windows)
         return self._env
 
     def close(self) -> None:
         if self._env is not None:
             self._env.close()
+        if self._world is not None:
+            self._world.close_all()
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class OpenLoopTask:
     seeds: tuple[int, ...]
 
     def run(self, worker: Worker) -> tuple[np.ndarray, np.ndarray]:
-        return open_loop(worker.world, self.first, self.actions, worker.settings, "kv", list(self.seeds))
+        return open_loop(worker.world, self.first, self.actions, worker.recipe, "kv", list(self.seeds))
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,8 @@ class EpisodesTask:
     max_windows: int
 
     def run(self, worker: Worker) -> list:
-        policies = [graded_policies(worker.settings.chunk_size)[i] for i in self.policy_ids]
-        return model_episodes(worker.world, policies, list(self.seeds), self.max_windows, worker.settings,
+        policies = [graded_policies(worker.recipe.chunk_size)[i] for i in self.policy_ids]
+        return model_episodes(worker.world, policies, list(self.seeds), self.max_windows, worker.recipe,
                               policy_ids=list(self.policy_ids))
 
 
@@ -115,7 +117,7 @@ class PlannerTask:
     def run(self, worker: Worker) -> list:
         from worldstep.planning import ModelPredictivePlanner, closed_loop
 
-        policies = {p.name: p for p in graded_policies(worker.settings.chunk_size)}
+        policies = {p.name: p for p in graded_policies(worker.recipe.chunk_size)}
         planner = ModelPredictivePlanner(worker.env, copy.deepcopy(policies[self.base]), self.candidates)
         out = []
         for seed in self.seeds:
@@ -128,22 +130,22 @@ class PlannerTask:
 _WORKER: list[Worker] = []  # this process's Worker when running in a pool (set by the initializer)
 
 
-def _init_worker(path: str, threads: int, settings: RolloutSettings, max_windows: int) -> None:
-    _WORKER.append(Worker(path, threads, settings, max_windows))
+def _init_worker(path: str, threads: int, recipe: RolloutRecipe, max_windows: int) -> None:
+    _WORKER.append(Worker(path, threads, recipe, max_windows))
 
 
 def _run_in_worker(task) -> Any:
     return task.run(_WORKER[0])
 
 
-def run_tasks(path: Path, threads: int, workers: int, settings: RolloutSettings, tasks: list,
+def run_tasks(path: Path, threads: int, workers: int, recipe: RolloutRecipe, tasks: list,
               max_windows: int = 16) -> list[Any]:
     """Run `tasks` in order inline (`workers` <= 1) or on `workers` spawned processes; results in order."""
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(tasks), desc="fidelity tasks", unit="task", mininterval=10)
     if workers <= 1:
-        worker = Worker(str(path), threads, settings, max_windows)
+        worker = Worker(str(path), threads, recipe, max_windows)
         try:
             results = []
             for task in tasks:
@@ -157,7 +159,7 @@ def run_tasks(path: Path, threads: int, workers: int, settings: RolloutSettings,
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                             initargs=(str(path), threads, settings, max_windows)) as pool:
+                             initargs=(str(path), threads, recipe, max_windows)) as pool:
         futures = [pool.submit(_run_in_worker, task) for task in tasks]
         for _ in as_completed(futures):
             bar.update()

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .data import ClipSet, generate_clips, moving_cells, render_clip, to_video_tensor
 from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, sample_sigmas
-from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, psnr, sample_vae_batch, vae_loss
+from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, sample_vae_batch, vae_loss
 
 TRANSFORMER_ARCH: dict[str, Any] = {
     "hidden_size": 128,
@@ -49,6 +49,10 @@ PROMPT = "A robot pushes a block to the goal."
 DOMAIN_ID = 0
 FPS = 24.0
 SIZE = 64
+# The embodiment a trained folder registers in its worldstep.json (PushSim's 2-D velocity actions, raw);
+# its domains are its own, so the Cosmos3 built-in names do not apply to it.
+EMBODIMENT = {"name": "pusher", "domain_id": DOMAIN_ID, "raw_width": 2, "fps": FPS, "view_point": "ego_view",
+              "normalization": "none"}
 
 
 @dataclass
@@ -225,6 +229,9 @@ class Progress:
 
 
 def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float):
+    from worldstep.engine.vae import frames_from_pixels
+    from worldstep.fidelity.metrics import psnr  # the one PSNR (lazy: worldstep.fidelity imports train.data)
+
     state_path = out / "vae_state.pt"
     vae = make_vae(vae_arch, args.seed)
     if args.vae_init:  # warm start from another run's VAE (weights only)
@@ -276,11 +283,11 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     mean, std = latent_stats(vae, clips, count=32)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     with torch.no_grad():  # whole held-out clips: what a rollout of `windows` windows decodes
-        video = to_video_tensor(np.stack([render_clip(held.starts[i], held.actions[i])
-                                          for i in range(min(8, len(held)))]))
-        recon = vae.decode(vae.encode(video).latent_dist.mean).sample
-        held_psnr = psnr(recon, video)
-        last_psnr = psnr(recon[:, :, -4:], video[:, :, -4:])
+        truth = np.stack([render_clip(held.starts[i], held.actions[i]) for i in range(min(8, len(held)))])
+        recon = vae.decode(vae.encode(to_video_tensor(truth)).latent_dist.mean).sample
+    # the report's PSNR: per uint8 frame as the engine's decoder maps pixels (frames_from_pixels), then the mean
+    frame_psnr = psnr(np.stack([frames_from_pixels(clip) for clip in recon]), truth)  # [clips, frames]
+    held_psnr, last_psnr = float(frame_psnr.mean()), float(frame_psnr[:, -4:].mean())
     log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, heldout_last_latent_psnr_db=last_psnr,
               latents_mean=mean, latents_std=std)
     _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
@@ -417,17 +424,18 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
 def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
     """Write the diffusers layout `Cosmos3WorldModel.from_pretrained` reads, plus `worldstep.json`."""
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
-    from worldstep.engine.models.cosmos3.checkpoint import _SCHEDULER_CONFIG
+    from worldstep.engine.models.cosmos3.checkpoint import SCHEDULER_CONFIG
 
     pipeline = Cosmos3OmniPipeline(
         transformer=transformer, text_tokenizer=tokenizer, vae=vae,
-        scheduler=UniPCMultistepScheduler(**_SCHEDULER_CONFIG), enable_safety_checker=False,
+        scheduler=UniPCMultistepScheduler(**SCHEDULER_CONFIG), enable_safety_checker=False,
         default_use_system_prompt=False, use_native_flow_schedule=True,
     )
     pipeline.save_pretrained(path, safe_serialization=True)
     (path / "worldstep.json").write_text(json.dumps({"height": SIZE, "width": SIZE, "fps": FPS,
                                                      "prompt": PROMPT, "domain_id": DOMAIN_ID,
-                                                     "config": "pusher"}, indent=2))  # run settings of a folder
+                                                     "config": "pusher", "builtin_embodiments": False,
+                                                     "embodiments": [EMBODIMENT]}, indent=2))  # run settings
     return path
 
 

@@ -88,12 +88,6 @@ def sample_vae_batch(clips: ClipSet, rng: np.random.Generator, batch: int, frame
     return to_video_tensor(np.stack(out))
 
 
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR in dB of two tensors in [-1, 1]."""
-    mse = ((a.clamp(-1, 1) - b) ** 2).mean().item() / 4.0
-    return float(10 * np.log10(1.0 / max(mse, 1e-12)))
-
-
 @torch.no_grad()
 def latent_stats(vae, clips: ClipSet, count: int = 64) -> tuple[list[float], list[float]]:
     """Per-channel mean/std of posterior means over `count` clips (the config's latents_mean/std)."""

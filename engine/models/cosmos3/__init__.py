@@ -1,23 +1,38 @@
-"""Cosmos3 forward dynamics rolled out window by window over the paged KV cache."""
+"""Cosmos3 forward dynamics rolled out window by window over the paged KV cache.
 
-from .checkpoint import build_checkpoint, build_pipeline, ensure_embedded_checkpoint
-from .loader import CheckpointNotFoundError, Cosmos3Components, load_components
-from .model import Cosmos3WorldModel
-from .session import RolloutSession
-from .spec import KVStats, ModelSpec, PhaseTimings, RolloutKnobs, WindowResult
+The settings models (`RolloutKnobs`, `Cosmos3Architecture`) import without torch, so the YAML config can use
+them; everything else loads on first use.
+"""
 
-__all__ = [
-    "CheckpointNotFoundError",
-    "Cosmos3Components",
-    "Cosmos3WorldModel",
-    "KVStats",
-    "ModelSpec",
-    "PhaseTimings",
-    "RolloutKnobs",
-    "RolloutSession",
-    "WindowResult",
-    "build_checkpoint",
-    "build_pipeline",
-    "ensure_embedded_checkpoint",
-    "load_components",
-]
+from __future__ import annotations
+
+import importlib
+
+from .architecture import FAMILY_SWITCHES, Cosmos3Architecture, PipelineOptions
+from .knobs import RolloutKnobs
+
+_LAZY = {
+    "build_checkpoint": ".checkpoint",
+    "build_pipeline": ".checkpoint",
+    "ensure_embedded_checkpoint": ".checkpoint",
+    "CheckpointNotFoundError": ".loader",
+    "Cosmos3Components": ".loader",
+    "load_components": ".loader",
+    "model_spec": ".loader",
+    "Cosmos3WorldModel": ".model",
+    "resolve_device": ".model",
+    "RolloutSession": ".session",
+    "SessionClosedError": ".session",
+    "KVStats": ".spec",
+    "ModelSpec": ".spec",
+    "PhaseTimings": ".spec",
+    "WindowResult": ".spec",
+}
+
+__all__ = ["FAMILY_SWITCHES", "Cosmos3Architecture", "PipelineOptions", "RolloutKnobs", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

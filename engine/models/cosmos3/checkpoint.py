@@ -13,10 +13,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .architecture import Cosmos3Architecture
 
 # Characters the embedded tokenizer knows; anything else maps to <unk>.
 _ALPHABET = [chr(c) for c in range(32, 127)] + ["\n"]
@@ -33,7 +36,7 @@ _CORPUS = [
     "user assistant system robot arm gripper block table scene video camera wrist view third person",
 ]
 # Scheduler settings of the Cosmos3 action pipeline (UniPC, flow prediction, bh2, order 2).
-_SCHEDULER_CONFIG: dict[str, Any] = {
+SCHEDULER_CONFIG: dict[str, Any] = {
     "num_train_timesteps": 1000,
     "prediction_type": "flow_prediction",
     "use_flow_sigmas": True,
@@ -93,8 +96,8 @@ def _randomize_(module: torch.nn.Module, generator: torch.Generator, std: float 
                 param.copy_(std * torch.randn(param.shape, generator=generator))
 
 
-def build_pipeline(architecture: dict[str, Any], seed: int = 0):
-    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by an `architecture` block."""
+def build_pipeline(architecture: Cosmos3Architecture | Mapping[str, Any], seed: int = 0):
+    """An in-memory `Cosmos3OmniPipeline` with random weights shaped by ``architecture``."""
     from diffusers import (
         AutoencoderKLWan,
         Cosmos3OmniPipeline,
@@ -102,14 +105,15 @@ def build_pipeline(architecture: dict[str, Any], seed: int = 0):
         UniPCMultistepScheduler,
     )
 
+    architecture = Cosmos3Architecture.of(architecture)  # checked before any weights are made
     generator = torch.Generator().manual_seed(seed)
-    transformer_arch = dict(architecture["transformer"])
+    transformer_arch = dict(architecture.transformer)
     torch.manual_seed(seed)
     transformer = Cosmos3OmniTransformer(**transformer_arch)
     _randomize_(transformer, generator)
-    vae = AutoencoderKLWan(**_vae_kwargs(architecture["vae"], generator))
+    vae = AutoencoderKLWan(**_vae_kwargs(architecture.vae, generator))
     _randomize_(vae, generator, std=0.1)
-    scheduler = UniPCMultistepScheduler(**_SCHEDULER_CONFIG)
+    scheduler = UniPCMultistepScheduler(**SCHEDULER_CONFIG)
     tokenizer = build_tokenizer(int(transformer_arch["vocab_size"]))
     return Cosmos3OmniPipeline(
         transformer=transformer,
@@ -117,18 +121,18 @@ def build_pipeline(architecture: dict[str, Any], seed: int = 0):
         vae=vae,
         scheduler=scheduler,
         enable_safety_checker=False,
-        default_use_system_prompt=False,
-        use_native_flow_schedule=True,
+        **architecture.pipeline.model_dump(),
     )
 
 
-def build_checkpoint(path: str | os.PathLike, architecture: dict[str, Any], seed: int = 0) -> Path:
+def build_checkpoint(path: str | os.PathLike, architecture: Cosmos3Architecture | Mapping[str, Any],
+                     seed: int = 0) -> Path:
     """Write a random-weight checkpoint in the diffusers layout to `path` and return it."""
     path = Path(path)
+    architecture = Cosmos3Architecture.of(architecture)
     pipeline = build_pipeline(architecture, seed=seed)
     pipeline.save_pretrained(path, safe_serialization=True)
-    media = {k: architecture[k] for k in ("height", "width", "fps") if k in architecture}
-    (path / "worldstep.json").write_text(json.dumps({"seed": seed, **media}, indent=2))
+    (path / "worldstep.json").write_text(json.dumps({"seed": seed, **architecture.media}, indent=2))
     return path
 
 
@@ -138,11 +142,12 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(os.environ.get("WORLDSTEP_CACHE", Path.home() / ".cache" / "worldstep"))
 
 
-def ensure_embedded_checkpoint(
-    name: str, architecture: dict[str, Any], cache_dir: str | os.PathLike | None = None, seed: int = 0
-) -> Path:
+def ensure_embedded_checkpoint(name: str, architecture: Cosmos3Architecture | Mapping[str, Any],
+                               cache_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Build an embedded model's checkpoint once (keyed by its architecture) and return its folder."""
-    digest = hashlib.sha256(json.dumps([architecture, seed], sort_keys=True).encode()).hexdigest()[:12]
+    architecture = Cosmos3Architecture.of(architecture)
+    key = [architecture.model_dump(mode="json"), seed]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     target = _cache_root(cache_dir) / "models" / f"{name}-{digest}"
     if (target / "model_index.json").exists():
         return target

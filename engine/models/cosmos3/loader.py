@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from .spec import ModelSpec
+
 _REQUIRED = ("transformer", "vae", "scheduler", "text_tokenizer")
 
 
@@ -112,3 +114,28 @@ def load_components(
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+_DEFAULT_MEDIA = {"height": 480, "width": 832, "fps": 24.0}
+
+
+def model_spec(components: Cosmos3Components, *, height: int | None = None, width: int | None = None,
+               fps: float | None = None, name: str | None = None) -> ModelSpec:
+    """What the loaded checkpoint produces and accepts at ``height x width`` (the checkpoint's own media size
+    and fps, else Cosmos3-Edge's 480p tier at 24 fps, when not given)."""
+    media = {**_DEFAULT_MEDIA, **components.media}
+    height, width = int(height or media["height"]), int(width or media["width"])
+    t_config, v_config = components.transformer.config, components.vae.config
+    spatial = int(v_config.scale_factor_spatial)
+    if height % spatial or width % spatial:
+        raise ValueError(f"height={height}, width={width} are invalid; allowed: multiples of {spatial}")
+    latent_h, latent_w = height // spatial, width // spatial
+    patch = int(t_config.latent_patch_size)
+    grid = (-(-latent_h // patch), -(-latent_w // patch))
+    return ModelSpec(
+        name=name or components.path.name, height=height, width=width, fps=float(fps or media["fps"]),
+        action_dim=int(t_config.action_dim), num_domains=int(t_config.num_embodiment_domains),
+        latent_channels=int(t_config.latent_channel), latent_height=latent_h, latent_width=latent_w,
+        tokens_per_frame=grid[0] * grid[1], patch_grid=grid,
+        temporal_compression=int(v_config.scale_factor_temporal), spatial_compression=spatial,
+    )

@@ -1,32 +1,32 @@
-"""A loaded Cosmos3 world model: modules, the shared KV page pool, the warm decoder, and sessions."""
+"""A loaded Cosmos3 world model: the modules, the shared KV page pool, the warm decoder, and the verbs that
+open, step, fork and close rollout sessions."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
-import numpy as np
 import torch
 
-from ...attention import resolve_backend
-from ...kv import KVPoolExhausted, PagedAllocationManager
+from ...attention import AttentionBackendName, resolve_backend
+from ...checks import check_actions, check_image, check_int, check_prompt
+from ...flashinfer_kernels import FlashinferKernels
+from ...kv import PagedKVCache, StreamKey, StreamLabel
+from ...lanes import DecodeLane
+from ...scheduler import Scheduler
 from ...vae import DecoderOptions, WarmWanDecoder, encode_first_frame
-from .loader import Cosmos3Components, load_components
+from .graphs import check_cuda_graphs
+from .knobs import RolloutKnobs
+from .loader import Cosmos3Components, load_components, model_spec
 from .prompt import tokenize_action_prompt
 from .runner import prefill_text
-from .session import RolloutSession, SessionClosedError, new_session_id
-from .spec import ModelSpec, PhaseTimings, RolloutKnobs, WindowResult
-from .tokens import tokens_per_frame
-from .validation import check_domain_id, check_image, check_prompt
-from .window import run_window
-
-_DEFAULT_MEDIA = {"height": 480, "width": 832, "fps": 24.0}
+from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
+from .spec import KVStats, PhaseTimings, WindowResult
+from .stepping import run_step, window_result
+from .window import WindowContext
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -36,326 +36,251 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 class Cosmos3WorldModel:
-    """Cosmos3 forward dynamics behind a session API: `open_session`, `step_batch`, `fork_session`."""
+    """Cosmos3 forward dynamics behind sessions: `open_session`, `step`, `fork`, `close`."""
 
-    def __init__(self, components: Cosmos3Components, *, device: torch.device, num_pages: int, page_size: int,
+    def __init__(self, components: Cosmos3Components, *, device: torch.device, num_pages: int = 512, page_size: int = 16,
                  cpu_offload_pages: int = 0, attention_backend: str = "auto",
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
-                 width: int | None = None, fps: float | None = None, name: str | None = None) -> None:
+                 width: int | None = None, fps: float | None = None, name: str | None = None,
+                 overlap_decode: bool | None = None, cuda_graphs: bool = False) -> None:
+        """``overlap_decode``: split a step's batch in halves so one half's decode (on its own CUDA stream)
+        overlaps the other's denoise; None: on for CUDA, off on a CPU (where nothing can overlap).
+        ``cuda_graphs``: replay each window's denoise steps from one captured CUDA graph (CUDA, sdpa)."""
         self.components = components
-        self.transformer = components.transformer
-        self.vae = components.vae
-        self.device = device
+        self.transformer, self.vae, self.device = components.transformer, components.vae, device
         self.dtype = next(self.transformer.parameters()).dtype
-        self.spec = self._make_spec(components, height, width, fps, name)
+        self.spec = model_spec(components, height=height, width=width, fps=fps, name=name)
         config = self.transformer.config
-        self.kv = PagedAllocationManager(
-            num_layers=config.num_hidden_layers, num_pages=num_pages, page_size=page_size,
-            num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
-            device=device, cpu_offload_pages=cpu_offload_pages,
-        )
-        self.backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
+        self.kv = PagedKVCache(num_layers=config.num_hidden_layers, num_pages=num_pages, page_size=page_size,
+                               num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
+                               device=device, cpu_offload_pages=cpu_offload_pages)
+        self.scheduler = Scheduler(self.kv)
         self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
+        backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
+        kernels = FlashinferKernels(device) if backend is AttentionBackendName.FLASHINFER else None
+        graphs = check_cuda_graphs(cuda_graphs, device, backend)
+        self.window = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
+                                    components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
+        self.lane = DecodeLane(device)
+        self.overlap_decode = device.type == "cuda" if overlap_decode is None else bool(overlap_decode)
         self._sessions: dict[str, RolloutSession] = {}
-        self._lock = threading.RLock()
-        self._clock = itertools.count(1)  # orders sessions by last use for offload
+        self._lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike, *, device: str | torch.device = "auto",
-                        dtype: torch.dtype | None = None, num_pages: int = 512, page_size: int = 16,
-                        cpu_offload_pages: int = 0, attention_backend: str = "auto",
-                        decoder_options: DecoderOptions | None = None, height: int | None = None,
-                        width: int | None = None, fps: float | None = None,
-                        name: str | None = None) -> Cosmos3WorldModel:
-        """Load a diffusers-layout checkpoint (local folder or offline hub id)."""
+                        dtype: torch.dtype | None = None, **kwargs) -> Cosmos3WorldModel:
+        """Load a diffusers-layout checkpoint (local folder or offline hub id); ``kwargs`` as the constructor's."""
         device = resolve_device(device)
-        components = load_components(path_or_id, device=device, dtype=dtype)
-        return cls(components, device=device, num_pages=num_pages, page_size=page_size,
-                   cpu_offload_pages=cpu_offload_pages, attention_backend=attention_backend,
-                   decoder_options=decoder_options, height=height, width=width, fps=fps, name=name)
-
-    @staticmethod
-    def _make_spec(components: Cosmos3Components, height, width, fps, name) -> ModelSpec:
-        media = {**_DEFAULT_MEDIA, **components.media}
-        height, width = int(height or media["height"]), int(width or media["width"])
-        fps = float(fps or media["fps"])
-        t_config, v_config = components.transformer.config, components.vae.config
-        spatial = int(v_config.scale_factor_spatial)
-        if height % spatial or width % spatial:
-            raise ValueError(f"height={height}, width={width} are invalid; allowed: multiples of {spatial}")
-        latent_h, latent_w = height // spatial, width // spatial
-        return ModelSpec(
-            name=name or components.path.name, height=height, width=width, fps=fps,
-            action_dim=int(t_config.action_dim), num_domains=int(t_config.num_embodiment_domains),
-            latent_channels=int(t_config.latent_channel), latent_height=latent_h, latent_width=latent_w,
-            tokens_per_frame=tokens_per_frame(latent_h, latent_w, int(t_config.latent_patch_size)),
-            temporal_compression=int(v_config.scale_factor_temporal), spatial_compression=spatial,
-        )
-
-    # --- facts --------------------------------------------------------------------------------
-
-    @property
-    def patch_grid(self) -> tuple[int, int]:
-        patch = self.transformer.config.latent_patch_size
-        return -(-self.spec.latent_height // patch), -(-self.spec.latent_width // patch)
+        return cls(load_components(path_or_id, device=device, dtype=dtype), device=device, **kwargs)
 
     @property
     def kv_bytes_per_token(self) -> int:
         config = self.transformer.config
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * itemsize
+        return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * self.dtype.itemsize
+
+    @property
+    def backend(self) -> AttentionBackendName:
+        """The attention backend the model resolved to (``auto`` chose it for this device)."""
+        return self.window.backend
 
     @property
     def live_sessions(self) -> int:
         return len(self._sessions)
 
-    def tokens_per_window(self, knobs: RolloutKnobs) -> int:
-        return knobs.latents_per_window * (self.spec.tokens_per_frame + 4)
-
     # --- sessions -----------------------------------------------------------------------------
-
-    def new_scheduler(self, knobs: RolloutKnobs):
-        from diffusers import UniPCMultistepScheduler
-
-        return UniPCMultistepScheduler.from_config(self.components.scheduler_config, flow_shift=float(knobs.flow_shift))
-
-    def set_window_timesteps(self, session: RolloutSession) -> None:
-        """Reset the session's scheduler for a new window (native flow schedule when the checkpoint says so)."""
-        scheduler, steps = session.scheduler, session.knobs.num_steps
-        if self.components.use_native_flow_schedule:
-            sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0, steps + 1)[:-1]
-            scheduler.set_timesteps(steps, device=self.device, sigmas=sigmas)
-        else:
-            scheduler.set_timesteps(steps, device=self.device)
 
     @torch.no_grad()
     def open_session(self, image, prompt: str, domain_id: int, *, knobs: RolloutKnobs | None = None,
-                     generator: torch.Generator | None = None) -> RolloutSession:
-        """Validate everything, prefill the prompt per CFG stream (then protect it), encode and decode frame 0."""
-        knobs = knobs or RolloutKnobs()
+                     generator: torch.Generator | None = None, action_width: int | None = None,
+                     action_bounds: tuple[float, float] | None = None) -> RolloutSession:
+        """Check everything, prefill the prompt per CFG stream (then protect it), encode and decode frame 0.
+
+        ``action_width``: the action columns each step passes (default: the model's ``action_dim``; the rest
+        is zero-padded); ``action_bounds``: the range they must lie in, when the caller declares one.
+        """
+        knobs = knobs if knobs is not None else RolloutKnobs()
         if not isinstance(knobs, RolloutKnobs):
             raise ValueError(f"knobs={knobs!r} is invalid; allowed: a RolloutKnobs")
-        domain_id = check_domain_id(domain_id, self.spec.num_domains)
-        prompt = check_prompt(prompt)
-        image = check_image(image)
-        check_prompt(knobs.negative_prompt, "negative_prompt", allow_empty=True)
+        spec = self.spec
+        domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
+        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
+                          spec.action_dim + 1)
+        prompt, image = check_prompt("prompt", prompt), check_image("image", image)
+        check_prompt("negative_prompt", knobs.negative_prompt, allow_empty=True)
         self.decoder.options.validate_for_window(knobs.latents_per_window)
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
-        spec = self.spec
-        tokens = tokenize_action_prompt(
-            self.components.tokenizer, prompt, knobs.negative_prompt, view_point=knobs.view_point,
-            num_frames=knobs.chunk_size + 1, fps=spec.fps, height=spec.height, width=spec.width,
-            use_system_prompt=self.components.default_use_system_prompt,
-        )
-        ids = {"main": tokens.cond, "uncond": tokens.uncond}
-        labels = ("main", "uncond") if knobs.uses_cfg else ("main",)
-        needed = sum(self._pages_for(len(ids[label]) + self.tokens_per_window(knobs) + spec.tokens_per_frame)
-                     for label in labels)
-        self._make_room(needed, set())
-        session_id = new_session_id()
-        try:
-            for label in labels:
-                self._prefill(session_id, label, ids[label])
-            first_latent = encode_first_frame(self.vae, image, spec.height, spec.width)[0].float()  # [C, 1, h, w]
-            stream = self.decoder.open_stream()
-            frame0 = self.decoder.decode(stream, first_latent.unsqueeze(0)) if knobs.decode else None
-        except BaseException:
-            self.kv.remove_session(session_id)
-            raise
+        ids = self._prompt_ids(prompt, knobs)
+        self.scheduler.make_room(self._pages_to_open(ids, knobs))  # or KVPoolExhausted, before anything opens
         session = RolloutSession(
-            self, session_id=session_id, knobs=knobs, domain_id=domain_id, generator=generator,
-            text_lens={label: len(ids[label]) for label in labels}, first_latent=first_latent,
-            decode_stream=stream, first_frame=None if frame0 is None else frame0[0],
-        )
-        with self._lock:
-            self._sessions[session_id] = session
+            session_id=new_session_id(), knobs=knobs, domain_id=domain_id, action_shape=(knobs.chunk_size, width),
+            action_bounds=action_bounds, generator=generator, text_lens={}, first_latent=torch.empty(0),
+            decode_stream=self.decoder.open_stream() if knobs.decode else None, first_frame=None,
+            schedule=window_schedule(knobs))
+        try:
+            for label, label_ids in ids.items():
+                self._prefill(StreamKey(session.session_id, label), label_ids)
+            session.text_lens = {label: len(label_ids) for label, label_ids in ids.items()}
+            session.first_latent = encode_first_frame(self.vae, image, spec.height, spec.width)[0].float()
+            if session.decode_stream is not None:
+                session.first_frame = self.decoder.decode(session.decode_stream, session.first_latent[None])[0]
+        except BaseException:
+            self._release(session)
+            raise
+        self._register(session)
         return session
 
-    def _pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.kv.page_size)
+    @contextmanager
+    def session(self, *args, **kwargs) -> Iterator[RolloutSession]:
+        """`open_session` as a context manager: the session is closed on any exit."""
+        session = self.open_session(*args, **kwargs)
+        try:
+            yield session
+        finally:
+            self.close(session)
 
-    def _prefill(self, session_id: str, label: str, ids: list[int]) -> None:
-        key = (session_id, label)
-        self.kv.create_stream(key)
+    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
+        """KV pages one session needs to open (its prompt per CFG stream) and commit its first window, with the
+        page of slack admission keeps per stream: a pool smaller than this can never run an episode."""
+        knobs = knobs if knobs is not None else RolloutKnobs()
+        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs)
+        return self._pages_to_open(ids, knobs) + len(ids)
+
+    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs) -> dict[StreamLabel, list[int]]:
+        spec = self.spec
+        tokens = tokenize_action_prompt(self.components.tokenizer, prompt, knobs.negative_prompt,
+                                        view_point=knobs.view_point, num_frames=knobs.chunk_size + 1, fps=spec.fps,
+                                        height=spec.height, width=spec.width,
+                                        use_system_prompt=self.components.default_use_system_prompt)
+        labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if knobs.uses_cfg else (StreamLabel.MAIN,)
+        return {label: tokens.cond if label is StreamLabel.MAIN else tokens.uncond for label in labels}
+
+    def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs) -> int:
+        first_window = window_schedule(knobs).window(0).units * self.spec.tokens_per_frame + knobs.chunk_size
+        return sum(self.kv.table.pages_for(len(label_ids) + first_window) for label_ids in ids.values())
+
+    def _prefill(self, key: StreamKey, ids: list[int]) -> None:
+        self.kv.table.create_stream(key)
         keys, values = prefill_text(self.transformer, torch.tensor(ids, dtype=torch.long, device=self.device))
         self.kv.append(key, keys, values)
-        self.kv.protect_prefix(key, len(ids))
+        self.kv.table.protect_prefix(key, len(ids))
 
-    def fork_session(self, session: RolloutSession, generator: torch.Generator | None = None) -> RolloutSession:
+    def fork(self, session: RolloutSession, generator: torch.Generator | None = None) -> RolloutSession:
+        """An independent session continuing from ``session``; committed KV pages are shared, not copied, and
+        the RNG continues identically unless ``generator`` is given."""
+        session.check_open()
         if generator is None:
             generator = torch.Generator()
             generator.set_state(session.generator.get_state())
-        session_id = new_session_id()
-        self.kv.fork_session(session.session_id, session_id)
-        try:
-            stream = self.decoder.fork_stream(session.decode_stream)
-        except BaseException:
-            self.kv.remove_session(session_id)
-            raise
+        stream = None if session.decode_stream is None else self.decoder.fork_stream(session.decode_stream)
         fork = RolloutSession(
-            self, session_id=session_id, knobs=session.knobs, domain_id=session.domain_id, generator=generator,
+            session_id=new_session_id(), knobs=session.knobs, domain_id=session.domain_id,
+            action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
             text_lens=dict(session.text_lens), first_latent=session.first_latent, decode_stream=stream,
-            first_frame=session.first_frame,
-        )
-        fork.window_index, fork.last_latents = session.window_index, session.last_latents
-        with self._lock:
-            self._sessions[session_id] = fork
+            first_frame=session.first_frame, schedule=session.schedule, window_index=session.window_index,
+            last_latents=session.last_latents)
+        try:
+            if self.kv.table.is_offloaded(session.session_id):
+                self.scheduler.admit([session.session_id], 0)
+            self.kv.table.fork_session(session.session_id, fork.session_id)
+        except BaseException:
+            self._release(fork)
+            raise
+        self._register(fork)
         return fork
 
-    def release_session(self, session: RolloutSession) -> None:
-        """Return the session's pages and decoder cache (called by `RolloutSession.close`)."""
+    def close(self, session: RolloutSession) -> None:
+        """Return every page and decoder cache of ``session``; idempotent and safe from another thread (a
+        window running there stops at its next denoise step, or finishes its commit, first)."""
+        session.abort.set()
+        with session.busy:
+            self._close_locked(session)
+
+    def close_all(self) -> None:
+        for session in list(self._sessions.values()):
+            self.close(session)
+
+    def kv_stats(self, session: RolloutSession) -> KVStats:
+        if session.closed:
+            return KVStats(pages_in_use=0, protected_tokens=0, released_tokens=0, seq_len=0)
+        table = self.kv.page_table(session.stream_keys()[0])
+        return KVStats(self.kv.table.pages_in_use(session.session_id), table.protected_prefix_tokens,
+                       table.released_tokens, table.seq_len)
+
+    def _register(self, session: RolloutSession) -> None:
+        with self._lock:
+            self._sessions[session.session_id] = session
+        self.scheduler.track(session.session_id)
+
+    def _close_locked(self, session: RolloutSession) -> None:
+        if not session.closed:
+            session.closed = True
+            self._release(session)
+
+    def _release(self, session: RolloutSession) -> None:
         with self._lock:
             self._sessions.pop(session.session_id, None)
+        self.scheduler.forget(session.session_id)
         try:
-            self.decoder.close_stream(session.decode_stream)
+            if session.decode_stream is not None:
+                self.decoder.close_stream(session.decode_stream)
         finally:
             self.kv.remove_session(session.session_id)
 
     # --- stepping -----------------------------------------------------------------------------
 
-    def step_batch(self, sessions: list[RolloutSession], actions: list) -> list[WindowResult]:
-        """Step every session one window; sessions that share steps/shift/mode go through ONE batched forward."""
-        if len(sessions) != len(actions):
-            raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: equal counts")
-        if len({id(s) for s in sessions}) != len(sessions):
-            raise ValueError("sessions contains the same session twice; allowed: distinct sessions")
-        checked = [session.check_actions(a) for session, a in zip(sessions, actions)]
-        with self._busy(sessions):
-            for s in sessions:
-                s._check_open()  # closed by another thread while we waited
-            self._admit(sessions)
-            groups: dict[tuple, list[int]] = defaultdict(list)
-            for i, s in enumerate(sessions):
-                groups[(s.knobs.num_steps, s.knobs.flow_shift, s.knobs.window_mode)].append(i)
-            results: list[WindowResult | None] = [None] * len(sessions)
-            for members in groups.values():
-                group = [sessions[i] for i in members]
-                for i, result in zip(members, self._run_group(group, [checked[i] for i in members])):
-                    results[i] = result
-        return results
-
-    @contextmanager
-    def _busy(self, sessions: list[RolloutSession]):
-        """Hold every session's window lock (in a fixed order, so concurrent batches cannot deadlock)."""
-        ordered = sorted(sessions, key=lambda s: s.session_id)
-        with ExitStack() as stack:
-            for s in ordered:
+    def step(self, sessions: Sequence[RolloutSession], actions: Sequence, *, decode: bool = True) -> list[WindowResult]:
+        """Step every session one window. Sessions that share steps, shift, mode and window shape run ONE
+        batched forward per denoise step. With ``decode=False`` the frames are left to `decode`."""
+        sessions, actions = list(sessions), list(actions)
+        if len(sessions) != len(actions) or len({id(s) for s in sessions}) != len(sessions):
+            raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
+                             "action array per distinct session")
+        checked = []
+        for i, (s, a) in enumerate(zip(sessions, actions)):
+            s.check_open()
+            low, high = s.action_bounds or (None, None)
+            field = "actions" if len(sessions) == 1 else f"actions[{i}]"
+            checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
+        with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
+            for s in sorted(sessions, key=lambda s: s.session_id):
                 stack.enter_context(s.busy)
-            yield
-
-    def _run_group(self, group: list[RolloutSession], actions: list, decode: bool = True) -> list[WindowResult]:
-        rng_states = [s.generator.get_state() for s in group]
-        try:
-            return run_window(self, group, actions, decode=decode)
-        except SessionClosedError:
-            for s, state in zip(group, rng_states):  # untouched sessions can simply step again
-                s.generator.set_state(state)
-            raise
-        except BaseException:
-            for s in group:  # a failed window never leaves half-committed state behind
-                self._close_locked(s)
-            raise
-
-    def _close_locked(self, session: RolloutSession) -> None:
-        """Close a session whose window lock the caller holds."""
-        session.abort.set()
-        if not session.closed:
-            session.closed = True
-            self.release_session(session)
-
-    def rollout(self, session: RolloutSession, action_chunks: Iterable, pipelined: bool = True) -> Iterator[WindowResult]:
-        """Open-loop rollout over a known action sequence; windows come out in order.
-
-        With `pipelined=True` window k is decoded on a worker thread while window k+1 denoises.
-        """
-        if not pipelined:
-            for actions in action_chunks:
-                yield self.step_batch([session], [actions])[0]
-            return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="worldstep-decode") as pool:
-            pending = None
+            for s in sessions:
+                s.check_open()  # closed by another thread while we waited
+            self.scheduler.admit([s.session_id for s in sessions], self._pages_to_commit(sessions))
+            before = [s.window_index for s in sessions]
             try:
-                for actions in action_chunks:
-                    result = self._generate(session, actions)
-                    future = pool.submit(self._decode_result, session, result)
-                    if pending is not None:
-                        yield pending.result()
-                    pending = future
-                if pending is not None:
-                    yield pending.result()
-                    pending = None
-            except BaseException:
-                if pending is not None:
-                    pending.cancel()
-                    wait([pending])
-                session.close()
+                rows = run_step(self.window, self.decoder, self.lane, sessions, checked, decode=decode,
+                                overlap=self.overlap_decode)
+            except SessionClosedError:
+                if [s.window_index for s in sessions] == before:  # nothing committed: the others may step again
+                    raise
+                self._close_all_locked(sessions)
                 raise
+            except BaseException:  # a failed window never leaves half-committed state behind
+                self._close_all_locked(sessions)
+                raise
+        return [window_result(*row, kv=self.kv_stats(s)) for s, row in zip(sessions, rows)]
 
-    def _generate(self, session: RolloutSession, actions) -> WindowResult:
-        checked = session.check_actions(actions)
-        with self._busy([session]):
-            session._check_open()
-            self._admit([session])
-            return self._run_group([session], [checked], decode=False)[0]
-
-    def _decode_result(self, session: RolloutSession, result: WindowResult) -> WindowResult:
+    def decode(self, session: RolloutSession, result: WindowResult) -> WindowResult:
+        """Fill in the frames of a window stepped with ``decode=False`` (windows of a session in order)."""
         start = time.perf_counter()
-        result.frames = self.decode_windows([session], [result.latents.to(self.device)])[0]
-        timings = result.timings
-        result.timings = PhaseTimings(timings.denoise_s, timings.commit_s, time.perf_counter() - start)
+        frames = self.decoder.decode(session.decode_stream, result.latents.to(self.device)[None])
+        t = result.timings
+        result.frames, result.timings = frames, PhaseTimings(t.denoise_s, t.commit_s, time.perf_counter() - start)
         return result
 
-    def _admit(self, sessions: list[RolloutSession]) -> None:
-        """Make room for this window's commit before any work, or raise KVPoolExhausted.
-
-        Offloaded sessions come back first; when the pool is short and CPU offload is configured,
-        idle sessions (least recently stepped first) move to the CPU pool to make room.
-        """
-        keep = {s.session_id for s in sessions}
+    def _pages_to_commit(self, sessions: list[RolloutSession]) -> int:
+        """Pages the window's commit may take: its tokens per stream, plus one copied tail page."""
+        table, needed = self.kv.table, 0
         for s in sessions:
-            if self.kv.is_offloaded(s.session_id):
-                self._make_room(self._held_pages(s), keep)
-                self.kv.reload(s.session_id)
-        needed = 0
+            if s.knobs.window_mode == "kv":
+                tokens = s.plan.units * self.spec.tokens_per_frame + s.knobs.chunk_size
+                for key in s.stream_keys():
+                    seq = self.kv.page_table(key).seq_len
+                    needed += table.pages_for(seq + tokens) - table.pages_for(seq) + 1
+        return needed
+
+    def _close_all_locked(self, sessions: list[RolloutSession]) -> None:
         for s in sessions:
-            if s.knobs.window_mode != "kv":
-                continue
-            extra = self.tokens_per_window(s.knobs) + (self.spec.tokens_per_frame if s.window_index == 0 else 0)
-            for key in s.stream_keys():
-                table = self.kv.page_table(key)
-                needed += self._pages_for(table.seq_len + extra) - self._pages_for(table.seq_len) + 1
-        self._make_room(needed, keep)
-        for s in sessions:
-            s.last_used = next(self._clock)
-
-    def _held_pages(self, session: RolloutSession) -> int:
-        return sum(self._pages_for(self.kv.page_table(key).seq_len) for key in session.stream_keys())
-
-    def _make_room(self, needed: int, keep: set[str]) -> None:
-        if needed <= self.kv.num_free_pages:
-            return
-        if self.kv.num_free_cpu_pages > 0:
-            with self._lock:
-                idle = sorted((s for s in self._sessions.values() if s.session_id not in keep),
-                              key=lambda s: s.last_used)
-            for session in idle:
-                moved = not self.kv.is_offloaded(session.session_id) and self.kv.offload(session.session_id)
-                if moved and needed <= self.kv.num_free_pages:
-                    return
-        raise KVPoolExhausted(needed, self.kv.num_free_pages)
-
-    def decode_windows(self, sessions: list[RolloutSession], latents: list[torch.Tensor]) -> list:
-        """Decode each session's new latents `[C, n, h, w]` to uint8 frames (None when decoding is off)."""
-        todo = [i for i, s in enumerate(sessions) if s.knobs.decode]
-        frames: list = [None] * len(sessions)
-        if todo:
-            decoded = self.decoder.decode_batch([sessions[i].decode_stream for i in todo],
-                                                [latents[i].unsqueeze(0) for i in todo])
-            for i, f in zip(todo, decoded):
-                frames[i] = f
-        return frames
-
-    def close(self) -> None:
-        """Close every live session."""
-        for session in list(self._sessions.values()):
-            session.close()
+            s.abort.set()
+            self._close_locked(s)

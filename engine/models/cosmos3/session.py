@@ -1,20 +1,23 @@
-"""One rollout: a first frame, a prompt, an embodiment, and the windows generated so far.
+"""A rollout session: the record of one rollout that the model steps.
 
-A session owns its KV streams (`main`, plus `uncond` under CFG) in the model's shared page pool,
-its decoder stream, its RNG and its scheduler; it holds no model weights. `close()` returns every
-page and decoder cache and is safe to call twice; a window that fails closes the session.
+A session holds ids, its RNG, its decoder stream handle and a `WindowSchedule` cursor that gives the next
+window's geometry. It holds no reference to the model and has no verbs that do work: the model opens,
+steps, forks and closes sessions (`Cosmos3WorldModel.step(sessions, actions)`).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .spec import KVStats, RolloutKnobs, WindowResult
-from .validation import check_actions
+from ...kv import StreamKey, StreamLabel
+from ...vae import DecodeStream
+from ...windowing import WindowPlan, WindowSchedule
+from .knobs import RolloutKnobs
 
 
 class SessionClosedError(RuntimeError):
@@ -30,105 +33,74 @@ def new_session_id() -> str:
         return f"s{next(_ids)}"
 
 
+def window_schedule(knobs: RolloutKnobs) -> WindowSchedule:
+    """The open-ended latent-frame schedule of a session: the clean first frame leads, each window generates
+    ``latents_per_window`` frames; chained windows re-pin their predecessor's last frame, kv windows attend to
+    the committed ones (kept ``context_frames`` deep)."""
+    overlap = 1 if knobs.window_mode == "chained" else 0
+    return WindowSchedule(None, knobs.latents_per_window, context_units=knobs.context_frames,
+                          overlap_units=overlap, lead_units=1)
+
+
+@dataclass(eq=False)
 class RolloutSession:
-    """State of one action-conditioned rollout; step it with `step(actions)`."""
+    """One rollout: a first frame, a prompt, an embodiment, and the windows generated so far.
 
-    def __init__(self, model, *, session_id: str, knobs: RolloutKnobs, domain_id: int,
-                 generator: torch.Generator, text_lens: dict[str, int], first_latent: torch.Tensor,
-                 decode_stream, first_frame: np.ndarray | None) -> None:
-        self.model = model
-        self.session_id = session_id
-        self.knobs = knobs
-        self.domain_id = domain_id
-        self.generator = generator
-        self.text_lens = text_lens  # label -> prompt tokens in that stream
-        self.first_latent = first_latent  # [C, 1, h, w] clean latent frame 0
-        self.decode_stream = decode_stream
-        self.first_frame = first_frame  # [H, W, 3] uint8, the decoded latent frame 0
-        self.scheduler = model.new_scheduler(knobs)
-        self.window_index = 0
-        self.last_latents: torch.Tensor | None = None  # [C, t, h, w] of the previous window (chained mode)
-        self.last_used = 0  # model clock tick of the last step (idle sessions offload first)
-        self.closed = False
-        self.busy = threading.Lock()  # held while a window of this session runs
-        self.abort = threading.Event()  # set by close(); a running window stops before its commit
+    Attributes:
+        session_id: unique within the process; names the session's KV streams.
+        knobs: the rollout settings it was opened with.
+        domain_id: the embodiment's action head.
+        action_shape: ``(chunk_size, width)`` of the actions each step takes (zero-padded to the model's
+            ``action_dim`` inside the window); ``action_bounds`` the allowed range, when one is declared.
+        generator: the source of every window's noise.
+        text_lens: prompt tokens of each KV stream.
+        first_latent: ``[C, 1, h, w]`` the clean, normalised latent frame 0.
+        decode_stream: the warm decoder's stream (None when the knobs say not to decode).
+        first_frame: ``[H, W, 3]`` uint8, frame 0 as the decoder returns it (None without decoding).
+        schedule, window_index: the window geometry and the cursor into it.
+        last_latents: ``[C, t, h, w]`` of the previous window (a chained window re-pins its tail).
+    """
 
-    # --- public API -----------------------------------------------------------------------
+    session_id: str
+    knobs: RolloutKnobs
+    domain_id: int
+    action_shape: tuple[int, int]
+    action_bounds: tuple[float, float] | None
+    generator: torch.Generator
+    text_lens: dict[StreamLabel, int]
+    first_latent: torch.Tensor
+    decode_stream: DecodeStream | None
+    first_frame: np.ndarray | None
+    schedule: WindowSchedule
+    window_index: int = 0
+    last_latents: torch.Tensor | None = None
+    closed: bool = False
+    busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while a window runs
+    abort: threading.Event = field(default_factory=threading.Event, repr=False)  # a running window stops
 
     @property
-    def labels(self) -> tuple[str, ...]:
-        return ("main", "uncond") if self.knobs.uses_cfg else ("main",)
+    def labels(self) -> tuple[StreamLabel, ...]:
+        return (StreamLabel.MAIN, StreamLabel.UNCOND) if self.knobs.uses_cfg else (StreamLabel.MAIN,)
 
-    def stream_keys(self) -> list[tuple[str, str]]:
-        return [(self.session_id, label) for label in self.labels]
+    def stream_keys(self) -> list[StreamKey]:
+        return [StreamKey(self.session_id, label) for label in self.labels]
 
-    def step(self, actions) -> WindowResult:
-        """Generate the next window conditioned on `actions` `(chunk_size, k)`."""
-        return self.model.step_batch([self], [actions])[0]
+    @property
+    def plan(self) -> WindowPlan:
+        """The next window's latent frames: ``[start, end)``, the first ``cond_units`` clean."""
+        return self.schedule.window(self.window_index)
 
-    def check_actions(self, actions) -> np.ndarray:
-        self._check_open()
-        return check_actions(actions, self.knobs.chunk_size, self.model.spec.action_dim)
+    def action_span(self) -> tuple[int, int]:
+        """Absolute indices of the next window's actions: one per pixel frame it generates."""
+        plan, lead = self.plan, self.schedule.lead_units
+        per_frame = self.knobs.chunk_size // self.knobs.latents_per_window
+        return (plan.new_start - lead) * per_frame, (plan.end - lead) * per_frame
 
-    def fork(self, generator: torch.Generator | None = None) -> RolloutSession:
-        """An independent session continuing from this state; committed KV pages are shared, not copied."""
-        self._check_open()
-        return self.model.fork_session(self, generator)
+    def frame_span(self) -> tuple[int, int]:
+        """Pixel frames ``[start, end)`` of the next window (frame 0 is the first image)."""
+        start, end = self.action_span()
+        return 1 + start, 1 + end
 
-    def kv_stats(self) -> KVStats:
-        kv = self.model.kv
-        if self.closed:
-            return KVStats(pages_in_use=0, protected_tokens=0, released_tokens=0, seq_len=0)
-        table = kv.page_table((self.session_id, "main"))
-        return KVStats(
-            pages_in_use=kv.pages_in_use(self.session_id),
-            protected_tokens=table.protected_prefix_tokens,
-            released_tokens=table.released_tokens,
-            seq_len=table.seq_len,
-        )
-
-    def close(self) -> None:
-        """Return every page and decoder cache; idempotent and safe from another thread.
-
-        A window running in another thread stops at its next denoise step (nothing committed) or,
-        once committing, finishes; close waits for it, then frees everything.
-        """
-        self.abort.set()
-        with self.busy:
-            if self.closed:
-                return
-            self.closed = True
-            self.model.release_session(self)
-
-    def __enter__(self) -> RolloutSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # a dropped session must not leak pages
-        try:
-            if not self.closed and not self.busy.locked():
-                self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-    # --- window geometry ------------------------------------------------------------------
-
-    def window_frames(self) -> tuple[int, int, int]:
-        """(first latent frame of the window tensor, end, clean leading frames) for the next window."""
-        n = self.knobs.latents_per_window
-        k = self.window_index
-        if k == 0:
-            return 0, 1 + n, 1
-        if self.knobs.window_mode == "chained":
-            return k * n, 1 + (k + 1) * n, 1
-        return 1 + k * n, 1 + (k + 1) * n, 0
-
-    def window_actions(self) -> tuple[int, int]:
-        chunk = self.knobs.chunk_size
-        return self.window_index * chunk, (self.window_index + 1) * chunk
-
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.closed or self.abort.is_set():
             raise SessionClosedError(f"session {self.session_id} is closed; open a new one (env.reset)")

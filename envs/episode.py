@@ -1,0 +1,157 @@
+"""One env episode: its engine session, its last frames, and the gymnasium outcome of each window.
+
+`WorldModelEnv` holds one `Episode`; `WorldModelVectorEnv` holds ``num_envs`` and steps all their sessions
+through ONE engine call, then hands each result back to its episode. Both envs therefore report exactly the
+same observations, rewards, flags and infos for the same windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from worldstep.engine.checks import check_image, check_int, check_prompt
+from worldstep.engine.models.cosmos3 import (
+    Cosmos3WorldModel,
+    RolloutKnobs,
+    RolloutSession,
+    WindowResult,
+)
+
+from .scene import SimulatorScene, draw_tabletop
+
+RESET_OPTION_KEYS = ("image", "prompt", "domain_id")
+SUCCESS_MODES = ("sim", "none")
+ACTION_BOUNDS = (-1.0, 1.0)  # the envs' Box: normalised actions
+
+
+@dataclass(frozen=True)
+class EpisodeRules:
+    """What every episode of one env shares: the model, its knobs, and how a window is judged.
+
+    Success comes from ``success_fn(frames)``, or from ``simulator_judge(first_frame, frames)`` (a simulator's
+    pixel rule, its goal read from the episode's first frame), or from neither (never successful).
+    """
+
+    model: Cosmos3WorldModel
+    knobs: RolloutKnobs
+    max_windows: int
+    action_width: int
+    success_fn: Callable[[np.ndarray], bool] | None = None
+    reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None
+    simulator_judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
+
+    def is_success(self, first_frame: np.ndarray, frames: np.ndarray) -> bool:
+        if self.simulator_judge is not None:
+            return bool(self.simulator_judge(first_frame, frames))
+        return bool(self.success_fn(frames)) if self.success_fn is not None else False
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """A reset's checked options: ``image`` None means the scene is drawn (or the simulator's)."""
+
+    image: np.ndarray | None
+    prompt: str
+    domain_id: int
+
+
+def reset_request(options: Any, image: np.ndarray | None, prompt: str, domain_id: int,
+                  num_domains: int) -> ResetRequest:
+    """Reset options over the env's defaults (a missing or None key takes the default); unknown keys and bad
+    values raise ValueError before anything changes."""
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
+    unknown = sorted(set(options or {}) - set(RESET_OPTION_KEYS))
+    if unknown:
+        raise ValueError(f"options keys {unknown} are invalid; allowed: {RESET_OPTION_KEYS}")
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    image = given.get("image", image)
+    return ResetRequest(
+        image=None if image is None else check_image("options['image']", image),
+        prompt=check_prompt("options['prompt']", given.get("prompt", prompt)),
+        domain_id=check_int("options['domain_id']", given.get("domain_id", domain_id), 0, num_domains),
+    )
+
+
+def first_frame(request: ResetRequest, scene: SimulatorScene | None, seed: int | None,
+                np_random: np.random.Generator, height: int, width: int) -> tuple[np.ndarray, int | None]:
+    """The episode's first frame and, when it came from the simulator, the simulator seed that reproduces it."""
+    if request.image is not None:
+        return request.image, None
+    if scene is not None:
+        image, scene_seed = scene(seed, np_random)
+        return check_image(f"first frame of simulator {scene.env_id!r}", image), scene_seed
+    return draw_tabletop(height, width, np_random), None
+
+
+class Episode:
+    """The live rollout of one env between two resets."""
+
+    def __init__(self, rules: EpisodeRules, session: RolloutSession, first_image: np.ndarray) -> None:
+        self.rules = rules
+        self.session = session
+        self.first_image = first_image  # the image the episode started from (the simulator judge's goal)
+        self.frames = np.repeat(session.first_frame[None], rules.knobs.chunk_size, axis=0)
+        self.windows = 0
+
+    @classmethod
+    def open(cls, rules: EpisodeRules, image: np.ndarray, request: ResetRequest,
+             np_random: np.random.Generator) -> Episode:
+        """Open the engine session (its diffusion noise seeded from ``np_random``)."""
+        generator = torch.Generator().manual_seed(int(np_random.integers(2**63)))
+        session = rules.model.open_session(image, request.prompt, request.domain_id, knobs=rules.knobs,
+                                           generator=generator, action_width=rules.action_width,
+                                           action_bounds=ACTION_BOUNDS)
+        return cls(rules, session, image)
+
+    @property
+    def live(self) -> bool:
+        return not self.session.closed
+
+    def reset_info(self) -> dict[str, Any]:
+        return {"frame_start": 0, "frame_end": 1, "kv": self.rules.model.kv_stats(self.session)}
+
+    def outcome(self, result: WindowResult, actions: np.ndarray) -> tuple:
+        """``(obs, reward, terminated, truncated, info)`` of a window the model has stepped."""
+        rules = self.rules
+        self.windows += 1
+        self.frames = result.frames
+        is_success = rules.is_success(self.first_image, result.frames)
+        reward = float(rules.reward_fn(result.frames, actions)) if rules.reward_fn is not None else float(is_success)
+        info = {"window_index": result.window_index, "frame_start": result.frame_start,
+                "frame_end": result.frame_end, "timings": result.timings, "kv": result.kv,
+                "is_success": is_success, "kv_exhausted": False}
+        return self.observation(), reward, is_success, self.windows >= rules.max_windows, info
+
+    def exhausted(self) -> tuple:
+        """The pool could not hold the window: the episode ends by truncation, its pages returned."""
+        self.close()
+        info = {"window_index": self.windows, "is_success": False, "kv_exhausted": True}
+        return self.observation(), 0.0, False, True, info
+
+    def observation(self) -> dict[str, np.ndarray]:
+        return {"frames": self.frames.copy()}
+
+    def fork(self, generator: torch.Generator | None) -> Episode:
+        """An episode continuing from this one (committed KV pages shared; the same RNG unless given one)."""
+        fork = Episode(self.rules, self.rules.model.fork(self.session, generator=generator), self.first_image)
+        fork.frames, fork.windows = self.frames.copy(), self.windows
+        return fork
+
+    def close(self) -> None:
+        self.rules.model.close(self.session)
+
+
+def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field: str) -> None:
+    """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
+    first window."""
+    needed = model.min_pages(prompt, knobs)
+    pool = model.kv.table.allocator.num_pages
+    if needed > pool:
+        raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "
+                         f">= {needed} (the prompt, first frame and first window of one episode, "
+                         f"{model.kv.page_size} tokens per page)")

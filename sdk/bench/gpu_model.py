@@ -1,0 +1,40 @@
+"""The few engine calls the GPU bench and the GPU checks make: a model over in-memory modules, sessions, rows.
+
+Several models may share one set of modules (`Cosmos3Components`), each with its own KV pool and attention
+backend: that is how the bench and `tests/gpu/check_cosmos3_backends.py` compare backends on identical
+weights without building Edge twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .archs import PROMPT, first_frame
+
+
+def edge_model(components, arch, device: torch.device, backend: str, *, height: int | None = None,
+               width: int | None = None, num_pages: int = 512):
+    """A `Cosmos3WorldModel` over in-memory modules (several may share them, each with its own KV pool)."""
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+
+    return Cosmos3WorldModel(components, device=device, num_pages=num_pages, page_size=arch.page_size,
+                             attention_backend=backend, height=height or arch.height,
+                             width=width or arch.width, name=f"bench-{arch.name}")
+
+
+def open_sessions(model, arch, knobs, count: int, seed: int = 0, domains: list[int] | None = None) -> list:
+    """`count` sessions on the bench's first frame and prompt, each with its own generator (and embodiment:
+    `domains[i]`, default the arch's)."""
+    frame = first_frame(model.spec.height, model.spec.width)
+    domains = domains or [arch.domain_id] * count
+    return [model.open_session(frame, PROMPT, domains[i], knobs=knobs, generator=torch.Generator().manual_seed(seed + i),
+                               action_width=arch.action_width) for i in range(count)]
+
+
+def rows(model, sessions: list) -> list[tuple[int, int]]:
+    """(fresh tokens, attended tokens) per row of the sessions' next window, for the FLOP count."""
+    out = []
+    for session in sessions:
+        q = session.plan.units * model.spec.tokens_per_frame + session.knobs.chunk_size  # the next window's tokens
+        out += [(q, model.kv.page_table(key).seq_len + q) for key in session.stream_keys()]
+    return out

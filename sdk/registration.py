@@ -1,0 +1,42 @@
+"""Gymnasium ids of worldstep, registered in one place: on ``import worldstep``, or by gymnasium itself
+through the ``gymnasium.envs`` entry point when another library calls ``gym.make("worldstep/...")``.
+
+| id | config | what it is |
+|---|---|---|
+| ``worldstep/Tiny-v0`` | ``tiny`` | the embedded default: tiny random weights, built on first use |
+| ``worldstep/Pusher-v0`` | ``pusher`` | a small Cosmos3 model trained on PushSim, shipped as package data |
+| ``worldstep/Cosmos3Edge-v0`` | ``cosmos3_edge`` | NVIDIA Cosmos3-Edge (weights: a folder or the hub cache) |
+| ``worldstep/Cosmos3Nano-v0`` | ``cosmos3_nano`` | NVIDIA Cosmos3-Nano (weights: a folder or the hub cache) |
+| ``worldstep/PushSim-v0`` | -- | the procedural simulator the pusher model was trained on |
+
+Every world-model id takes any ``worldstep.make_env`` keyword (``max_windows=4``, ``model=world`` to share a
+loaded model, ``render_mode="rgb_array"``, ...); ``max_episode_steps`` is the config's ``env.max_windows``.
+Without their weights (a folder, or the offline hub cache) the real models raise `CheckpointNotFoundError`
+naming every place they looked.
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+WORLD_MODEL_IDS = {
+    "worldstep/Tiny-v0": "tiny",
+    "worldstep/Pusher-v0": "pusher",
+    "worldstep/Cosmos3Edge-v0": "cosmos3_edge",
+    "worldstep/Cosmos3Nano-v0": "cosmos3_nano",
+}
+SIMULATOR_IDS = {"worldstep/PushSim-v0": "worldstep.envs.push_sim:PushSimEnv"}
+
+
+def register_envs() -> None:
+    """Register every worldstep id once (safe to call again)."""
+    from .config import shipped_env_section
+
+    for env_id, config in WORLD_MODEL_IDS.items():
+        if env_id not in registry:
+            register(id=env_id, entry_point="worldstep.world:make_env",
+                     vector_entry_point="worldstep.world:make_vec_env",
+                     max_episode_steps=shipped_env_section(config).max_windows, kwargs={"model": config})
+    for env_id, entry_point in SIMULATOR_IDS.items():
+        if env_id not in registry:
+            register(id=env_id, entry_point=entry_point, max_episode_steps=16, kwargs={"chunk_size": 4})

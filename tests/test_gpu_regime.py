@@ -1,0 +1,153 @@
+"""The GPU-regime engine, checked for equality on a CPU (its timing is the GPU check's: tests/gpu/).
+
+- flashinfer: wrappers and workspace made once per model, one plan per page layout (not per step or layer), host
+  index tensors for the plan; results equal the sdpa backend (flashinfer emulated by tests/flashinfer_emulation).
+- Overlap: a step split in halves (one half's decode queued on the decode lane while the other denoises) gives the
+  frames of the unsplit step, within the batched-step bound (docs/exactness.md).
+- No host wait inside the denoise loop: timesteps come from a host list; the latents' finiteness is checked once,
+  when the frames are fetched; NaN latents close the step's sessions and return everything.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import flashinfer_emulation
+import numpy as np
+import pytest
+import torch
+import yaml
+from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
+from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.models.cosmos3.stepping import parts_of
+
+IMAGE = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    arch = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
+    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", arch, seed=2)
+
+
+def _rollout(model, windows: int, sessions: int = 2, decode: bool = True, **knobs):
+    knobs = RolloutKnobs(**{"num_steps": 3, "context_frames": 2, "decode": decode, **knobs})
+    opened = [model.open_session(IMAGE, "push", 1, knobs=knobs, generator=torch.Generator().manual_seed(i),
+                                 action_width=5) for i in range(sessions)]
+    rng = np.random.RandomState(3)
+    out = []
+    for _ in range(windows):
+        out.append(model.step(opened, [rng.uniform(-1, 1, (4, 5)).astype(np.float32) for _ in opened]))
+    for s in opened:
+        model.close(s)
+    return out
+
+
+def test_flashinfer_path_equals_sdpa_with_one_plan_per_layout_and_wrappers_made_once(checkpoint, monkeypatch):
+    sdpa = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
+                                                      attention_backend="sdpa"), windows=4, decode=False)
+    flashinfer_emulation.install(monkeypatch)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
+                                              attention_backend="flashinfer")
+    emulated = _rollout(model, windows=4, decode=False)
+    for a, b in zip(sdpa, emulated):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y.latents, x.latents, atol=1e-5, rtol=0)
+    counts = flashinfer_emulation.COUNTS
+    assert counts["wrappers"] == 2  # one ragged + one paged wrapper for the model's whole life
+    # one plan per window: every denoise step, every layer and the commit pass share it (the commit's own
+    # append comes after its attention); the next window's pages differ, so it plans again
+    assert model.window.kernels.plans == 4 and counts["plans"] == 4 * 2  # ragged + paged
+    layers = model.transformer.config.num_hidden_layers
+    assert counts["runs"] >= 4 * (3 + 1) * layers  # every step of every layer ran on a reused plan
+    assert model.kv.table.num_used_pages == 0
+
+
+def test_rows_without_context_are_planned_apart(checkpoint, monkeypatch):
+    """A fresh session beside a committed one: the paged kernel runs only on the rows that have context."""
+    flashinfer_emulation.install(monkeypatch)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
+                                              attention_backend="flashinfer")
+    reference = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
+                                                  attention_backend="sdpa")
+    for m in (model, reference):
+        m.test_out = _rollout(m, windows=2, sessions=3, decode=False, guidance_scale=2.0)
+    for a, b in zip(reference.test_out, model.test_out):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y.latents, x.latents, atol=1e-5, rtol=0)
+
+
+def test_a_step_in_halves_gives_the_frames_of_the_whole_step(checkpoint):
+    whole = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=False)
+    halves = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=True)
+    assert halves.lane.stream is None  # on a CPU the decode lane is the calling thread
+    a, b = _rollout(whole, windows=3, sessions=4), _rollout(halves, windows=3, sessions=4)
+    for step_a, step_b in zip(a, b):
+        for x, y in zip(step_a, step_b):
+            assert (x.latents - y.latents).abs().max() <= BATCHED_LATENTS_ATOL
+            assert_frames_match_batched(y.frames, x.frames)
+            assert y.timings.denoise_s > 0 and y.timings.decode_s > 0
+    for m in (whole, halves):
+        assert m.kv.table.num_used_pages == 0 and m.decoder.live_warm_streams == 0
+
+
+def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    knobs = RolloutKnobs(num_steps=1, decode=False)
+    sessions = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(5)]
+    other = model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=2, decode=False))
+    everyone = [*sessions, other]
+    assert parts_of(everyone, overlap=False) == [[0, 1, 2, 3, 4], [5]]
+    assert parts_of(everyone, overlap=True) == [[0, 1], [2, 3, 4], [5]]  # a lone session is not split
+    model.close_all()
+
+
+def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_back(checkpoint, monkeypatch):
+    from worldstep.engine.models.cosmos3 import stepping
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    sessions = [model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=1)) for _ in range(2)]
+    real = stepping.run_window
+    monkeypatch.setattr(stepping, "run_window", lambda *a, **k: [z * float("nan") for z in real(*a, **k)])
+    with pytest.raises(FloatingPointError, match="NaN"):
+        model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
+    assert all(s.closed for s in sessions)
+    assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+
+
+def test_the_denoise_loop_reads_timesteps_from_the_host(checkpoint, monkeypatch):
+    """`Tensor.item` (a host wait on a GPU) is never called while a window denoises."""
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    session = model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=4, decode=False))
+    calls = []
+    real_item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(self.shape) or real_item(self))
+    model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
+    monkeypatch.undo()
+    assert calls == []
+    model.close(session)
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_run(checkpoint):
+    with pytest.raises(ValueError, match="cuda_graphs=True is invalid on device='cpu'; allowed: a CUDA device"):
+        Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", cuda_graphs=True)
+    with pytest.raises(ValueError, match="cuda_graphs='yes' is invalid"):
+        Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", cuda_graphs="yes")
+    import worldstep
+
+    with pytest.raises(worldstep.ConfigError, match="model.cuda_graphs = 'true': must be a boolean"):
+        worldstep.load_config("tiny").with_overrides(cuda_graphs="true")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_equals_eager_steps(checkpoint):
+    """On a GPU: each window's denoise steps replayed from one captured graph give the eager latents."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    kwargs = dict(device="cuda", dtype=torch.bfloat16, height=32, width=32, attention_backend="sdpa")
+    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=3, num_steps=6)
+    graphed = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, cuda_graphs=True, **kwargs), windows=3,
+                       num_steps=6)
+    for a, b in zip(eager, graphed):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y.latents, x.latents, atol=1e-2, rtol=0)  # bf16: the same kernels
