@@ -110,7 +110,7 @@ def test_small_budget_report(tmp_path, capsys):
     assert text.count("| expert |") == 1 and "kv minus copy_first_frame_vae" in text
 
 
-def test_report_arguments_are_checked(tmp_path):
+def test_report_arguments_are_checked(tmp_path, capsys):
     import pytest
     from worldstep.fidelity.report import parse_args
 
@@ -123,6 +123,7 @@ def test_report_arguments_are_checked(tmp_path):
                        (["--budget", "full"], "checkpoint")):
         with pytest.raises(SystemExit):
             parse_args(argv)
+        assert word in capsys.readouterr().err, argv  # the error names the flag at fault
     args = parse_args(["--budget", "small", "--sections", "openloop", "--plan-observe", ""])
     assert args.sections == ["openloop"] and args.plan_observe == [] and args.split == "validation"
 

@@ -56,10 +56,10 @@ def test_planner_chooses_a_candidate_and_leaves_the_env_as_it_was(pusher_env):
     planner = ModelPredictivePlanner(env, PixelPushPolicy(1.0, name="noisy1"), candidates=3)
     planner.reset(seed=0)
     obs, _ = env.reset(seed=7)
-    sessions, pages = model.live_sessions, model.kv.num_used_pages
+    sessions, pages = model.live_sessions, model.kv.table.num_used_pages
     chosen = planner(obs)
     assert len(planner.last_costs) == 3 and chosen.shape == (4, 2)
-    assert model.live_sessions == sessions and model.kv.num_used_pages == pages  # every fork closed
+    assert model.live_sessions == sessions and model.kv.table.num_used_pages == pages  # every fork closed
     after_planning, *_ = env.step(chosen)
     env.reset(seed=7)
     without_planning, *_ = env.step(chosen)

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds={args.seeds} is invalid; allowed: >= 1")
-    env = worldstep.make_env(args.config, max_windows=args.windows)
+    # as `worldstep rollout --truth` makes it: success is judged on both sides by rollout_with_truth every
+    # window, so the env's own judge is off and no episode ends before --windows
+    env = worldstep.make_env(args.config, max_windows=args.windows, success_fn="none")
     truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
     rows = []
     try:

@@ -143,7 +143,7 @@ def run_tasks(path: Path, threads: int, workers: int, recipe: RolloutRecipe, tas
     """Run `tasks` in order inline (`workers` <= 1) or on `workers` spawned processes; results in order."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(tasks), desc="fidelity tasks", unit="task", mininterval=10)
+    bar = tqdm(total=len(tasks), desc="fidelity: model rollouts", unit="task", mininterval=10)
     if workers <= 1:
         worker = Worker(str(path), threads, recipe, max_windows)
         try:
