@@ -1,4 +1,5 @@
-"""``worldstep`` command line: ``rollout``, ``eval``, ``info``, ``stats``, ``bench``, ``train`` and ``fidelity``.
+"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info``, ``stats``, ``bench``, ``train`` and
+``fidelity``.
 
 Every command parses its flags into config overrides and calls the SDK. Flags, files and the config are
 checked before any model loads (``cli_checks``); an error is one line on stderr naming the flag or key, the
@@ -225,6 +226,52 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
     print(f"{result.video}: model | {config.env.simulator}, {result.frames} frames in {result.windows} windows, "
           f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
           f"simulator {result.truth_success}; summary {summary_path}")
+    return 0
+
+
+# --- plan -----------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import copy
+
+    from .fidelity.policies import graded_policies
+    from .planning import BlockToGoal, ModelPredictivePlanner, closed_loop
+    from .world import make_env
+
+    proposals = {p.name: p for p in graded_policies()}
+    if args.proposal not in proposals:
+        raise ValueError(f"--proposal {args.proposal!r} is invalid; allowed: one of {sorted(proposals)}")
+    objective = BlockToGoal(approach_weight=args.approach_weight)
+    model, config = _prepare(args, max_windows=args.windows)
+    if config.env.simulator is None:
+        raise ValueError(f"plan is invalid for config {model!r}: its env.simulator is None; allowed: a config that "
+                         "names its simulator (e.g. --env worldstep/Pusher-v0)")
+    summary = _summary_path(args)
+    record = RunRecord(summary, "--summary", **_run_info(args, model, config), proposal=args.proposal,
+                       candidates=args.candidates, observe=args.observe)
+    with record.guard(f"no video written ({args.out} unchanged)"):
+        env = make_env(config)
+        try:
+            planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates, objective)
+            result = closed_loop(env, planner, seed=args.seed, max_windows=args.windows, observe=args.observe,
+                                 video_path=args.out)
+            base = None
+            if args.compare:
+                base = closed_loop(env, copy.deepcopy(proposals[args.proposal]), seed=args.seed,
+                                   max_windows=args.windows, observe="simulator")
+        finally:
+            env.close()
+    figures = {k: v for k, v in vars(result).items() if k != "actions"}
+    summary_path = record.finish(**figures, actions=[a.tolist() for a in result.actions],
+                                 base_sim_success=None if base is None else base.sim_success)
+    line = (f"{result.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
+            f"{result.windows} windows; simulator success {result.sim_success}")
+    if result.model_success is not None:
+        line += f", model success {result.model_success}"
+    if base is not None:
+        line += f"; {args.proposal} alone on the simulator: success {base.sim_success}"
+    print(f"{line}; summary {summary_path}")
     return 0
 
 
@@ -458,6 +505,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
     p.add_argument("--workers", type=_positive_int, default=2, help="Ray actors with --ray (default 2)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("plan", help="model-predictive planning in a world model (pusher), judged by its simulator")
+    _add_model_flags(p)
+    p.set_defaults(env="worldstep/Pusher-v0")
+    p.add_argument("--proposal", default="noisy0.8",
+                   help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
+                        "worldstep.fidelity.policies.graded_policies)")
+    p.add_argument("--candidates", type=_positive_int, default=8, help="chunks imagined per window (default 8)")
+    p.add_argument("--approach-weight", type=float, default=0.0,
+                   help="weight of the effector-to-block distance in the cost (default 0)")
+    p.add_argument("--observe", choices=["model", "simulator"], default="model",
+                   help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
+                        "model on the simulator's frame every window (MPC)")
+    p.add_argument("--windows", type=_positive_int, default=16, help="windows per episode (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
+    p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
+    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
+    p.set_defaults(func=cmd_plan, policy="planner", success=None)
 
     p = sub.add_parser("info", help="model, device, weights and KV memory plan")
     _add_model_flags(p)

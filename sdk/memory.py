@@ -153,15 +153,15 @@ def weights_of_world(world) -> WeightsMemory:
 
 def weights_from_architecture(config: WorldstepConfig) -> WeightsMemory | None:
     """The weights ``model.architecture`` describes, in the config's dtype (None without an architecture)."""
-    arch = config.model.architecture or {}
-    if "transformer" not in arch or "vae" not in arch:
+    arch = config.model.architecture  # a Cosmos3Architecture: both blocks are required fields
+    if arch is None:
         return None
     import torch
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
 
     dtype = config.model.dtype or "float32"
     with torch.device("meta"):
-        transformer = Cosmos3OmniTransformer(**arch["transformer"])
-        vae = AutoencoderKLWan(**arch["vae"])
+        transformer = Cosmos3OmniTransformer(**arch.transformer)
+        vae = AutoencoderKLWan(**arch.vae)
     itemsize = _ITEMSIZE[dtype]
     return WeightsMemory(_module_bytes(transformer, itemsize), _module_bytes(vae, itemsize), dtype, measured=False)

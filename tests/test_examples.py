@@ -38,6 +38,9 @@ TINY_RUNS = {
     "best_of_n.py": ["--model", "tiny", "--windows", "1", "--candidates", "2", "--out", "{tmp}/best.mp4", *TINY],
     "remote_policy_eval.py": ["--serve-demo", "--episodes", "1", "--windows", "1", "--out", "{tmp}", *TINY],
     "engine_demo.py": ["--windows", "12"],
+    # the planner needs a model that resets to its simulator's scene: the pusher model at one denoise step, at
+    # the simulator's frame size (the machinery; test_planning checks what it decides)
+    "planning.py": ["--episodes", "1", "--windows", "1", "--candidates", "2", "--num-steps", "1", "--out", "{tmp}"],
 }
 
 

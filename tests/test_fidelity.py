@@ -55,7 +55,7 @@ def test_rank_correlations():
 def test_pixel_policies_are_graded_in_the_simulator():
     seeds = list(range(100, 106))
     results = sim_episodes([PixelPushPolicy(0.0), IdlePolicy()], seeds, max_windows=16, chunk=4)
-    expert = np.mean([r.success for r in results if r.policy == "oracle_noise0"])
+    expert = np.mean([r.success for r in results if r.policy == "oracle_noise0"])  # the default name
     idle = np.mean([r.success for r in results if r.policy == "idle"])
     assert expert >= 0.5 and idle == 0.0
 
@@ -78,11 +78,63 @@ def test_small_budget_report(tmp_path, capsys):
     progress = capsys.readouterr().err  # a report takes minutes: it says what it is doing
     assert "fidelity:" in progress and "model rollouts" in progress and "task" in progress
     saved = json.loads((tmp_path / "report.json").read_text())
-    kv = saved["open_loop"]["scores"]["kv"]
-    assert len(kv["psnr_db"]) == 2 and len(kv["ssim"]) == 2
-    assert set(saved["open_loop"]["scores"]) == {"kv", "chained", "kv_shuffled_actions", "copy_first_frame",
-                                                     "vae_reconstruction_ceiling"}
-    assert len(saved["policy_ranking"]["sim_success"]) == 7
-    for name in ("psnr.png", "ssim.png", "object_error.png", "policy_success.png", "rollouts_sim_kv_chained.mp4"):
+    assert saved["split"] == "validation" and saved["episode_seeds"] == [20_000_000, 20_000_001]
+    series = saved["open_loop"]["series"]
+    assert set(series) == {"kv", "kv_shuffled_actions", "copy_first_frame_vae", "copy_first_frame",
+                           "vae_reconstruction_ceiling"}
+    kv = series["kv"]
+    assert len(kv["psnr_db"]["value"]) == 2 and len(kv["ssim"]["low"]) == 2
+    for name in ("object_vanish_rate", "block_vanish_rate", "moved_block_error_px"):
+        assert len(kv[name]["value"]) == 2
+    assert series["copy_first_frame"]["object_vanish_rate"]["value"] == [0.0, 0.0]  # the raw first frame
+    policies = saved["policies"]
+    assert len(policies["per_policy"]) == 10 and policies["floor"] == ["random", "idle"]
+    assert policies["without_floor"]["policies"] == 8 and policies["all"]["policies"] == 10
+    first = policies["per_policy"][0]
+    assert sum(first["confusion"].values()) == 2 and len(first["sim_success"]["ci95"]) == 2
+    assert set(saved["planning"]) >= {"model", "simulator", "base_policy"}
+    assert {"lift", "planner_sim_success", "base_sim_success"} <= set(saved["planning"]["model"])
+    for name in ("psnr.png", "ssim.png", "object_vanish.png", "moved_block_error.png", "policy_success.png",
+                 "rollouts_sim_kv_copy.mp4"):
         assert (tmp_path / name).stat().st_size > 0
-    assert report["targets"]["psnr_window1_db"]["met"] is False  # random weights must not pass
+    assert set(report["targets"]) == {"spearman_without_floor", "mean_abs_rate_error_without_floor",
+                                      "false_success_rate_without_floor", "object_vanish_rate_last_window",
+                                      "moved_block_error_below_copy_vae_every_window", "planning_lift_model_loop",
+                                      "planning_lift_mpc_on_simulator"}
+    assert report["targets"]["object_vanish_rate_last_window"]["met"] is False  # random weights must not pass
+    from worldstep.fidelity.summary import render
+
+    text = render(saved)  # the docs' tables come from this
+    for heading in ("### Targets", "### Open loop", "### Policies", "### Planning"):
+        assert heading in text
+    assert text.count("| expert |") == 1 and "kv minus copy_first_frame_vae" in text
+
+
+def test_report_arguments_are_checked(tmp_path, capsys):
+    import pytest
+    from worldstep.fidelity.report import parse_args
+
+    for argv, word in ((["--budget", "small", "--split", "train"], "split"),
+                       (["--budget", "small", "--sections", "openloop,dreams"], "sections"),
+                       (["--budget", "small", "--sections", "planning"], "planning needs policies"),
+                       (["--budget", "small", "--base-policy", "psychic"], "base-policy"),
+                       (["--budget", "small", "--plan-episodes", "9"], "plan-episodes"),
+                       (["--budget", "small", "--plan-observe", "dreams"], "plan-observe"),
+                       (["--budget", "full"], "checkpoint")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert word in capsys.readouterr().err, argv  # the error names the flag at fault
+    args = parse_args(["--budget", "small", "--sections", "openloop", "--plan-observe", ""])
+    assert args.sections == ["openloop"] and args.plan_observe == [] and args.split == "validation"
+
+
+def test_demo_seed_rule_runs_the_demo_command_on_validation_seeds(tmp_path):
+    from worldstep.fidelity.demo_seed import main as demo_seed
+    from worldstep.fidelity.seeds import VALIDATION
+
+    result = demo_seed(["--seeds", "2", "--windows", "1", "--out", str(tmp_path / "demo.json")])
+    saved = json.loads((tmp_path / "demo.json").read_text())
+    assert [r["seed"] for r in saved["seeds"]] == VALIDATION.episode_seeds(2)
+    assert saved["agreement"]["episodes"] == 2 and "first validation seed" in saved["rule"]
+    both = [r["seed"] for r in saved["seeds"] if r["model_success"] and r["simulator_success"]]
+    assert result["demo_seed"] == (both[0] if both else None)

@@ -155,3 +155,71 @@ def test_shipped_pusher_checkpoint_follows_actions():
         moved.append(detect_objects(frames[-1])["effector"][0] - info["effector"][0])
         world.close(session)
     assert moved[0] > 4 and moved[1] < -4  # 4 steps of 3 px: about +-12 px in the simulator
+
+
+def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
+    """The training pass predicts, for every window of a clip, exactly the velocity the engine's paged
+    rollout computes at that window's denoise step (same clip: the rollout's own committed latents).
+
+    The rollout's committed context, noisy window tensors, timesteps and velocities are recorded at its
+    scheduler; the training batch is built from them (noise chosen so that `(1 - s) z + s eps` is the
+    rollout's noisy tensor at `s = t / 1000`); one session steps alone, so it is row 0 of the window's
+    stacked scheduler call. `page_size=1` makes the engine's page-floored retention
+    equal the nominal horizon the training mask uses (`context_frames` latent frames).
+    """
+    from diffusers import UniPCMultistepScheduler
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+    from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
+    from worldstep.envs.push_sim import PushSimEnv
+
+    t_arch, v_arch = architectures(small=True)
+    t_arch = {k: v for k, v in t_arch.items() if k != "dtype"}
+    path = build_checkpoint(tmp_path / "ckpt", {"transformer": t_arch, "vae": v_arch, "height": 64, "width": 64,
+                                                "fps": 24}, seed=1)
+    world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=1, num_pages=4096)
+    windows, context_frames, prompt, domain = 3, 1, "push the block", 2
+    knobs = RolloutKnobs(chunk_size=4, num_steps=3, context_frames=context_frames)
+    obs, _ = PushSimEnv().reset(seed=11)
+    session = world.open_session(obs["frames"][0], prompt, domain, knobs=knobs,
+                                 generator=torch.Generator().manual_seed(5), action_width=2)
+    calls = []  # (timestep, noisy window tensor, velocity) per denoise step, in order
+    step = UniPCMultistepScheduler.step
+
+    def recording_step(self, model_output, timestep, sample, *args, **kwargs):
+        calls.append((float(timestep), sample[0].clone(), model_output[0].clone()))
+        return step(self, model_output, timestep, sample, *args, **kwargs)
+
+    monkeypatch.setattr(UniPCMultistepScheduler, "step", recording_step)
+    actions = np.random.default_rng(0).uniform(-1, 1, (windows, 4, 2)).astype(np.float32)
+    committed = [session.first_latent]
+    for w in range(windows):
+        committed.append(world.step([session], [actions[w]])[0].latents)  # [C, 1, h, w]
+    world.close(session)
+    assert len(calls) == windows * knobs.num_steps
+    z = torch.cat(committed, dim=1)[None]  # [1, C, 1 + W, h, w]
+
+    tr = world.transformer
+    per_frame = world.spec.tokens_per_frame
+    layout = ClipLayout(windows, 1, 4, per_frame, context_frames * (per_frame + 4))
+    ids = tokenize_action_prompt(world.components.tokenizer, prompt, "", view_point="ego_view", num_frames=5,
+                                 fps=world.spec.fps, height=64, width=64,
+                                 use_system_prompt=world.components.default_use_system_prompt).cond
+    model = DynamicsModel(tr, layout, torch.tensor(ids), domain, (world.spec.latent_height, world.spec.latent_width),
+                          float(world.spec.fps))
+    padded = torch.zeros(1, 4 * windows, tr.config.action_dim)
+    padded[0, :, :2] = torch.from_numpy(actions.reshape(-1, 2))
+    for index in range(knobs.num_steps):  # every denoise step: all windows at once in the training pass
+        picked = [calls[w * knobs.num_steps + index] for w in range(windows)]
+        sigmas = torch.tensor([[t / 1000.0 for t, _, _ in picked]])  # [1, W]
+        noise = torch.zeros_like(z)
+        for w, (_, sample, _) in enumerate(picked):
+            s = sigmas[0, w]
+            start, end = layout.frames(w)
+            lead = 1 if w == 0 else 0
+            noise[0, :, start + lead:end] = (sample[:, lead:] - (1 - s) * z[0, :, start + lead:end]) / s
+        with torch.no_grad():
+            pred, _ = model.velocity(DynamicsBatch(z, padded, sigmas, noise))  # [1, C, W, h, w]
+        for w, (_, _, velocity) in enumerate(picked):
+            lead = 1 if w == 0 else 0
+            torch.testing.assert_close(pred[0, :, w:w + 1], velocity[:, lead:], atol=2e-5, rtol=1e-4)
+    assert world.live_sessions == 0

@@ -12,18 +12,25 @@ import sys
 import typing
 from collections.abc import Callable
 
-from . import settings as S
 from .results import BenchResult, render_table
+from .settings import (
+    DecodeSettings,
+    GpuSettings,
+    ProfileSettings,
+    RolloutSettings,
+    SoakSettings,
+    VectorSettings,
+)
 
 _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:function", help)
-    "rollout": (S.RolloutSettings, "rollout:run_rollout",
+    "rollout": (RolloutSettings, "rollout:run_rollout",
                 "ms per env step: the diffusers recipe as shipped, with worldstep's kernels, and worldstep kv"),
-    "decode": (S.DecodeSettings, "decode:run_decode",
+    "decode": (DecodeSettings, "decode:run_decode",
                "warm streaming decode vs the stateless context re-decode and the whole-clip re-decode"),
-    "vector": (S.VectorSettings, "vector:run_vector", "env steps/s of N batched sessions vs N sessions one by one"),
-    "soak": (S.SoakSettings, "soak:run_soak", "KV pages and RSS over a long bounded-context rollout"),
-    "gpu": (S.GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
-    "profile": (S.ProfileSettings, "profiling:run_profile", "where a window's time goes (torch.profiler, cProfile)"),
+    "vector": (VectorSettings, "vector:run_vector", "env steps/s of N batched sessions vs N sessions one by one"),
+    "soak": (SoakSettings, "soak:run_soak", "KV pages and RSS over a long bounded-context rollout"),
+    "gpu": (GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
+    "profile": (ProfileSettings, "profiling:run_profile", "where a window's time goes (torch.profiler, cProfile)"),
 }
 
 

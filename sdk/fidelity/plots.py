@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -49,8 +50,10 @@ def line_chart(path: Path, series: dict[str, list[float]], title: str, xlabel: s
     return path
 
 
-def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], title: str, ylabel: str) -> Path:
-    """Grouped bars (one group per label, one bar per series), values in [0, 1]."""
+def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], title: str, ylabel: str,
+              intervals: dict[str, list[list[float]]] | None = None) -> Path:
+    """Grouped bars (one group per label, one bar per series), values in [0, 1]; `intervals` draws a
+    whisker [low, high] on each bar of the series it names."""
     img = Image.new("RGB", (760, 420), "white")
     draw = ImageDraw.Draw(img)
     box = (60, 30, 600, 360)
@@ -62,9 +65,16 @@ def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], tit
         for i, v in enumerate(values):
             x = box[0] + i * width + width * 0.1 + g * bar
             draw.rectangle([x, box[3] - (box[3] - box[1]) * float(v), x + bar - 1, box[3]], fill=colour)
+            low, high = (intervals or {}).get(name, [[None, None]] * len(values))[i]
+            if low is not None and high is not None and np.isfinite(low) and np.isfinite(high):
+                xc = x + bar / 2
+                y_low, y_high = (box[3] - (box[3] - box[1]) * float(b) for b in (low, high))
+                draw.line([(xc, y_low), (xc, y_high)], fill=(0, 0, 0), width=1)
+                draw.line([(xc - 3, y_low), (xc + 3, y_low)], fill=(0, 0, 0))
+                draw.line([(xc - 3, y_high), (xc + 3, y_high)], fill=(0, 0, 0))
         draw.text((612, 40 + 16 * g), name, fill=colour)
     for i, label in enumerate(labels):
-        draw.text((box[0] + i * width + 2, box[3] + 6 + 12 * (i % 2)), label[:14], fill=(0, 0, 0))
+        draw.text((box[0] + i * width + 2, box[3] + 6 + 12 * (i % 3)), label[:16], fill=(0, 0, 0))
     img.save(path)
     return path
 
@@ -89,3 +99,39 @@ def side_by_side_mp4(path: Path, columns: list[np.ndarray], fps: int = 8, scale:
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+def write_media(out: Path, open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
+                 videos: dict[str, np.ndarray] | None, video_clips: int) -> list[str]:
+    """The report's charts (and a truth | kv | VAE-copy mp4 of `video_clips` clips) for the sections it has."""
+    files = []
+    if open_loop is not None:
+        s = open_loop["series"]
+        names = ("kv", "kv_shuffled_actions", "copy_first_frame_vae", "vae_reconstruction_ceiling")
+        files += [
+            line_chart(out / "psnr.png", {k: s[k]["psnr_db"]["value"] for k in names}, "PSNR per window (dB)",
+                       "window", "dB"),
+            line_chart(out / "ssim.png", {k: s[k]["ssim"]["value"] for k in names}, "SSIM per window", "window",
+                       "SSIM"),
+            line_chart(out / "object_vanish.png", {f"{k} {obj}": s[k][f"{obj}_vanish_rate"]["value"]
+                                                   for k in ("kv", "vae_reconstruction_ceiling")
+                                                   for obj in ("effector", "block")},
+                       "share of frames where the detector loses the object", "window", "rate"),
+            line_chart(out / "moved_block_error.png",
+                       {k: s[k]["moved_block_error_px"]["value"] for k in ("kv", "copy_first_frame_vae",
+                                                                             "vae_reconstruction_ceiling")},
+                       "block error on frames where the block moved (vanished = 32 px)", "window", "px"),
+        ]
+        n = min(video_clips, len(videos["truth"]))
+        if n:
+            cols = [np.concatenate(list(videos[k][:n]), axis=0) for k in ("truth", "kv", "copy_first_frame_vae")]
+            files.append(side_by_side_mp4(out / "rollouts_sim_kv_copy.mp4", cols))
+    if policies is not None:
+        per = policies["per_policy"]
+        files.append(bar_chart(out / "policy_success.png", [p["policy"] for p in per],
+                               {"simulator": [p["sim_success"]["value"] for p in per],
+                                "world model": [p["model_success"]["value"] for p in per]},
+                               "success rate (bars: 95% bootstrap intervals)", "success",
+                               intervals={"simulator": [p["sim_success"]["ci95"] for p in per],
+                                          "world model": [p["model_success"]["ci95"] for p in per]}))
+    return [str(f) for f in files]

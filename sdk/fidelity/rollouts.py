@@ -3,58 +3,70 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from worldstep.engine.models.cosmos3 import RolloutKnobs
 from worldstep.envs.push_sim import PushSimEnv, frame_success
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
-    """The rollout knobs the report runs the model with (see `RolloutKnobs`)."""
+class RolloutRecipe:
+    """How the report rolls the model out: the prompt, the embodiment and the engine's `RolloutKnobs`
+    (each run sets its own ``window_mode``)."""
 
     prompt: str
     domain_id: int
-    chunk_size: int = 4
-    num_steps: int = 4
-    context_frames: int = 4
-    flow_shift: float = 5.0
+    knobs: RolloutKnobs
 
-    def knobs(self, mode: str):
-        from worldstep.engine.models.cosmos3 import RolloutKnobs
+    @property
+    def chunk_size(self) -> int:
+        return self.knobs.chunk_size
 
-        return RolloutKnobs(chunk_size=self.chunk_size, num_steps=self.num_steps, context_frames=self.context_frames,
-                            window_mode=mode, flow_shift=self.flow_shift)
+    def knobs_for(self, mode: str) -> RolloutKnobs:
+        return self.knobs.replace(window_mode=mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The prompt, domain and every knob (the report's ``settings``)."""
+        return {"prompt": self.prompt, "domain_id": self.domain_id, **self.knobs.model_dump()}
 
 
-def open_loop(world, first_frames: np.ndarray, actions: np.ndarray, settings: RolloutSettings, mode: str,
-              seed: int) -> np.ndarray:
-    """Model frames `[N, W*chunk, H, W, 3]` for first frames `[N, H, W, 3]` and actions `[N, W*chunk, 2]`."""
-    chunk = settings.chunk_size
+def open_loop(world, first_frames: np.ndarray, actions: np.ndarray, recipe: RolloutRecipe, mode: str,
+              seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Model frames `[N, W*chunk, H, W, 3]` for first frames `[N, H, W, 3]` and actions `[N, W*chunk, 2]`,
+    and each session's decoded first frame `[N, H, W, 3]` (the VAE round trip of the given one); clip i's
+    diffusion noise is seeded by `seeds[i]`."""
+    chunk = recipe.chunk_size
     windows = actions.shape[1] // chunk
-    sessions = [world.open_session(frame, settings.prompt, settings.domain_id, knobs=settings.knobs(mode),
-                                   generator=torch.Generator().manual_seed(seed + i), action_width=actions.shape[-1])
-                for i, frame in enumerate(first_frames)]
+    sessions = [world.open_session(frame, recipe.prompt, recipe.domain_id, knobs=recipe.knobs_for(mode),
+                                   generator=torch.Generator().manual_seed(seed), action_width=actions.shape[-1])
+                for frame, seed in zip(first_frames, seeds)]
     out = []
     try:
         for w in range(windows):
             results = world.step(sessions, [a[w * chunk:(w + 1) * chunk] for a in actions])
             out.append(np.stack([r.frames for r in results]))
+        decoded_first = np.stack([s.first_frame for s in sessions])
     finally:
         for s in sessions:
             world.close(s)
-    return np.concatenate(out, axis=1)
+    return np.concatenate(out, axis=1), decoded_first
 
 
 @dataclass
-class EpisodeResult:
+class EpisodeOutcome:
+    """One episode of one policy from one start seed; `replay_success`: the model episode's chunks replayed
+    in the simulator (None for simulator episodes)."""
+
     policy: str
     seed: int
     success: bool
     windows: int
+    replay_success: bool | None = None
 
 
-def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int) -> list[EpisodeResult]:
+def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int) -> list[EpisodeOutcome]:
     """Run every policy for every seed in the simulator; success is `frame_success` on the frames."""
     results = []
     for policy in policies:
@@ -68,48 +80,58 @@ def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int)
                 obs, *_ = env.step(policy(obs))
                 used += 1
                 success = any(frame_success(f, goal) for f in obs["frames"])
-            results.append(EpisodeResult(policy.name, seed, success, used))
+            results.append(EpisodeOutcome(policy.name, seed, success, used))
     return results
 
 
-def model_episodes(world, policies: list, seeds: list[int], max_windows: int, settings: RolloutSettings,
-                   mode: str = "kv", policy_ids: list[int] | None = None) -> list[EpisodeResult]:
-    """The same episodes in the world model (all policies x seeds stepped as one batch per window).
+def model_episodes(world, policies: list, seeds: list[int], max_windows: int, recipe: RolloutRecipe,
+                   mode: str = "kv", policy_ids: list[int] | None = None) -> list[EpisodeOutcome]:
+    """The same episodes in the world model (all policies x seeds stepped as one batch per window), every
+    chunk also replayed in the simulator (`replay_success`).
 
-    `policy_ids` (default 0..P-1) seed each episode's model noise, so splitting the policies across
-    workers does not change any episode.
+    `policy_ids` (default 0..P-1) seed each episode's model noise (`noise_seed`), so splitting the
+    policies across workers does not change any episode.
     """
     import copy
 
-    chunk = settings.chunk_size
+    chunk = recipe.chunk_size
     jobs = []
     for p_index, policy in zip(policy_ids or range(len(policies)), policies):
         for seed in seeds:
-            obs, _ = PushSimEnv(chunk_size=chunk).reset(seed=seed)
+            sim = PushSimEnv(chunk_size=chunk)
+            obs, _ = sim.reset(seed=seed)
             agent = copy.deepcopy(policy)
             agent.reset(seed=seed)
-            session = world.open_session(obs["frames"][0], settings.prompt, settings.domain_id,
-                                         knobs=settings.knobs(mode),
-                                         generator=torch.Generator().manual_seed(10_000 * p_index + seed),
-                                         action_width=PushSimEnv(chunk_size=chunk).action_space.shape[1])
+            session = world.open_session(obs["frames"][0], recipe.prompt, recipe.domain_id,
+                                         knobs=recipe.knobs_for(mode),
+                                         generator=torch.Generator().manual_seed(noise_seed(seed, p_index)),
+                                         action_width=sim.action_space.shape[1])
             jobs.append({"agent": agent, "seed": seed, "obs": obs, "goal": _goal(obs), "session": session,
-                         "done": False, "success": False, "windows": 0})
+                         "sim": sim, "done": False, "success": False, "replay": False, "windows": 0})
     try:
         for _ in range(max_windows):
             live = [j for j in jobs if not j["done"]]
             if not live:
                 break
-            results = world.step([j["session"] for j in live], [j["agent"](j["obs"]) for j in live])
-            for job, result in zip(live, results):
+            chunks = [j["agent"](j["obs"]) for j in live]
+            results = world.step([j["session"] for j in live], chunks)
+            for job, result, actions in zip(live, results, chunks):
                 job["obs"] = {"frames": result.frames}
                 job["windows"] += 1
+                sim_obs, *_ = job["sim"].step(actions)
+                job["replay"] = job["replay"] or any(frame_success(f, job["goal"]) for f in sim_obs["frames"])
                 if any(frame_success(f, job["goal"]) for f in result.frames):
                     job["success"], job["done"] = True, True
                     world.close(job["session"])
     finally:
         for j in jobs:
             world.close(j["session"])
-    return [EpisodeResult(j["agent"].name, j["seed"], j["success"], j["windows"]) for j in jobs]
+    return [EpisodeOutcome(j["agent"].name, j["seed"], j["success"], j["windows"], j["replay"]) for j in jobs]
+
+
+def noise_seed(seed: int, policy_index: int) -> int:
+    """The diffusion-noise seed of policy `policy_index`'s model episode from start `seed` (distinct per pair)."""
+    return 1_000 * seed + policy_index
 
 
 def _goal(obs: dict[str, np.ndarray]):

@@ -9,15 +9,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from worldstep.envs.push_sim import PushSimEnv, PushState, physics_step, push_oracle, render_state
+from worldstep.envs.push_sim import (
+    BLOCK,
+    EFFECTOR,
+    SIZE,
+    PushSimEnv,
+    PushState,
+    physics_step,
+    push_oracle,
+    render_state,
+)
+
+STEER_NOISE = (0.0, 0.2, 0.5, 1.0, 2.0)  # action-noise std of steered clips: the graded policies' range
 
 
 @dataclass(frozen=True)
 class ClipSet:
-    """`starts` `[N, 3, 2]` (effector, block, goal) and `actions` `[N, A, 2]` float32 in [-1, 1]."""
+    """`starts` `[N, 3, 2]` (effector, block, goal), `actions` `[N, A, 2]` float32 in [-1, 1] and the
+    `PushSimEnv.reset` seed of each start (`[N]`, so evaluation seed ranges can be checked disjoint)."""
 
     starts: np.ndarray
     actions: np.ndarray
+    seeds: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -37,7 +50,7 @@ def smooth_random_actions(rng: np.random.Generator, steps: int) -> np.ndarray:
 
 def steered_actions(rng: np.random.Generator, start: PushState, steps: int) -> np.ndarray:
     """A noisy oracle (noise level drawn per clip) that pushes the block toward the goal."""
-    noise = rng.choice([0.0, 0.2, 0.5, 1.0])
+    noise = rng.choice(STEER_NOISE)
     state, out = start, np.empty((steps, 2), dtype=np.float32)
     for i in range(steps):
         a = np.clip(push_oracle(state) + noise * rng.normal(size=2), -1, 1)
@@ -52,13 +65,32 @@ def generate_clips(num_clips: int, steps: int, seed: int, steer_share: float = 0
     env = PushSimEnv(chunk_size=4)
     starts = np.empty((num_clips, 3, 2), dtype=np.float64)
     actions = np.empty((num_clips, steps, 2), dtype=np.float32)
+    seeds = np.empty(num_clips, dtype=np.int64)
     for i in range(num_clips):
-        env.reset(seed=int(rng.integers(2**31)))
+        seeds[i] = int(rng.integers(2**31))
+        env.reset(seed=int(seeds[i]))
         state = env.state
         starts[i] = np.stack([state.effector, state.block, state.goal])
         steer = rng.random() < steer_share
         actions[i] = steered_actions(rng, state, steps) if steer else smooth_random_actions(rng, steps)
-    return ClipSet(starts, actions)
+    return ClipSet(starts, actions, seeds)
+
+
+def clips_from_seeds(seeds: list[int], steps: int, steer_share: float = 0.6) -> ClipSet:
+    """One clip per seed, drawn like `generate_clips` draws one: the start is `PushSimEnv.reset(seed=s)` and
+    the actions come from `np.random.default_rng(s)`, so a clip is fixed by its seed alone (evaluation
+    clips from a documented seed range)."""
+    env = PushSimEnv(chunk_size=4)
+    starts = np.empty((len(seeds), 3, 2), dtype=np.float64)
+    actions = np.empty((len(seeds), steps, 2), dtype=np.float32)
+    for i, seed in enumerate(seeds):
+        rng = np.random.default_rng(seed)
+        env.reset(seed=int(seed))
+        state = env.state
+        starts[i] = np.stack([state.effector, state.block, state.goal])
+        steer = rng.random() < steer_share
+        actions[i] = steered_actions(rng, state, steps) if steer else smooth_random_actions(rng, steps)
+    return ClipSet(starts, actions, np.asarray(seeds, dtype=np.int64))
 
 
 def rollout_states(start: np.ndarray, actions: np.ndarray) -> list[PushState]:
@@ -69,6 +101,23 @@ def rollout_states(start: np.ndarray, actions: np.ndarray) -> list[PushState]:
         state = physics_step(state, a)
         states.append(state)
     return states
+
+
+def moving_cells(start: np.ndarray, actions: np.ndarray, cell: int, temporal: int = 4) -> np.ndarray:
+    """`[1 + len(actions) // temporal, SIZE // cell, SIZE // cell]` bool: latent cells that the effector or the
+    block overlaps in any pixel frame a latent frame covers (frame 0: the first frame; latent j >= 1: pixel
+    frames `temporal*(j-1) .. temporal*j`), the cells where a rollout's errors live."""
+    states = rollout_states(start, actions)
+    grid = SIZE // cell
+    out = np.zeros((1 + len(actions) // temporal, grid, grid), dtype=bool)
+    for j in range(out.shape[0]):
+        frames = [0] if j == 0 else range(temporal * (j - 1), temporal * j + 1)
+        for f in frames:
+            for centre, side in ((states[f].effector, EFFECTOR), (states[f].block, BLOCK)):
+                lo = np.clip(np.floor((centre - side / 2) / cell).astype(int), 0, grid - 1)
+                hi = np.clip(np.floor((centre + side / 2 - 1e-6) / cell).astype(int), 0, grid - 1)
+                out[j, lo[1]: hi[1] + 1, lo[0]: hi[0] + 1] = True  # rows = y, columns = x
+    return out
 
 
 def render_clip(start: np.ndarray, actions: np.ndarray) -> np.ndarray:

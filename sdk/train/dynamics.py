@@ -9,7 +9,10 @@ Window 0 holds latent frames `0..n` (frame 0 clean, the conditioning frame) and 
 window k >= 1 holds latent frames `1+kn .. (k+1)n` and its `chunk` actions. A clean window attends to
 the text and clean windows <= itself (what the rollout's commit pass computes); a noisy window k
 attends to the text, clean windows < k and itself (what a denoise step of window k computes against
-the committed KV). Positions are the absolute ones of `layout.py`, so training and rollout agree.
+the committed KV). Positions are the absolute ones of `layout.py`, and the token embedding and the
+generation layers are the rollout's own functions (`tokens.vision_tokens`/`action_tokens`/
+`embed_timesteps`, `runner.gen_layers`); only the attention differs: a dense masked one over the whole
+clip (`runner.masked_attention`) instead of the paged one, window by window.
 Loss: flow matching on the noisy frames, velocity = noise - clean, one noise level per window.
 """
 
@@ -24,12 +27,8 @@ from worldstep.engine.models.cosmos3.layout import (
     media_offset,
     vision_positions,
 )
-from worldstep.engine.models.cosmos3.runner import (  # the rollout's prefill maths
-    apply_rotary,
-    rotary,
-    text_kv,
-)
-from worldstep.engine.models.cosmos3.tokens import patchify, unpatchify
+from worldstep.engine.models.cosmos3.runner import gen_layers, masked_attention, rotary, text_kv
+from worldstep.engine.models.cosmos3.tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
 
 
 @dataclass(frozen=True)
@@ -95,48 +94,17 @@ class ClipLayout:
         return torch.cat(out, dim=1)
 
 
-def timestep_embed(transformer, timesteps: torch.Tensor) -> torch.Tensor:
-    """`[M]` timesteps (0..1000) -> `[M, hidden]`, with the model's `timestep_scale`."""
-    t = timesteps * transformer.config.timestep_scale
-    return transformer.time_embedder(transformer.time_proj(t).to(transformer.proj_in.weight.dtype))
-
-
-def gen_layers(transformer, hidden: torch.Tensor, text_k: torch.Tensor, text_v: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Generation layers over `[B, N, hidden]` tokens; gen queries see `[text | gen]` under `mask` `[N, N]`.
-
-    Same maths as `runner.gen_forward` with the paged attention replaced by a dense masked one.
-    """
-    batch, n, _ = hidden.shape
-    text_len = text_k[0].shape[0]
-    full_mask = torch.cat([torch.ones(n, text_len, dtype=torch.bool), mask], dim=1)  # [N, L+N]
-    for index, layer in enumerate(transformer.layers):
-        attn = layer.self_attn
-        x = layer.input_layernorm_moe_gen(hidden)
-        q = attn.norm_added_q(attn.add_q_proj(x).view(batch, n, attn.num_attention_heads, attn.head_dim))
-        k = attn.norm_added_k(attn.add_k_proj(x).view(batch, n, attn.num_key_value_heads, attn.head_dim))
-        v = attn.add_v_proj(x).view(batch, n, attn.num_key_value_heads, attn.head_dim)  # [B, N, Hkv, D]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        tk = text_k[index].unsqueeze(0).expand(batch, -1, -1, -1)  # [B, L, Hkv, D]
-        tv = text_v[index].unsqueeze(0).expand(batch, -1, -1, -1)
-        keys, values = torch.cat([tk, k], dim=1), torch.cat([tv, v], dim=1)  # [B, L+N, Hkv, D]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=full_mask, enable_gqa=True
-        )  # [B, H, N, D]
-        hidden = hidden + attn.to_add_out(out.transpose(1, 2).flatten(-2))
-        hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
-    return transformer.norm_moe_gen(hidden)
-
-
 @dataclass
 class DynamicsBatch:
     """Clean latents `[B, C, T, h, w]` (normalised), actions `[B, W*chunk, action_dim]`, per-window
-    noise levels `sigmas` `[B, W]` in [0, 1] and `noise` shaped like the latents."""
+    noise levels `sigmas` `[B, W]` in [0, 1], `noise` shaped like the latents and optional loss
+    `weights` `[B, 1, T-1, h, w]` of latent frames 1..T-1 (None: uniform)."""
 
     latents: torch.Tensor
     actions: torch.Tensor
     sigmas: torch.Tensor
     noise: torch.Tensor
+    weights: torch.Tensor | None = None
 
 
 class DynamicsModel:
@@ -158,17 +126,18 @@ class DynamicsModel:
         self.positions = positions
         self.blocks = layout.blocks()
 
-    def velocity(self, batch: DynamicsBatch, context_noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(predicted, target) velocities of every noisy frame, each `[B, C, W*n, h, w]`."""
+    def velocity(self, batch: DynamicsBatch, context: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(predicted, target) velocities of every noisy frame, each `[B, C, W*n, h, w]`.
+
+        `context` `[B, C, T, h, w]` replaces the clean latents the committed windows are built from (a
+        rollout commits its own, imperfect windows); the noisy windows and targets stay on `batch.latents`.
+        """
         tr, lay = self.transformer, self.layout
-        patch = tr.config.latent_patch_size
         z, sig = batch.latents, batch.sigmas
-        bsz = z.shape[0]
         text_k, text_v = text_kv(tr, self.text_ids)
         cos, sin = rotary(tr, self.positions, tr.proj_in.weight.dtype)  # [N, D]
-        domains = torch.full((bsz * batch.actions.shape[1],), self.domain_id, dtype=torch.long)
-        act = tr.action_proj_in(batch.actions.flatten(0, 1), domains).view(bsz, -1, tr.config.hidden_size)
-        act = act + tr.action_modality_embed  # [B, W*chunk, hidden]
+        act = action_tokens(tr, batch.actions, self.domain_id)  # [B, W*chunk, hidden]
+        temb = embed_timesteps(tr, sig.flatten() * 1000.0).unflatten(0, sig.shape)  # [B, W, hidden]
         tokens, targets, noisy_slices, pos = [], [], [], 0
         for kind, k in self.blocks:
             start, end = lay.frames(k)
@@ -180,31 +149,41 @@ class DynamicsModel:
                 noisy = (1 - s) * frames + s * eps
                 noisy = torch.cat([frames[:, :, :clean_lead], noisy[:, :, clean_lead:]], dim=2)
                 targets.append((eps - frames)[:, :, clean_lead:])
-            else:
-                noisy = frames if context_noise is None else frames + context_noise[:, :, start:end]
-            vis = torch.stack([patchify(noisy[b], patch) for b in range(bsz)])  # [B, f*hw, p*p*C]
-            vis = tr.proj_in(vis)  # [B, f*hw, hidden]
-            per_frame = vis.shape[1] // (end - start)
-            if kind == "noisy":
-                temb = timestep_embed(tr, sig[:, k] * 1000.0)  # [B, hidden]
-                add = torch.zeros_like(vis)
-                add[:, clean_lead * per_frame:] = temb[:, None]
-                vis = vis + add
+                vis = vision_tokens(tr, noisy, clean_lead, temb[:, k:k + 1])  # [B, f*hw, hidden]
+                per_frame = vis.shape[1] // (end - start)
                 noisy_slices.append((pos + clean_lead * per_frame, pos + vis.shape[1], end - start - clean_lead))
+            else:
+                ctx = frames if context is None else context[:, :, start:end]
+                vis = vision_tokens(tr, ctx, end - start, None)  # [B, f*hw, hidden]
             tokens += [vis, act[:, k * lay.chunk:(k + 1) * lay.chunk]]
             pos += vis.shape[1] + lay.chunk
-        hidden = gen_layers(tr, torch.cat(tokens, dim=1), text_k, text_v, cos, sin, self.mask)
-        preds = []
+        attend = masked_attention(text_k, text_v, self.mask)
+        hidden = gen_layers(tr, torch.cat(tokens, dim=1), cos, sin, attend).hidden  # [B, N, hidden]
         h, w = self.latent_hw
-        channels = z.shape[1]
-        for s0, s1, nf in noisy_slices:
-            out = tr.proj_out(hidden[:, s0:s1])  # [B, nf*hw, p*p*C]
-            preds.append(torch.stack([unpatchify(out[b], nf, h, w, channels, patch) for b in range(bsz)]))
+        channels, patch = z.shape[1], tr.config.latent_patch_size
+        preds = [unpatchify(tr.proj_out(hidden[:, s0:s1]), nf, h, w, channels, patch)  # [B, C, nf, h, w]
+                 for s0, s1, nf in noisy_slices]
         return torch.cat(preds, dim=2), torch.cat(targets, dim=2)
 
-    def loss(self, batch: DynamicsBatch, context_noise: torch.Tensor | None = None) -> torch.Tensor:
-        pred, target = self.velocity(batch, context_noise)
-        return F.mse_loss(pred.float(), target.float())
+    def loss(self, batch: DynamicsBatch, context: torch.Tensor | None = None) -> torch.Tensor:
+        """Flow-matching MSE over every noisy frame, weighted by `batch.weights` when given."""
+        pred, target = self.velocity(batch, context)
+        if batch.weights is None:
+            return F.mse_loss(pred.float(), target.float())
+        weights = batch.weights.expand_as(pred)
+        return (weights * (pred.float() - target.float()) ** 2).sum() / weights.sum()
+
+    @torch.no_grad()
+    def denoised(self, batch: DynamicsBatch) -> torch.Tensor:
+        """`[B, C, T, h, w]`: frame 0 as given, every later frame the model's one-step estimate of it,
+        `x_t - sigma * v`, from the noisy window at `batch.sigmas` given the clean past (a rollout's
+        own imperfect windows, for training on them as context)."""
+        pred, _ = self.velocity(batch)  # [B, C, T-1, h, w]
+        n = self.layout.latents_per_window
+        sig = batch.sigmas.repeat_interleave(n, dim=1).view(*batch.sigmas.shape[:1], 1, -1, 1, 1)  # [B,1,T-1,1,1]
+        z, eps = batch.latents[:, :, 1:], batch.noise[:, :, 1:]
+        noisy = (1 - sig) * z + sig * eps
+        return torch.cat([batch.latents[:, :, :1], noisy - sig * pred], dim=2)
 
 
 def sample_sigmas(generator: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """`python -m worldstep.train`: simulator clips -> VAE -> latents -> forward dynamics -> diffusers checkpoint.
 
-Every phase checkpoints into `--out` and `--resume` continues where a run stopped. Step counts are
-fixed from the measured speed of the first steps and the phase's share of `--budget-minutes`, then
-stored, so a resumed run keeps the schedule it started with.
+Every phase checkpoints into `--out` and `--resume` continues where a run stopped. The default run is a
+fixed number of steps per phase (`--vae-steps`, `--dyn-steps`), so its result does not depend on how
+busy the machine is; with a phase's steps set to 0 it runs for its share of `--budget-minutes` instead.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import ClipSet, generate_clips, render_clip, to_video_tensor
+from .data import ClipSet, generate_clips, moving_cells, render_clip, to_video_tensor
 from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, sample_sigmas
-from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, psnr, sample_vae_batch, vae_loss
+from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, sample_vae_batch, vae_loss
 
 TRANSFORMER_ARCH: dict[str, Any] = {
     "hidden_size": 128,
@@ -61,7 +61,7 @@ class TrainArgs:
     budget_minutes: float = 80.0
     seed: int = 0
     resume: bool = False
-    num_clips: int = 2400
+    num_clips: int = 4000
     windows: int = 8
     chunk: int = 4
     context_frames: int = 4
@@ -74,12 +74,15 @@ class TrainArgs:
     dyn_lr: float = 2e-3
     ema: float = 0.98
     context_noise: float = 0.03
+    own_context_share: float = 0.5
+    moving_weight: float = 2.0
+    vae_latent_noise: float = 0.1
     ckpt_every: int = 20
-    encode_clips: int = 1536
+    encode_clips: int = 4000
     log_every: int = 10
-    vae_steps: int = 0
-    dyn_steps: int = 0
-    threads: int = 2
+    vae_steps: int = 1600
+    dyn_steps: int = 10000
+    threads: int = 1
     small: bool = False
     vae_init: str | None = None
     export_only: str | None = None
@@ -89,7 +92,8 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     parser = argparse.ArgumentParser(prog="python -m worldstep.train", description=__doc__)
     defaults = TrainArgs()
     parser.add_argument("--out", default=defaults.out, help="run folder (logs, phase checkpoints, checkpoint/)")
-    parser.add_argument("--budget-minutes", type=float, default=defaults.budget_minutes, help="total wall budget")
+    parser.add_argument("--budget-minutes", type=float, default=defaults.budget_minutes,
+                        help="total wall budget of the phases whose steps are 0 (see --vae-steps, --dyn-steps)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds data, init and noise")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the phase checkpoints in --out; a phase already under way keeps its "
@@ -113,14 +117,23 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
                         help="EMA decay cap of the exported dynamics weights (a CPU budget gives few steps)")
     parser.add_argument("--context-noise", type=float, default=defaults.context_noise,
                         help="max std of noise on clean context latents (robustness to own errors)")
+    parser.add_argument("--own-context-share", type=float, default=defaults.own_context_share,
+                        help="share of dynamics steps whose committed windows are the model's own one-step "
+                             "estimates (what a rollout commits) instead of the true latents")
+    parser.add_argument("--moving-weight", type=float, default=defaults.moving_weight,
+                        help="extra flow-matching loss weight on latent cells the effector or block covers")
+    parser.add_argument("--vae-latent-noise", type=float, default=defaults.vae_latent_noise,
+                        help="max noise on the VAE's latents before decoding, relative to each channel's spread")
     parser.add_argument("--encode-clips", type=int, default=defaults.encode_clips,
                         help="training clips encoded to latents for the dynamics phase")
     parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints")
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between log lines")
-    parser.add_argument("--vae-steps", type=int, default=defaults.vae_steps, help="fixed VAE steps (0: from budget)")
+    parser.add_argument("--vae-steps", type=int, default=defaults.vae_steps,
+                        help="VAE steps (0: its share --vae-share of --budget-minutes)")
     parser.add_argument("--dyn-steps", type=int, default=defaults.dyn_steps,
-                        help="fixed dynamics steps (0: from budget)")
-    parser.add_argument("--threads", type=int, default=defaults.threads)
+                        help="dynamics steps (0: what is left of --budget-minutes)")
+    parser.add_argument("--threads", type=int, default=defaults.threads,
+                        help="torch threads (1: on a shared 2-core box two threads ran 5x slower per step)")
     parser.add_argument("--small", action="store_true", help="tiny models and data (smoke tests)")
     parser.add_argument("--vae-init", metavar="VAE_STATE", default=None,
                         help="start the VAE from the weights in another run's vae_state.pt")
@@ -137,6 +150,15 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
         raise ValueError(f"vae-long-share={args.vae_long_share} is invalid; allowed: 0..1")
     if (args.vae_long_frames - 1) % 4 or args.vae_long_frames < 9:
         raise ValueError(f"vae-long-frames={args.vae_long_frames} is invalid; allowed: 1 + 4k >= 9")
+    for name in ("own_context_share", "vae_latent_noise"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: 0..1")
+    for name in ("moving_weight", "context_noise"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 0")
+    for name in ("vae_steps", "dyn_steps"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 0")
     return args
 
 
@@ -207,18 +229,24 @@ class Progress:
 
 
 def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float):
+    from worldstep.engine.vae import frames_from_pixels
+    from worldstep.fidelity.metrics import psnr  # the one PSNR (lazy: worldstep.fidelity imports train.data)
+
     state_path = out / "vae_state.pt"
     vae = make_vae(vae_arch, args.seed)
     if args.vae_init:  # warm start from another run's VAE (weights only)
         vae.load_state_dict(torch.load(args.vae_init, weights_only=False)["model"])
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed + 1)
+    noise_gen = torch.Generator().manual_seed(args.seed + 5)
     prog = Progress(budget_s, args.vae_steps)
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         vae.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         rng.bit_generator.state = st["rng"]
+        if "noise_gen" in st:
+            noise_gen.set_state(st["noise_gen"])
         prog = Progress(st.get("budget_s", budget_s), args.vae_steps, st["step"], st["elapsed"])
         if st.get("done"):
             vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
@@ -236,7 +264,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         # only, a decoder degrades from the 4th latent on: 26 dB -> 17 dB)
         long = prog.fraction >= 1.0 - args.vae_long_share
         frames, batch = (long_frames, long_batch) if long else (short, args.vae_batch)
-        loss_t, _ = vae_loss(vae, sample_vae_batch(clips, rng, batch, frames))
+        loss_t, _ = vae_loss(vae, sample_vae_batch(clips, rng, batch, frames), args.vae_latent_noise, noise_gen)
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
@@ -250,16 +278,16 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         bar.update()
         if prog.step % args.ckpt_every == 0:
             _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
-                               **prog.state(), "budget_s": prog.budget_s})
+                               "noise_gen": noise_gen.get_state(), **prog.state(), "budget_s": prog.budget_s})
     vae.eval()
     mean, std = latent_stats(vae, clips, count=32)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     with torch.no_grad():  # whole held-out clips: what a rollout of `windows` windows decodes
-        video = to_video_tensor(np.stack([render_clip(held.starts[i], held.actions[i])
-                                          for i in range(min(8, len(held)))]))
-        recon = vae.decode(vae.encode(video).latent_dist.mean).sample
-        held_psnr = psnr(recon, video)
-        last_psnr = psnr(recon[:, :, -4:], video[:, :, -4:])
+        truth = np.stack([render_clip(held.starts[i], held.actions[i]) for i in range(min(8, len(held)))])
+        recon = vae.decode(vae.encode(to_video_tensor(truth)).latent_dist.mean).sample
+    # the report's PSNR: per uint8 frame as the engine's decoder maps pixels (frames_from_pixels), then the mean
+    frame_psnr = psnr(np.stack([frames_from_pixels(clip) for clip in recon]), truth)  # [clips, frames]
+    held_psnr, last_psnr = float(frame_psnr.mean()), float(frame_psnr[:, -4:].mean())
     log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, heldout_last_latent_psnr_db=last_psnr,
               latents_mean=mean, latents_std=std)
     _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
@@ -287,15 +315,30 @@ def make_transformer(arch: dict[str, Any], seed: int):
 
 
 def dyn_batch(latents: torch.Tensor, actions: np.ndarray, idx: np.ndarray, action_dim: int,
-              gen: torch.Generator, windows: int) -> DynamicsBatch:
+              gen: torch.Generator, windows: int, cells: torch.Tensor | None = None,
+              moving_weight: float = 0.0) -> DynamicsBatch:
+    """A batch of clips `idx`; with `cells` `[N, T, h, w]` (bool, `moving_cells`) the loss weighs the
+    cells the effector or block covers `1 + moving_weight`, the rest 1."""
     z = latents[idx]
     a = torch.zeros(len(idx), actions.shape[1], action_dim)
     a[:, :, :2] = torch.from_numpy(actions[idx])
-    return DynamicsBatch(z, a, sample_sigmas(gen, (len(idx), windows)), torch.randn(z.shape, generator=gen))
+    weights = None
+    if cells is not None and moving_weight > 0:
+        weights = 1.0 + moving_weight * cells[idx][:, None, 1:].float()  # [B, 1, T-1, h, w]
+    return DynamicsBatch(z, a, sample_sigmas(gen, (len(idx), windows)), torch.randn(z.shape, generator=gen),
+                         weights)
+
+
+def clip_cells(clips: ClipSet, count: int, latent_hw: tuple[int, int]) -> torch.Tensor:
+    """`[count, T, h, w]` bool `moving_cells` of the first `count` clips at the latent grid."""
+    cell = SIZE // latent_hw[1]
+    return torch.from_numpy(np.stack([moving_cells(clips.starts[i], clips.actions[i], cell)
+                                      for i in range(count)]))
 
 
 def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, held_latents: torch.Tensor,
-                   held_actions: np.ndarray, t_arch, tokenizer, log: RunLog, out: Path, budget_s: float):
+                   held_actions: np.ndarray, t_arch, tokenizer, log: RunLog, out: Path, budget_s: float,
+                   cells: torch.Tensor | None = None):
     state_path = out / "dyn_state.pt"
     tr = make_transformer(t_arch, args.seed + 2)
     ema = copy.deepcopy(tr).requires_grad_(False)
@@ -323,11 +366,16 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
         for group in opt.param_groups:
             group["lr"] = cosine_lr(args.dyn_lr, prog.fraction, i, warmup=20)
         batch = dyn_batch(latents, actions, rng.integers(len(latents), size=args.dyn_batch), action_dim, gen,
-                          args.windows)
-        ctx = None
+                          args.windows, cells, args.moving_weight)
+        ctx = batch.latents
+        # commit the model's own estimates, as a rollout does (ramped in: an untrained model's are noise)
+        if rng.random() < args.own_context_share * min(1.0, prog.fraction / 0.3):
+            sigmas = 0.1 + 0.4 * torch.rand(batch.sigmas.shape, generator=gen)
+            ctx = model.denoised(DynamicsBatch(batch.latents, batch.actions, sigmas,
+                                               torch.randn(batch.latents.shape, generator=gen)))
         if args.context_noise > 0:
             level = torch.rand(batch.latents.shape[0], 1, 1, 1, 1, generator=gen) * args.context_noise
-            ctx = level * torch.randn(batch.latents.shape, generator=gen)
+            ctx = ctx + level * torch.randn(batch.latents.shape, generator=gen)
         loss = model.loss(batch, ctx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -461,9 +509,10 @@ def main(argv: list[str] | None = None) -> Path:
     tokenizer = build_tokenizer(int(t_arch["vocab_size"]))
     # a resumed phase keeps the budget it started with; a phase starting now gets what is left
     remaining = budget - (time.perf_counter() - start) - 90  # keep time for the held-out pass and export
+    cells = clip_cells(clips, len(latents), tuple(latents.shape[-2:]))  # where the loss weighs more
     transformer = train_dynamics(args, latents, clips.actions[: len(latents)], held_latents,
                                  held.actions[: len(held_latents)], t_arch, tokenizer, log,
-                                 out, max(remaining, 1.0))
+                                 out, max(remaining, 1.0), cells)
 
     # export
     path = export_checkpoint(out / "checkpoint", transformer, vae, tokenizer)

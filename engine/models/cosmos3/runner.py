@@ -6,10 +6,13 @@ and they never depend on generation tokens, so caching them is exact. The genera
 (`gen_forward`) runs for every denoise step and once more for the commit pass; its queries attend
 through the paged attention backend to `[text | retained committed windows | this window]`.
 No I/O and no cache allocation happen here: the KV view arrives as a `PagedAttentionBatch`.
+Training runs the same layers (`gen_layers`, differentiable) with a dense attention over a batch of
+clips whose tokens may only see the text and parts of their own clip (`masked_attention`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +44,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x `[N, heads, D]`, cos/sin `[N, D]`."""
+    """x `[..., N, heads, D]`, cos/sin `[N, D]`."""
     return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
@@ -82,6 +85,46 @@ def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return torch.stack(keys), torch.stack(values)
 
 
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""`attend(q, k, v, layer) -> out`: q `[..., N, H, D]`, k/v `[..., N, Hkv, D]` (fresh tokens) -> `[..., N, H, D]`."""
+
+
+def gen_layers(
+    transformer,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    attend: Attend,
+    collect_kv: bool = False,
+) -> GenOutput:
+    """Every generation layer over `[..., N, hidden]` tokens; differentiable (training calls it directly).
+
+    Args:
+        hidden: `[N, hidden]` packed window tokens, or `[B, N, hidden]` clips of one layout.
+        cos, sin: `[N, head_dim]` rotary tables of those tokens.
+        attend: what the queries see besides the fresh tokens (paged committed context, or a masked text+clip).
+        collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
+    """
+    keys, values = [], []
+    for index, layer in enumerate(transformer.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm_moe_gen(hidden)
+        q = attn.norm_added_q(attn.add_q_proj(x).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))  # [.., N, H, D]
+        k = attn.norm_added_k(attn.add_k_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))  # [.., N, Hkv, D]
+        v = attn.add_v_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))  # [.., N, Hkv, D]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if collect_kv:
+            keys.append(k)
+            values.append(v)
+        out = attend(q, k, v, index)  # [.., N, H, D]
+        hidden = hidden + attn.to_add_out(out.flatten(-2))
+        hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
+    hidden = transformer.norm_moe_gen(hidden)
+    if not collect_kv:
+        return GenOutput(hidden)
+    return GenOutput(hidden, torch.stack(keys), torch.stack(values))
+
+
 @torch.no_grad()
 def gen_forward(
     transformer,
@@ -91,7 +134,7 @@ def gen_forward(
     batch: PagedAttentionBatch,
     collect_kv: bool = False,
 ) -> GenOutput:
-    """Run every generation layer over packed window tokens of several streams.
+    """Run every generation layer over packed window tokens of several streams (the rollout's path).
 
     Args:
         hidden: `[N, hidden]` tokens of all rows, packed in `batch` order.
@@ -99,21 +142,28 @@ def gen_forward(
         batch: each row's committed context and its number of fresh tokens.
         collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
     """
-    keys, values = [], []
-    for index, layer in enumerate(transformer.layers):
-        attn = layer.self_attn
-        x = layer.input_layernorm_moe_gen(hidden)
-        q = attn.norm_added_q(attn.add_q_proj(x).view(-1, attn.num_attention_heads, attn.head_dim))  # [N, H, D]
-        k = attn.norm_added_k(attn.add_k_proj(x).view(-1, attn.num_key_value_heads, attn.head_dim))  # [N, Hkv, D]
-        v = attn.add_v_proj(x).view(-1, attn.num_key_value_heads, attn.head_dim)  # [N, Hkv, D]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if collect_kv:
-            keys.append(k)
-            values.append(v)
-        out = paged_attention(q, k, v, batch, index)  # [N, H, D]
-        hidden = hidden + attn.to_add_out(out.flatten(-2))
-        hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
-    hidden = transformer.norm_moe_gen(hidden)
-    if not collect_kv:
-        return GenOutput(hidden)
-    return GenOutput(hidden, torch.stack(keys), torch.stack(values))
+    return gen_layers(transformer, hidden, cos, sin, lambda q, k, v, layer: paged_attention(q, k, v, batch, layer),
+                      collect_kv)
+
+
+def masked_attention(text_k: torch.Tensor, text_v: torch.Tensor, mask: torch.Tensor) -> Attend:
+    """Dense attention for a batch of clips: each query sees the whole text and the clip tokens `mask` allows.
+
+    What a paged rollout computes window by window, for every window of a clip at once (training).
+
+    Args:
+        text_k, text_v: `[layers, L, Hkv, D]` from `text_kv`.
+        mask: `[N, N]` bool, may clip token i attend to clip token j.
+    """
+    full = torch.cat([torch.ones(mask.shape[0], text_k.shape[1], dtype=torch.bool, device=mask.device), mask], 1)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        lead = q.shape[:-3]
+        tk = text_k[layer].expand(*lead, *text_k.shape[1:])  # [.., L, Hkv, D]
+        tv = text_v[layer].expand(*lead, *text_v.shape[1:])
+        keys, vals = torch.cat([tk, k], dim=-3), torch.cat([tv, v], dim=-3)  # [.., L+N, Hkv, D]
+        out = F.scaled_dot_product_attention(q.transpose(-3, -2), keys.transpose(-3, -2), vals.transpose(-3, -2),
+                                             attn_mask=full, enable_gqa=True)  # [.., H, N, D]
+        return out.transpose(-3, -2)
+
+    return attend

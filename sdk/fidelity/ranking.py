@@ -1,0 +1,105 @@
+"""Policy evaluation in the model vs the simulator: calibration, ranking and selection, with intervals.
+
+Every policy runs the same start seeds in both worlds; an episode pair (same policy, same seed) is one
+unit of the confusion matrix. Intervals resample the start seeds, one resample shared by all policies,
+so the policies' rates stay paired the way they were measured.
+
+- Confusion per policy: model success x simulator success. The false-success rate is the share of the
+  simulator's failures that the model calls a success; the missed-success rate the share of the
+  simulator's successes that the model calls a failure.
+- Ranking: Spearman and Pearson of the per-policy rates, over all policies and without the floor ones.
+- Selection regret: the simulator success of the best policy minus that of the policy the model rates
+  best (ties: the mean over the tied picks, i.e. a uniform random pick).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .metrics import pearson, spearman
+from .rollouts import EpisodeOutcome
+from .stats import bootstrap, rate_dict
+
+
+def outcome_table(results: list[EpisodeOutcome], names: list[str], seeds: list[int],
+                  field: str = "success") -> np.ndarray:
+    """`[P, E]` bool: `field` of each (policy, seed) episode; KeyError when one is missing."""
+    index = {(r.policy, r.seed): getattr(r, field) for r in results}
+    return np.array([[bool(index[(name, seed)]) for seed in seeds] for name in names])
+
+
+def _false_success(model: np.ndarray, sim: np.ndarray) -> float:
+    fails = ~sim
+    return float((model & fails).sum() / fails.sum()) if fails.sum() else float("nan")
+
+
+def _missed_success(model: np.ndarray, sim: np.ndarray) -> float:
+    return float((~model & sim).sum() / sim.sum()) if sim.sum() else float("nan")
+
+
+def _regret(model_rates: np.ndarray, sim_rates: np.ndarray) -> float:
+    picks = np.flatnonzero(model_rates == model_rates.max())
+    return float(sim_rates.max() - sim_rates[picks].mean())
+
+
+def policy_stats(name: str, sim: np.ndarray, model: np.ndarray, replay: np.ndarray, seed: int) -> dict[str, Any]:
+    """Rates, bias and confusion of one policy's paired episodes (`[E]` bool each)."""
+    units = len(sim)
+    return {
+        "policy": name,
+        "sim_success": rate_dict(sim, seed=seed),
+        "model_success": rate_dict(model, seed=seed),
+        "replay_success": rate_dict(replay, seed=seed),
+        "bias": bootstrap(lambda i: model[i].mean() - sim[i].mean(), units, seed=seed).to_dict(),
+        "confusion": {"model_success_sim_success": int((model & sim).sum()),
+                      "model_success_sim_failure": int((model & ~sim).sum()),
+                      "model_failure_sim_success": int((~model & sim).sum()),
+                      "model_failure_sim_failure": int((~model & ~sim).sum())},
+        "false_success_rate": bootstrap(lambda i: _false_success(model[i], sim[i]), units, seed=seed).to_dict(),
+        "missed_success_rate": bootstrap(lambda i: _missed_success(model[i], sim[i]), units, seed=seed).to_dict(),
+    }
+
+
+def group_stats(sim: np.ndarray, model: np.ndarray, seed: int) -> dict[str, Any]:
+    """Ranking, calibration and selection over a group of policies (`[P, E]` bool tables)."""
+    units = sim.shape[1]
+
+    def rates(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return table[:, idx].mean(axis=1)
+
+    return {
+        "policies": int(sim.shape[0]),
+        "spearman": bootstrap(lambda i: spearman(rates(sim, i), rates(model, i)), units, seed=seed).to_dict(),
+        "pearson": bootstrap(lambda i: pearson(rates(sim, i), rates(model, i)), units, seed=seed).to_dict(),
+        "mean_abs_rate_error": bootstrap(lambda i: np.abs(rates(model, i) - rates(sim, i)).mean(), units,
+                                         seed=seed).to_dict(),
+        "false_success_rate": bootstrap(lambda i: _false_success(model[:, i], sim[:, i]), units,
+                                        seed=seed).to_dict(),
+        "missed_success_rate": bootstrap(lambda i: _missed_success(model[:, i], sim[:, i]), units,
+                                         seed=seed).to_dict(),
+        "episode_agreement": bootstrap(lambda i: (model[:, i] == sim[:, i]).mean(), units, seed=seed).to_dict(),
+        "selection_regret": bootstrap(lambda i: _regret(rates(model, i), rates(sim, i)), units,
+                                      seed=seed).to_dict(),
+    }
+
+
+def policy_report(sim_results: list[EpisodeOutcome], model_results: list[EpisodeOutcome], names: list[str],
+                  floor: tuple[str, ...], seeds: list[int], seed: int = 0) -> dict[str, Any]:
+    """Everything the report says about policy evaluation in the model."""
+    sim = outcome_table(sim_results, names, seeds)
+    model = outcome_table(model_results, names, seeds)
+    replay = outcome_table(model_results, names, seeds, "replay_success")
+    graded = np.array([n not in floor for n in names])
+    sim_rates, model_rates = sim.mean(axis=1), model.mean(axis=1)
+    kept = np.flatnonzero(graded)
+    picks = [names[i] for i in kept[model_rates[kept] == model_rates[kept].max()]] if len(kept) else []
+    return {
+        "policies": names, "floor": [n for n in names if n in floor], "episodes": len(seeds),
+        "per_policy": [policy_stats(n, sim[p], model[p], replay[p], seed + p) for p, n in enumerate(names)],
+        "all": group_stats(sim, model, seed),
+        "without_floor": group_stats(sim[graded], model[graded], seed) if graded.sum() > 1 else None,
+        "model_pick": picks,
+        "sim_best": [names[i] for i in kept[sim_rates[kept] == sim_rates[kept].max()]] if len(kept) else [],
+    }

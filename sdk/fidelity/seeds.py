@@ -1,0 +1,59 @@
+"""The seed ranges of fidelity evaluation: a validation range for development, a sealed test range for reports.
+
+Every start state of an evaluation (policy and planner episodes, held-out open-loop clips) is
+`PushSimEnv.reset(seed=s)` for a seed `s` of one range, so a range names a fixed set of scenes.
+
+- ``validation`` (20,000,000 .. 20,009,999): choosing models, hyperparameters, policies, planner settings and
+  the demo seed; run it as often as you like.
+- ``test`` (30,000,000 .. 30,009,999): SEALED. Used once, at the end, for the figures a report states;
+  never to choose anything. Its results are not fed back into training or settings.
+
+Neither range overlaps a seed used before them: tests and examples use seeds below 1,000; the previous
+fidelity report used 5,000..5,009 and clip seed 777,000; the Makefile demo used seed 4; training draws its
+clips' reset seeds from a generator (`generate_clips`), and a test checks that the default run's draws
+miss both ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EPISODE_OFFSET = 0  # episodes (policies, planner) use seeds start + 0 ..
+CLIP_OFFSET = 5_000  # held-out open-loop clips use seeds start + 5000 ..
+
+
+@dataclass(frozen=True)
+class SeedRange:
+    """`size` consecutive seeds from `start`."""
+
+    name: str
+    start: int
+    size: int
+
+    def seeds(self, count: int, offset: int = 0) -> list[int]:
+        """`count` seeds from `start + offset`; ValueError when they run past the range."""
+        if count < 0 or offset < 0 or offset + count > self.size:
+            raise ValueError(f"count={count}, offset={offset} is invalid for the {self.name} range; allowed: "
+                             f"0 <= offset and offset + count <= {self.size}")
+        return list(range(self.start + offset, self.start + offset + count))
+
+    def __contains__(self, seed: object) -> bool:
+        return isinstance(seed, int) and self.start <= seed < self.start + self.size
+
+    def episode_seeds(self, count: int) -> list[int]:
+        return self.seeds(count, EPISODE_OFFSET)
+
+    def clip_seeds(self, count: int) -> list[int]:
+        return self.seeds(count, CLIP_OFFSET)
+
+
+VALIDATION = SeedRange("validation", 20_000_000, 10_000)
+SEALED_TEST = SeedRange("test", 30_000_000, 10_000)
+SPLITS = {r.name: r for r in (VALIDATION, SEALED_TEST)}
+
+
+def split_range(name: str) -> SeedRange:
+    """The range called `name` (`validation` or `test`)."""
+    if name not in SPLITS:
+        raise ValueError(f"split={name!r} is invalid; allowed: {sorted(SPLITS)}")
+    return SPLITS[name]

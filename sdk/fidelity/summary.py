@@ -1,0 +1,131 @@
+"""`python -m worldstep.fidelity.summary REPORT.json`: the report's figures as Markdown tables.
+
+The docs paste this output, so every figure they state comes from a `report.json` and this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+WINDOWS = (1, 4, 8, 12, 16)
+
+
+def _ci(entry: dict[str, Any], digits: int = 2) -> str:
+    value, (low, high) = entry["value"], entry["ci95"]
+    if value is None:
+        return "n/a"
+    if low is None or high is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def _series_cell(series: dict[str, list], w: int, digits: int) -> str:
+    value, low, high = series["value"][w], series["low"][w], series["high"][w]
+    if value is None:
+        return "n/a"
+    if low is None or high is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def targets_table(report: dict[str, Any]) -> str:
+    rows = ["| target | value [95% interval] | met |", "|---|---|---|"]
+    for name, t in report["targets"].items():
+        if name == "moved_block_error_below_copy_vae_every_window":
+            below = t["windows_with_ci95_below_zero"]
+            value = (f"difference < 0 at {sum(v is not None and v < 0 for v in t['value'])}/{len(t['value'])} windows; "
+                     f"interval below 0 at windows {below if below else 'none'}")
+        else:
+            value = _ci(t, 3)
+        rows.append(f"| {name} ({t['target']}) | {value} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(rows)
+
+
+def open_loop_table(report: dict[str, Any]) -> str:
+    ol = report["open_loop"]
+    windows = [w for w in WINDOWS if w <= ol["windows"]]
+    head = "| series, metric | " + " | ".join(f"window {w}" for w in windows) + " |"
+    rows = [head, "|---" * (len(windows) + 1) + "|"]
+    if "changed_pixel_share" in ol:
+        rows.append("| changed pixels (simulator vs its first frame) | "
+                    + " | ".join(f"{ol['changed_pixel_share'][w - 1]:.1%}" for w in windows) + " |")
+    metrics = (("psnr_db", "PSNR dB", 1), ("ssim", "SSIM", 3), ("object_vanish_rate", "object-vanish rate", 2),
+               ("block_vanish_rate", "block-vanish rate", 2), ("moved_block_error_px", "moved-block error px", 1))
+    for key, label, digits in metrics:
+        for name in ("kv", "kv_shuffled_actions", "copy_first_frame_vae", "vae_reconstruction_ceiling"):
+            cells = [_series_cell(ol["series"][name][key], w - 1, digits) for w in windows]
+            rows.append(f"| {name}, {label} | " + " | ".join(cells) + " |")
+    diff = ol["moved_block_error_kv_minus_copy_vae"]
+    rows.append("| kv minus copy_first_frame_vae, moved-block error px | "
+                + " | ".join(_series_cell(diff, w - 1, 1) for w in windows) + " |")
+    frames = ol["series"]["kv"]["moved_block_frames"]
+    rows.append("| frames with a moved block | " + " | ".join(str(frames[w - 1]) for w in windows) + " |")
+    return "\n".join(rows)
+
+
+def policy_table(report: dict[str, Any]) -> str:
+    p = report["policies"]
+    rows = ["| policy | simulator success | model success | bias | model actions replayed in the simulator | "
+            "confusion (model/sim: s/s, s/f, f/s, f/f) |", "|---|---|---|---|---|---|"]
+    for q in p["per_policy"]:
+        c = q["confusion"]
+        counts = (f"{c['model_success_sim_success']}, {c['model_success_sim_failure']}, "
+                  f"{c['model_failure_sim_success']}, {c['model_failure_sim_failure']}")
+        rows.append(f"| {q['policy']} | {_ci(q['sim_success'])} | {_ci(q['model_success'])} | {_ci(q['bias'])} | "
+                    f"{_ci(q['replay_success'])} | {counts} |")
+    rows += ["", "| group | Spearman | Pearson | mean abs rate error | false-success rate | missed-success rate | "
+                 "selection regret |", "|---|---|---|---|---|---|---|"]
+    for group in ("all", "without_floor"):
+        g = p[group]
+        rows.append(f"| {group} ({g['policies']} policies) | {_ci(g['spearman'])} | {_ci(g['pearson'])} | "
+                    f"{_ci(g['mean_abs_rate_error'])} | {_ci(g['false_success_rate'])} | "
+                    f"{_ci(g['missed_success_rate'])} | {_ci(g['selection_regret'])} |")
+    rows.append(f"\nThe model rates best: {', '.join(p['model_pick'])}; the simulator: {', '.join(p['sim_best'])}.")
+    return "\n".join(rows)
+
+
+def planning_table(report: dict[str, Any]) -> str:
+    plan = report.get("planning") or {}
+    if not plan:
+        return "(no planning section)"
+    rows = [f"Base policy {plan['base_policy']}, {plan['candidates']} candidates per window, {plan['episodes']} "
+            f"episodes of <= {plan['max_windows']} windows.", "",
+            "| loop | planner, simulator success | base policy on the simulator | lift | base policy in the same "
+            "loop | lift over it |", "|---|---|---|---|---|---|"]
+    for observe in ("model", "simulator"):
+        if observe not in plan:
+            continue
+        q = plan[observe]
+        loop = q.get("base_model_loop_sim_success")
+        over = q.get("lift_over_model_loop_base")
+        rows.append(f"| {observe} | {_ci(q['planner_sim_success'])} | {_ci(q['base_sim_success'])} | {_ci(q['lift'])} "
+                    f"| {_ci(loop) if loop else 'n/a'} | {_ci(over) if over else 'n/a'} |")
+    return "\n".join(rows)
+
+
+def render(report: dict[str, Any]) -> str:
+    parts = [f"Split `{report['split']}`, episode seeds {report['episode_seeds'][0]}..{report['episode_seeds'][1]}, "
+             f"checkpoint `{report['checkpoint']}`, {report['seconds'] / 60:.0f} min.", "", "### Targets", "",
+             targets_table(report)]
+    if "open_loop" in report:
+        parts += ["", "### Open loop (mean over clips [95% interval])", "", open_loop_table(report)]
+    if "policies" in report:
+        parts += ["", "### Policies", "", policy_table(report)]
+    if "planning" in report:
+        parts += ["", "### Planning", "", planning_table(report)]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.summary", description=__doc__)
+    p.add_argument("report", help="a report.json written by worldstep fidelity")
+    text = render(json.loads(Path(p.parse_args(argv).report).read_text()))
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Units of model work for the fidelity report, run inline or in worker processes.
+
+Each task is a small frozen dataclass whose `run(worker)` does one piece of model work and returns
+plain numpy/dataclass results. A `Worker` holds what a process loaded once: the engine model (for
+batched sessions) and, on first use, a world-model env (for the planner, which forks envs).
+Processes share nothing; cost is per session-window and batching does not amortise it on a CPU, so
+separate processes are what scales.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .policies import graded_policies
+from .rollouts import RolloutRecipe, model_episodes, open_loop
+
+
+@dataclass
+class Worker:
+    """A process's loaded model (and planner env), built on first use."""
+
+    path: str
+    threads: int
+    recipe: RolloutRecipe
+    max_windows: int = 16
+    _world: Any = field(default=None, repr=False)
+    _env: Any = field(default=None, repr=False)
+
+    @property
+    def world(self):
+        if self._world is None:
+            from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+            from worldstep.world import resolve_config
+
+            torch.set_num_threads(self.threads)
+            decoder = resolve_config(self.path).decoder  # as the folder's config decodes
+            self._world = Cosmos3WorldModel.from_pretrained(self.path, device="cpu", page_size=4, num_pages=32768,
+                                                            decoder_options=decoder)
+        return self._world
+
+    @property
+    def env(self):
+        if self._env is None:
+            import worldstep
+
+            torch.set_num_threads(self.threads)
+            knobs = self.recipe.knobs
+            self._env = worldstep.make_env(self.path, num_steps=knobs.num_steps, context_frames=knobs.context_frames,
+                                           flow_shift=knobs.flow_shift, max_windows=self.max_windows)
+        return self._env
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+        if self._world is not None:
+            self._world.close_all()
+
+
+@dataclass(frozen=True)
+class OpenLoopTask:
+    """Model frames and decoded first frames for clips (`seeds` seed the diffusion noise)."""
+
+    first: np.ndarray
+    actions: np.ndarray
+    seeds: tuple[int, ...]
+
+    def run(self, worker: Worker) -> tuple[np.ndarray, np.ndarray]:
+        return open_loop(worker.world, self.first, self.actions, worker.recipe, "kv", list(self.seeds))
+
+
+@dataclass(frozen=True)
+class ReconstructTask:
+    """VAE round trip of whole clips `[N, 1 + T, H, W, 3]` -> frames 1..T: the ceiling of any rollout."""
+
+    frames: np.ndarray
+
+    @torch.no_grad()
+    def run(self, worker: Worker) -> np.ndarray:
+        vae, out = worker.world.vae, []
+        for clip in self.frames:
+            x = torch.from_numpy(clip).float().div(127.5).sub(1).permute(3, 0, 1, 2)[None]  # [1, 3, T, H, W]
+            y = vae.decode(vae.encode(x).latent_dist.mean).sample[0].clamp(-1, 1)  # [3, T, H, W]
+            out.append(((y.permute(1, 2, 3, 0).numpy() + 1) * 127.5).round().astype(np.uint8)[1:])
+        return np.stack(out)
+
+
+@dataclass(frozen=True)
+class EpisodesTask:
+    """Model episodes of the graded policies `policy_ids` from `seeds` (with simulator replay)."""
+
+    policy_ids: tuple[int, ...]
+    seeds: tuple[int, ...]
+    max_windows: int
+
+    def run(self, worker: Worker) -> list:
+        policies = [graded_policies(worker.recipe.chunk_size)[i] for i in self.policy_ids]
+        return model_episodes(worker.world, policies, list(self.seeds), self.max_windows, worker.recipe,
+                              policy_ids=list(self.policy_ids))
+
+
+@dataclass(frozen=True)
+class PlannerTask:
+    """Closed-loop planner episodes (`worldstep.planning`) proposing from graded policy `base`."""
+
+    base: str
+    candidates: int
+    seeds: tuple[int, ...]
+    max_windows: int
+    observe: str
+
+    def run(self, worker: Worker) -> list:
+        from worldstep.planning import ModelPredictivePlanner, closed_loop
+
+        policies = {p.name: p for p in graded_policies(worker.recipe.chunk_size)}
+        planner = ModelPredictivePlanner(worker.env, copy.deepcopy(policies[self.base]), self.candidates)
+        out = []
+        for seed in self.seeds:
+            result = closed_loop(worker.env, planner, seed=seed, max_windows=self.max_windows, observe=self.observe)
+            result.actions = []  # keep results small across processes
+            out.append(result)
+        return out
+
+
+_WORKER: list[Worker] = []  # this process's Worker when running in a pool (set by the initializer)
+
+
+def _init_worker(path: str, threads: int, recipe: RolloutRecipe, max_windows: int) -> None:
+    _WORKER.append(Worker(path, threads, recipe, max_windows))
+
+
+def _run_in_worker(task) -> Any:
+    return task.run(_WORKER[0])
+
+
+def run_tasks(path: Path, threads: int, workers: int, recipe: RolloutRecipe, tasks: list,
+              max_windows: int = 16) -> list[Any]:
+    """Run `tasks` in order inline (`workers` <= 1) or on `workers` spawned processes; results in order."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(tasks), desc="fidelity: model rollouts", unit="task", mininterval=10)
+    if workers <= 1:
+        worker = Worker(str(path), threads, recipe, max_windows)
+        try:
+            results = []
+            for task in tasks:
+                results.append(task.run(worker))
+                bar.update()
+            return results
+        finally:
+            worker.close()
+            bar.close()
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                             initargs=(str(path), threads, recipe, max_windows)) as pool:
+        futures = [pool.submit(_run_in_worker, task) for task in tasks]
+        for _ in as_completed(futures):
+            bar.update()
+        bar.close()
+        return [f.result() for f in futures]

@@ -1,0 +1,148 @@
+"""worldstep.fidelity statistics: intervals, calibration and ranking tables, seed ranges, open-loop scoring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_window, score_frames
+from worldstep.fidelity.policies import FLOOR, graded_policies
+from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
+from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
+from worldstep.fidelity.seeds import SEALED_TEST, VALIDATION, split_range
+from worldstep.fidelity.stats import bootstrap, mean_estimate, rate_dict, wilson
+
+
+def test_bootstrap_interval_matches_the_binomial_spread():
+    rng = np.random.default_rng(1)
+    for n in (100, 400):
+        x = (rng.random(n) < 0.3).astype(float)
+        est = mean_estimate(x, seed=2)
+        assert est.low < x.mean() < est.high
+        width = est.high - est.low
+        expected = 2 * 1.96 * np.sqrt(x.mean() * (1 - x.mean()) / n)
+        assert 0.8 * expected < width < 1.2 * expected, (n, width, expected)
+
+
+def test_bootstrap_degenerate_cases():
+    const = mean_estimate(np.ones(20))
+    assert (const.value, const.low, const.high) == (1.0, 1.0, 1.0)
+    undefined = bootstrap(lambda idx: float("nan"), 10)
+    assert np.isnan(undefined.low) and np.isnan(undefined.high)
+    with pytest.raises(ValueError, match="units"):
+        bootstrap(lambda idx: 0.0, 0)
+
+
+def test_wilson_interval_and_rate_dict():
+    low, high = wilson(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-3)
+    low, high = wilson(5, 10)
+    assert (low, high) == (pytest.approx(0.2366, abs=1e-3), pytest.approx(0.7634, abs=1e-3))
+    rate = rate_dict(np.array([True] * 3 + [False] * 7))
+    assert rate["value"] == 0.3 and rate["successes"] == 3 and rate["episodes"] == 10
+    assert rate["ci95"][0] < 0.3 < rate["ci95"][1] and rate["wilson95"][0] < 0.3 < rate["wilson95"][1]
+
+
+def _results(table: np.ndarray, names: list[str], seeds: list[int], sim: bool) -> list[EpisodeOutcome]:
+    return [EpisodeOutcome(n, s, bool(table[p, e]), 1, None if sim else bool(table[p, e]))
+            for p, n in enumerate(names) for e, s in enumerate(seeds)]
+
+
+def test_a_model_that_agrees_everywhere_scores_perfectly():
+    rng = np.random.default_rng(0)
+    names, seeds = ["a", "b", "c", "idle"], list(range(40))
+    p = np.array([0.9, 0.5, 0.2, 0.0])[:, None]
+    sim = rng.random((4, 40)) < p
+    report = policy_report(_results(sim, names, seeds, True), _results(sim, names, seeds, False), names, ("idle",),
+                           seeds)
+    graded = report["without_floor"]
+    assert graded["policies"] == 3 and report["all"]["policies"] == 4
+    assert graded["spearman"]["value"] == pytest.approx(1.0) and graded["mean_abs_rate_error"]["value"] == 0
+    assert graded["false_success_rate"]["value"] == 0 and graded["selection_regret"]["value"] == 0
+    assert report["model_pick"] == ["a"] and report["sim_best"] == ["a"]
+    assert report["floor"] == ["idle"]
+
+
+def test_confusion_false_and_missed_success_rates():
+    sim = np.array([[True, True, False, False, False]])
+    model = np.array([[True, False, True, False, False]])
+    report = policy_report(_results(sim, ["x"], list(range(5)), True), _results(model, ["x"], list(range(5)), False),
+                           ["x"], (), list(range(5)))
+    stats = report["per_policy"][0]
+    assert stats["confusion"] == {"model_success_sim_success": 1, "model_success_sim_failure": 1,
+                                  "model_failure_sim_success": 1, "model_failure_sim_failure": 2}
+    assert stats["false_success_rate"]["value"] == pytest.approx(1 / 3)
+    assert stats["missed_success_rate"]["value"] == pytest.approx(1 / 2)
+    assert stats["bias"]["value"] == pytest.approx(0.0)
+
+
+def test_selection_regret_counts_ties_as_a_random_pick():
+    sim = np.array([[True] * 8 + [False] * 2, [True] * 2 + [False] * 8])  # rates 0.8, 0.2
+    model = np.array([[True] * 5 + [False] * 5, [True] * 5 + [False] * 5])  # tie at 0.5
+    stats = group_stats(sim, model, seed=0)
+    assert stats["selection_regret"]["value"] == pytest.approx(0.8 - 0.5)
+    worse = group_stats(sim, np.array([[False] * 10, [True] * 5 + [False] * 5]), seed=0)  # picks the 0.2 policy
+    assert worse["selection_regret"]["value"] == pytest.approx(0.6)
+
+
+def test_outcome_table_needs_every_episode():
+    results = _results(np.ones((1, 2), bool), ["a"], [1, 2], True)
+    assert outcome_table(results, ["a"], [1, 2]).all()
+    with pytest.raises(KeyError):
+        outcome_table(results, ["a"], [1, 2, 3])
+
+
+def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
+    from worldstep.train.data import generate_clips
+    from worldstep.train.loop import TrainArgs
+
+    assert split_range("validation") is VALIDATION and split_range("test") is SEALED_TEST
+    with pytest.raises(ValueError, match="split"):
+        split_range("train")
+    a, b = set(VALIDATION.seeds(VALIDATION.size)), set(SEALED_TEST.seeds(SEALED_TEST.size))
+    assert not a & b
+    assert not {s for s in a | b if s < 1_000_000}  # far from every seed tests, docs and the demo used
+    with pytest.raises(ValueError, match="offset"):
+        VALIDATION.seeds(10, offset=VALIDATION.size - 5)
+    assert not set(VALIDATION.episode_seeds(100)) & set(VALIDATION.clip_seeds(100))
+    defaults = TrainArgs()
+    steps = defaults.windows * defaults.chunk
+    for clips in (generate_clips(defaults.num_clips, steps, seed=defaults.seed),
+                  generate_clips(max(8, defaults.num_clips // 20), steps, seed=defaults.seed + 10_000)):
+        assert not [s for s in clips.seeds.tolist() if s in VALIDATION or s in SEALED_TEST]
+
+
+def test_open_loop_scores_count_vanished_objects_as_failures():
+    held = held_out(VALIDATION.clip_seeds(6), 16)
+    truth = score_frames(held.truth, held)
+    assert np.isfinite(truth.block_error).all() and np.nanmax(truth.block_error) < 0.7
+    assert truth.moved.any(), "steered clips move some blocks within 16 steps"
+    copy = score_frames(np.repeat(held.first[:, None], 16, axis=1), held)
+    displacement = np.linalg.norm(held.states[:, :, 1] - held.start[:, None, 1], axis=-1)
+    moved = truth.moved
+    np.testing.assert_allclose(copy.moved_block_error[moved], displacement[moved], atol=0.7)
+    assert (copy.moved_block_error[moved] >= MOVED_PX - 0.7).all() and np.isnan(copy.moved_block_error[~moved]).all()
+    blank = score_frames(np.zeros_like(held.truth), held)
+    assert np.isnan(blank.block_error).all()
+    assert (blank.moved_block_error[moved] == VANISHED_PX).all()
+    windows = per_window(np.isnan(blank.block_error).astype(float), 4)
+    assert windows.shape == (6, 4) and (windows == 1).all()
+
+
+def test_graded_policies_spread_in_the_simulator():
+    policies = graded_policies()
+    names = [p.name for p in policies]
+    assert len([n for n in names if n not in FLOOR]) >= 8 and set(FLOOR) <= set(names)
+    seeds = list(range(300, 330))
+    chosen = [p for p in policies if p.name in ("expert", "noisy0.8", "noisy2", "idle")]
+    results = sim_episodes(chosen, seeds, max_windows=16, chunk=4)
+    rate = {n: np.mean([r.success for r in results if r.policy == n]) for n in ("expert", "noisy0.8", "noisy2", "idle")}
+    assert rate["expert"] > rate["noisy0.8"] > rate["noisy2"] >= rate["idle"] == 0.0
+
+
+def test_vectorised_mean_equals_the_generic_bootstrap():
+    from worldstep.fidelity.stats import nanmean
+
+    x = np.random.default_rng(3).normal(size=37)
+    x[[2, 9]] = np.nan
+    fast, slow = mean_estimate(x, seed=4), bootstrap(lambda idx: nanmean(x[idx]), len(x), seed=4)
+    assert (fast.value, fast.low, fast.high) == pytest.approx((slow.value, slow.low, slow.high), abs=1e-12)

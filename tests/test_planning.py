@@ -1,0 +1,128 @@
+"""worldstep.planning: the pixel objective, the planner's forks and the closed loop judged by the simulator."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from worldstep.envs.push_sim import PushState, render_state
+from worldstep.fidelity.policies import PixelPushPolicy
+from worldstep.planning import BlockToGoal, ModelPredictivePlanner, closed_loop
+
+
+@pytest.fixture(scope="module")
+def pusher_checkpoint(tmp_path_factory):
+    """A tiny random 64x64 checkpoint that runs with the pusher config (fast; its frames are noise)."""
+    from worldstep.engine.models.cosmos3 import build_checkpoint
+    from worldstep.fidelity.report import TINY_64
+
+    path = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny64", TINY_64, seed=0)
+    meta = json.loads((path / "worldstep.json").read_text())
+    (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pusher_env(pusher_checkpoint):
+    import worldstep
+
+    env = worldstep.make_env(str(pusher_checkpoint), num_steps=1, max_windows=4)
+    yield env
+    env.close()
+
+
+def _frame(block, effector=(8.0, 8.0), goal=(40.0, 40.0)) -> np.ndarray:
+    return render_state(PushState(np.array(effector), np.array(block), np.array(goal)))[None]
+
+
+def test_block_to_goal_reads_pixels():
+    cost = BlockToGoal(approach_weight=0.0)
+    goal = np.array([40.0, 40.0])
+    assert cost(_frame((40.0, 40.0)), goal) < 0.7
+    assert cost(_frame((30.0, 40.0)), goal) == pytest.approx(10.0, abs=0.7)
+    assert cost(np.zeros((1, 64, 64, 3), np.uint8), goal) == 64.0  # a vanished block costs the most
+    near = BlockToGoal(approach_weight=1.0)(_frame((30.0, 40.0), effector=(20.0, 40.0)), goal)
+    far = BlockToGoal(approach_weight=1.0)(_frame((30.0, 40.0), effector=(5.0, 5.0)), goal)
+    assert near < far
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="approach_weight"):
+            BlockToGoal(approach_weight=bad)
+
+
+def test_planner_chooses_a_candidate_and_leaves_the_env_as_it_was(pusher_env):
+    env = pusher_env
+    model = env.unwrapped.model
+    planner = ModelPredictivePlanner(env, PixelPushPolicy(1.0, name="noisy1"), candidates=3)
+    planner.reset(seed=0)
+    obs, _ = env.reset(seed=7)
+    sessions, pages = model.live_sessions, model.kv.table.num_used_pages
+    chosen = planner(obs)
+    assert len(planner.last_costs) == 3 and chosen.shape == (4, 2)
+    assert model.live_sessions == sessions and model.kv.table.num_used_pages == pages  # every fork closed
+    after_planning, *_ = env.step(chosen)
+    env.reset(seed=7)
+    without_planning, *_ = env.step(chosen)
+    assert np.array_equal(after_planning["frames"], without_planning["frames"])
+    replay = PixelPushPolicy(1.0)
+    replay.reset(seed=0)
+    candidates = [replay(obs) for _ in range(3)]
+    assert any(np.array_equal(chosen, c) for c in candidates)
+    assert np.array_equal(chosen, candidates[int(np.argmin(planner.last_costs))])
+
+
+def test_planner_rejects_bad_arguments(pusher_env):
+    with pytest.raises(ValueError, match="candidates"):
+        ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0), candidates=0)
+    with pytest.raises(TypeError, match="env"):
+        from worldstep.envs.push_sim import PushSimEnv
+
+        ModelPredictivePlanner(PushSimEnv(), PixelPushPolicy(1.0))
+    with pytest.raises(TypeError, match="proposal"):
+        ModelPredictivePlanner(pusher_env, lambda obs: obs)
+
+
+def test_closed_loop_in_both_modes(pusher_env):
+    planner = ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0, name="noisy1"), candidates=2)
+    for observe in ("model", "simulator"):
+        result = closed_loop(pusher_env, planner, seed=3, max_windows=2, observe=observe)
+        assert 1 <= result.windows <= 2 and len(result.actions) == result.windows
+        assert (result.model_success is None) == (observe == "simulator")
+        assert pusher_env.unwrapped.model.live_sessions == 1
+    with pytest.raises(ValueError, match="observe"):
+        closed_loop(pusher_env, planner, seed=3, observe="oracle")
+    with pytest.raises(ValueError, match="max_windows"):
+        closed_loop(pusher_env, planner, seed=3, max_windows=0)
+
+
+def test_closed_loop_replays_chunks_in_the_simulator(pusher_env):
+    """The simulator's verdict comes from replaying exactly the chunks the policy chose; observing the
+    simulator, the expert acts on the simulator's own frames."""
+    from worldstep.envs.push_sim import PushSimEnv
+
+    result = closed_loop(pusher_env, PixelPushPolicy(0.0, name="expert"), seed=11, max_windows=4, observe="simulator")
+    sim = PushSimEnv()
+    obs, _ = sim.reset(seed=11)
+    first, success = obs["frames"][0], False
+    expert = PixelPushPolicy(0.0)
+    expert.reset(seed=11)
+    for actions in result.actions:
+        assert np.array_equal(actions, expert(obs))
+        obs, *_ = sim.step(actions)
+        success = success or PushSimEnv.success_from_frames(first, obs["frames"])
+    assert success == result.sim_success
+    assert result.sim_success == (result.windows < 4 or success)
+
+
+def test_plan_command(pusher_checkpoint, tmp_path):
+    from worldstep.cli import main as cli_main
+
+    out = tmp_path / "plan.mp4"
+    code = cli_main(["plan", "--config", str(pusher_checkpoint), "--windows", "1", "--candidates", "2", "--seed", "5",
+                     "--set", "num_steps=1", "--compare", "--out", str(out)])
+    assert code == 0 and out.stat().st_size > 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["candidates"] == 2 and summary["observe"] == "model" and summary["windows"] == 1
+    assert isinstance(summary["sim_success"], bool) and isinstance(summary["base_sim_success"], bool)
+    assert len(summary["actions"]) == 1 and np.asarray(summary["actions"][0]).shape == (4, 2)
+    assert cli_main(["plan", "--config", str(pusher_checkpoint), "--proposal", "psychic", "--out", str(out)]) == 2
