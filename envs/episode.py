@@ -7,6 +7,7 @@ same observations, rewards, flags and infos for the same windows.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,9 +66,12 @@ def reset_request(options: Any, image: np.ndarray | None, prompt: str, domain_id
     values raise ValueError before anything changes."""
     if options is not None and not isinstance(options, Mapping):
         raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
-    unknown = sorted(set(options or {}) - set(RESET_OPTION_KEYS))
+    unknown = sorted(set(options or {}) - set(RESET_OPTION_KEYS), key=str)
     if unknown:
-        raise ValueError(f"options keys {unknown} are invalid; allowed: {RESET_OPTION_KEYS}")
+        key = unknown[0]
+        near = difflib.get_close_matches(str(key), RESET_OPTION_KEYS, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"options[{key!r}] is invalid{hint}; allowed keys: {', '.join(RESET_OPTION_KEYS)}")
     given = {k: v for k, v in (options or {}).items() if v is not None}
     image = given.get("image", image)
     return ResetRequest(

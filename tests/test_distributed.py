@@ -47,7 +47,8 @@ def test_backend_arguments_are_checked(world, tmp_path):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def ray_cluster(cache_dir):  # noqa: F811 - the actors inherit its WORLDSTEP_CACHE
-    ray = pytest.importorskip("ray")
+    import ray  # the dist extra installs it
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
@@ -173,7 +174,6 @@ def test_episodes_of_an_actor_that_keeps_dying_are_marked_failed(ray_cluster, wo
 
 
 def test_remote_policy_travels_to_the_actors(ray_cluster, world, tmp_path):  # noqa: F811
-    pytest.importorskip("websockets")
     from worldstep.policy_server import PolicyServer, demo_policy
     from worldstep.remote_policy import RemotePolicy
 

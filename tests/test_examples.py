@@ -172,7 +172,6 @@ def test_best_of_n_plans_toward_the_block(tmp_path, env_vars):
 
 
 def test_remote_policy_eval_on_the_pusher_model(tmp_path, env_vars):
-    pytest.importorskip("websockets")
     out = run("remote_policy_eval.py", ["--serve-demo", "--model", "pusher", "--episodes", "1", "--windows", "2",
                                         "--out", str(tmp_path)], env_vars)
     report = json.loads((tmp_path / "report.json").read_text())

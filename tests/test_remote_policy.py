@@ -13,10 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("websockets")
-pytest.importorskip("msgpack")
-
 import worldstep  # noqa: E402
 from tiny_world import FAST, cache_dir, world  # noqa: E402, F401 - fixtures
 from worldstep.policy_server import PolicyServer, demo_policy  # noqa: E402

@@ -8,12 +8,11 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+import stable_baselines3 as sb3  # noqa: E402 - the dev extra installs it
 import worldstep  # noqa: F401 - registers the ids
+from stable_baselines3.common.env_checker import check_env  # noqa: E402
 from tiny_world import cache_dir  # noqa: F401 - fixture (a private WORLDSTEP_CACHE)
 from worldstep.envs import ImageObservation
-
-sb3 = pytest.importorskip("stable_baselines3")
-from stable_baselines3.common.env_checker import check_env  # noqa: E402
 
 
 def make(env_id: str, frames: str) -> gym.Env:

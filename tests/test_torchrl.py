@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torchrl.envs as torchrl_envs  # noqa: E402 - the dev extra installs it
 import worldstep
 from tiny_world import FAST, cache_dir  # noqa: F401 - fixture (a private WORLDSTEP_CACHE)
 
-torchrl_envs = pytest.importorskip("torchrl.envs")
 GymEnv, SerialEnv, ParallelEnv, check_env_specs = (torchrl_envs.GymEnv, torchrl_envs.SerialEnv,
                                                     torchrl_envs.ParallelEnv, torchrl_envs.check_env_specs)
 
