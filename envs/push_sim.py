@@ -53,6 +53,9 @@ def _coverage(center: np.ndarray, side: float) -> np.ndarray:
     return np.outer(cov_y, cov_x)  # [H, W]
 
 
+FRAME_FPS = 24  # frames per second of an observation's frames (one per action)
+
+
 def render_state(state: PushState) -> np.ndarray:
     """`[SIZE, SIZE, 3]` uint8 frame: goal ring, then block, then effector painted over a dark table."""
     frame = np.broadcast_to(BACKGROUND, (SIZE, SIZE, 3)).astype(np.float32)
@@ -244,7 +247,7 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     * v0: Initial version.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 24}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24}
 
     def __init__(self, chunk_size: int = 4, render_mode: str | None = None) -> None:
         if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 4 or chunk_size % 4:
@@ -253,6 +256,9 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
         self.chunk_size = chunk_size
         self.render_mode = render_mode
+        # render() gives one frame per step (a chunk of frames), so a video of the renders plays in real time
+        # at frame_fps / chunk_size, as for WorldModelEnv
+        self.metadata = {**type(self).metadata, "render_fps": FRAME_FPS / chunk_size, "frame_fps": FRAME_FPS}
         self.action_space = spaces.Box(-1.0, 1.0, shape=(chunk_size, 2), dtype=np.float32)
         self.observation_space = spaces.Dict(
             {"frames": spaces.Box(0, 255, shape=(chunk_size, SIZE, SIZE, 3), dtype=np.uint8)}

@@ -16,8 +16,8 @@ CODECS = ("libx264", "mpeg4")
 
 
 def frame_fps(env) -> float:
-    """Frames per second of the frames in an env's observations (``metadata["frame_fps"]``; envs without
-    it, e.g. PushSim, render every observation frame at ``render_fps``)."""
+    """Frames per second of the frames in an env's observations (``metadata["frame_fps"]``; an env without
+    it renders every observation frame, at ``render_fps``)."""
     metadata = env.metadata
     return float(metadata.get("frame_fps", metadata["render_fps"]))
 

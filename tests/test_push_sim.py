@@ -130,3 +130,17 @@ def test_first_frame_is_the_reset_frame():
     env = PushSimEnv()
     obs, _ = env.reset(seed=11)
     assert np.array_equal(first_frame(np.random.default_rng(11)), obs["frames"][0])
+
+
+@pytest.mark.parametrize("chunk_size", [4, 8])
+def test_render_fps_plays_a_video_of_the_renders_in_real_time(chunk_size):
+    """render() gives one frame per step of `chunk_size` frames: a video of the renders (RecordVideo) must play
+    as long as the episode's frames do at frame_fps."""
+    env = PushSimEnv(chunk_size=chunk_size, render_mode="rgb_array")
+    env.reset(seed=0)
+    steps = 3
+    renders = [env.render()] + [env.step(np.zeros((chunk_size, 2), np.float32)) and env.render() for _ in range(steps)]
+    assert all(r.shape == (64, 64, 3) for r in renders)
+    video_s = (len(renders) - 1) / env.metadata["render_fps"]
+    assert video_s == pytest.approx(steps * chunk_size / env.metadata["frame_fps"])
+    assert type(env).metadata["render_fps"] == 24 / 4  # the class default: the default chunk of 4
