@@ -13,7 +13,12 @@ import torch
 from gymnasium import spaces
 from worldstep.engine.checks import check_callable, check_image, check_int, check_prompt
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, SessionClosedError
+from worldstep.engine.models.cosmos3 import (
+    ActionNormalizer,
+    Cosmos3WorldModel,
+    RolloutKnobs,
+    SessionClosedError,
+)
 from worldstep.envs.episode import (
     ACTION_BOUNDS,
     SUCCESS_MODES,
@@ -120,9 +125,12 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         *,
         max_windows: int = 32,
         prompt: str = "A robot arm pushes a block across a table.",
-        domain_id: int = 0,
+        domain_id: int | None = None,
         image: np.ndarray | None = None,
         action_width: int | None = None,
+        embodiment: str | int | None = None,
+        fps: float | None = None,
+        action_normalizer: ActionNormalizer | None = None,
         simulator: str | None = None,
         reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
         success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
@@ -136,25 +144,36 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
-        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
-                          spec.action_dim + 1)
+        if embodiment is None and domain_id is None:
+            domain_id = 0  # a raw domain: the first action-head row
         self.prompt = check_prompt("prompt", prompt)
-        self.domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
         self.image = None if image is None else check_image("image", image)
+        rules = EpisodeRules(model, knobs, 1, action_width, embodiment=embodiment, fps=fps)
+        cond = rules.conditioning(domain_id)  # ValueError naming the embodiment, its width and the allowed names
+        self.domain_id, self.conditioning = cond.domain_id, cond
+        normalizer = _check_normalizer(action_normalizer, cond.action_width)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
         success, judge = self._resolve_success(success_fn)
-        self.rules = EpisodeRules(model, knobs, check_int("max_windows", max_windows, 1), width, success,
-                                  check_callable("reward_fn", reward_fn), judge)
-        check_pool(model, knobs, self.prompt, "prompt")
+        self.rules = EpisodeRules(
+            model, knobs, check_int("max_windows", max_windows, 1), cond.action_width, success,
+            check_callable("reward_fn", reward_fn), judge,
+            embodiment=None if cond.embodiment is None else cond.embodiment.name, fps=cond.fps,
+            normalizer=normalizer, action_bounds=ACTION_BOUNDS if normalizer is None else None)
+        check_pool(model, knobs, self.prompt, "prompt", cond)
         self.render_mode = render_mode
-        # the frames play at the model's fps; render() returns one frame per window
-        self.metadata = {**type(self).metadata, "render_fps": spec.fps / knobs.chunk_size, "frame_fps": spec.fps}
-        self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, width), np.float32)
+        # the frames play at the session's fps (the embodiment's); render() returns one frame per window
+        self.metadata = {**type(self).metadata, "render_fps": cond.fps / knobs.chunk_size, "frame_fps": cond.fps}
+        self.action_space = _action_space(knobs.chunk_size, cond.action_width, normalizer)
         self.observation_space = spaces.Dict(
             {"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
         self.episode: Episode | None = None  # the live rollout between two resets
         self._closed = False  # close() was called and no reset since
+
+    @property
+    def embodiment(self) -> str | None:
+        """The embodiment's name (None: a raw domain)."""
+        return self.rules.embodiment
 
     @property
     def model(self) -> Cosmos3WorldModel:
@@ -179,8 +198,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
+        cond = self.rules.conditioning(request.domain_id)  # an id the embodiment contradicts: before any work
         if request.prompt != self.prompt:
-            check_pool(self.model, self.knobs, request.prompt, "options['prompt']")
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", cond)
         super().reset(seed=seed)
         spec = self.model.spec
         image, scene_seed = first_frame(request, self._scene, seed, self.np_random, spec.height, spec.width)
@@ -193,14 +213,15 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def step(self, actions: np.ndarray):
         episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
+        model_actions, normalized = self.rules.model_actions(actions)
         try:
-            result = self.model.step([episode.session], [actions])[0]
+            result = self.model.step([episode.session], [model_actions])[0]
         except KVPoolExhausted:
             return episode.exhausted()
         except SessionClosedError as err:
             raise gym.error.ClosedEnvironmentError(
                 "the env was closed while env.step() ran; call env.reset() to start a new episode") from err
-        return episode.outcome(result, np.asarray(actions, dtype=np.float32))
+        return episode.outcome(result, np.asarray(actions, dtype=np.float32), normalized)
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
@@ -279,3 +300,26 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         episode, self.episode = self.episode, None
         if episode is not None:
             episode.close()
+
+
+def _check_normalizer(normalizer: Any, width: int) -> ActionNormalizer | None:
+    if normalizer is None:
+        return None
+    if not isinstance(normalizer, ActionNormalizer):
+        raise ValueError(f"action_normalizer={normalizer!r} is invalid; allowed: an ActionNormalizer or None")
+    if normalizer.width is not None and normalizer.width != width:
+        raise ValueError(f"action_normalizer width={normalizer.width} is invalid; allowed: {width} (the actions' "
+                         "width)")
+    return normalizer
+
+
+def _action_space(chunk: int, width: int, normalizer: ActionNormalizer | None) -> spaces.Box:
+    """Normalised actions in [-1, 1]; with a normaliser, raw actions in the stats' range (values outside it
+    warn and pass through, as in training), unbounded when the stats give none."""
+    if normalizer is None:
+        return spaces.Box(*ACTION_BOUNDS, (chunk, width), np.float32)
+    bounds = normalizer.range()
+    if bounds is None:
+        return spaces.Box(-np.inf, np.inf, (chunk, width), np.float32)
+    low, high = (np.broadcast_to(b, (chunk, width)).astype(np.float32) for b in bounds)
+    return spaces.Box(low, high, (chunk, width), np.float32)

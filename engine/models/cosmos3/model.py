@@ -12,12 +12,14 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from ...attention import AttentionBackendName, resolve_backend
-from ...checks import check_actions, check_image, check_int, check_prompt
+from ...checks import check_actions, check_image, check_prompt
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamKey, StreamLabel
 from ...lanes import DecodeLane
 from ...scheduler import Scheduler
 from ...vae import DecoderOptions, WarmWanDecoder, encode_first_frame
+from .conditioning import Conditioning, resolve_conditioning
+from .embodiments import folder_registry
 from .graphs import check_cuda_graphs
 from .knobs import RolloutKnobs
 from .loader import Cosmos3Components, load_components, model_spec
@@ -50,6 +52,7 @@ class Cosmos3WorldModel:
         self.transformer, self.vae, self.device = components.transformer, components.vae, device
         self.dtype = next(self.transformer.parameters()).dtype
         self.spec = model_spec(components, height=height, width=width, fps=fps, name=name)
+        self.embodiments = folder_registry(components.path, self.spec.num_domains)  # names this checkpoint takes
         config = self.transformer.config
         self.kv = PagedKVCache(num_layers=config.num_hidden_layers, num_pages=num_pages, page_size=page_size,
                                num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
@@ -90,29 +93,29 @@ class Cosmos3WorldModel:
     # --- sessions -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def open_session(self, image, prompt: str, domain_id: int, *, knobs: RolloutKnobs | None = None,
-                     generator: torch.Generator | None = None, action_width: int | None = None,
-                     action_bounds: tuple[float, float] | None = None) -> RolloutSession:
+    def open_session(self, image, prompt: str, domain_id: int | None = None, *, embodiment: str | int | None = None,
+                     knobs: RolloutKnobs | None = None, generator: torch.Generator | None = None,
+                     action_width: int | None = None, action_bounds: tuple[float, float] | None = None,
+                     fps: float | None = None) -> RolloutSession:
         """Check everything, prefill the prompt per CFG stream (then protect it), encode and decode frame 0.
 
-        ``action_width``: the action columns each step passes (default: the model's ``action_dim``; the rest
-        is zero-padded); ``action_bounds``: the range they must lie in, when the caller declares one.
+        ``embodiment`` (a name of ``self.embodiments``), ``domain_id``, ``action_width``, ``fps``: see
+        `resolve_conditioning`. ``action_bounds``: the range the actions must lie in, when one is declared.
         """
         knobs = knobs if knobs is not None else RolloutKnobs()
         if not isinstance(knobs, RolloutKnobs):
             raise ValueError(f"knobs={knobs!r} is invalid; allowed: a RolloutKnobs")
         spec = self.spec
-        domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
-        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
-                          spec.action_dim + 1)
+        cond = self.conditioning(knobs, embodiment=embodiment, domain_id=domain_id, action_width=action_width, fps=fps)
         prompt, image = check_prompt("prompt", prompt), check_image("image", image)
         check_prompt("negative_prompt", knobs.negative_prompt, allow_empty=True)
         self.decoder.options.validate_for_window(knobs.latents_per_window)
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
-        ids = self._prompt_ids(prompt, knobs)
+        ids = self._prompt_ids(prompt, knobs, cond)
         self.scheduler.make_room(self._pages_to_open(ids, knobs))  # or KVPoolExhausted, before anything opens
         session = RolloutSession(
-            session_id=new_session_id(), knobs=knobs, domain_id=domain_id, action_shape=(knobs.chunk_size, width),
+            session_id=new_session_id(), knobs=knobs, domain_id=cond.domain_id, conditioning=cond,
+            action_shape=(knobs.chunk_size, cond.action_width),
             action_bounds=action_bounds, generator=generator, text_lens={}, first_latent=torch.empty(0),
             decode_stream=self.decoder.open_stream() if knobs.decode else None, first_frame=None,
             schedule=window_schedule(knobs))
@@ -138,17 +141,24 @@ class Cosmos3WorldModel:
         finally:
             self.close(session)
 
-    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
+    def conditioning(self, knobs: RolloutKnobs | None = None, **given) -> Conditioning:
+        """The checked conditioning of a session opened with ``given`` (``embodiment``, ``domain_id``,
+        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names."""
+        knobs = knobs if knobs is not None else RolloutKnobs()
+        return resolve_conditioning(self.embodiments, self.spec, knobs, **given)
+
+    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None, conditioning: Conditioning | None = None) -> int:
         """KV pages one session needs to open (its prompt per CFG stream) and commit its first window, with the
         page of slack admission keeps per stream: a pool smaller than this can never run an episode."""
         knobs = knobs if knobs is not None else RolloutKnobs()
-        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs)
+        cond = conditioning if conditioning is not None else self.conditioning(knobs, domain_id=0)
+        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs, cond)
         return self._pages_to_open(ids, knobs) + len(ids)
 
-    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs) -> dict[StreamLabel, list[int]]:
+    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs, cond: Conditioning) -> dict[StreamLabel, list[int]]:
         spec = self.spec
         tokens = tokenize_action_prompt(self.components.tokenizer, prompt, knobs.negative_prompt,
-                                        view_point=knobs.view_point, num_frames=knobs.chunk_size + 1, fps=spec.fps,
+                                        view_point=cond.view_point, num_frames=knobs.chunk_size + 1, fps=cond.fps,
                                         height=spec.height, width=spec.width,
                                         use_system_prompt=self.components.default_use_system_prompt)
         labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if knobs.uses_cfg else (StreamLabel.MAIN,)
@@ -174,6 +184,7 @@ class Cosmos3WorldModel:
         stream = None if session.decode_stream is None else self.decoder.fork_stream(session.decode_stream)
         fork = RolloutSession(
             session_id=new_session_id(), knobs=session.knobs, domain_id=session.domain_id,
+            conditioning=session.conditioning,
             action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
             text_lens=dict(session.text_lens), first_latent=session.first_latent, decode_stream=stream,
             first_frame=session.first_frame, schedule=session.schedule, window_index=session.window_index,

@@ -17,6 +17,7 @@ import torch
 from ...kv import StreamKey, StreamLabel
 from ...vae import DecodeStream
 from ...windowing import WindowPlan, WindowSchedule
+from .conditioning import Conditioning
 from .knobs import RolloutKnobs
 
 
@@ -50,6 +51,7 @@ class RolloutSession:
         session_id: unique within the process; names the session's KV streams.
         knobs: the rollout settings it was opened with.
         domain_id: the embodiment's action head.
+        conditioning: the checked domain, action width, fps (of positions and caption) and view point.
         action_shape: ``(chunk_size, width)`` of the actions each step takes (zero-padded to the model's
             ``action_dim`` inside the window); ``action_bounds`` the allowed range, when one is declared.
         generator: the source of every window's noise.
@@ -64,6 +66,7 @@ class RolloutSession:
     session_id: str
     knobs: RolloutKnobs
     domain_id: int
+    conditioning: Conditioning
     action_shape: tuple[int, int]
     action_bounds: tuple[float, float] | None
     generator: torch.Generator

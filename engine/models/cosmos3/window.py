@@ -106,7 +106,7 @@ def _prepare(ctx: WindowContext, session: RolloutSession, actions: np.ndarray) -
 def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torch.Tensor, torch.Tensor]:
     session, spec, config = job.session, ctx.spec, ctx.transformer.config
     offset = media_offset(session.text_lens[label], config.unified_3d_mrope_temporal_modality_margin)
-    timing = dict(offset=offset, fps=spec.fps, base_fps=float(config.base_fps),
+    timing = dict(offset=offset, fps=session.conditioning.fps, base_fps=float(config.base_fps),
                   temporal_compression=spec.temporal_compression)
     plan = session.plan
     vision = vision_positions(plan.start, plan.end, *spec.patch_grid, **timing)
