@@ -20,7 +20,9 @@ from worldstep.engine.models.cosmos3 import (
     Cosmos3WorldModel,
     RolloutKnobs,
     RolloutSession,
+    SessionFrame,
     WindowResult,
+    plan_first_frame,
 )
 
 from .scene import SimulatorScene, draw_tabletop
@@ -49,6 +51,25 @@ class EpisodeRules:
     fps: float | None = None  # an explicit fps (None: the embodiment's, else the model's)
     normalizer: ActionNormalizer | None = None  # raw actions -> model actions, before the engine
     action_bounds: tuple[float, float] | None = ACTION_BOUNDS  # what the engine checks the model actions against
+    frame: SessionFrame | None = None  # the env's fixed canvas (None: the model's frame size, cover-cropped)
+
+    @property
+    def tier(self) -> int | None:
+        """The resolution tier every episode's first frame goes onto (None: the model's frame size)."""
+        return None if self.frame is None or self.frame.plan is None else self.frame.plan.tier
+
+    def check_frame(self, image: np.ndarray, field: str) -> None:
+        """A ValueError when ``image`` would not give this env's canvas and frame size (fixed spaces)."""
+        if self.tier is None:
+            return
+        want = self.frame.plan
+        got = plan_first_frame(int(image.shape[0]), int(image.shape[1]), want.tier, want.spatial)
+        if (got.canvas, got.latent_size) != (want.canvas, want.latent_size):
+            raise ValueError(
+                f"{field} of size {image.shape[0]}x{image.shape[1]} is invalid for this env's canvas (tier {want.tier}, "
+                f"aspect bin {want.aspect_bin}, {want.output_size[0]}x{want.output_size[1]} frames): it gives a "
+                f"{got.canvas[0]}x{got.canvas[1]} canvas and {got.output_size[0]}x{got.output_size[1]} frames; "
+                f"allowed: an image that gives the env's, e.g. {want.source[0]}x{want.source[1]}")
 
     def conditioning(self, domain_id: int) -> Conditioning:
         """The checked conditioning of an episode in ``domain_id`` (a ValueError before any model work)."""
@@ -124,7 +145,7 @@ class Episode:
         session = rules.model.open_session(image, request.prompt, request.domain_id, knobs=rules.knobs,
                                            generator=generator, embodiment=rules.embodiment,
                                            action_width=rules.action_width, fps=rules.fps,
-                                           action_bounds=rules.action_bounds)
+                                           action_bounds=rules.action_bounds, tier=rules.tier)
         return cls(rules, session, image)
 
     @property
@@ -132,7 +153,11 @@ class Episode:
         return not self.session.closed
 
     def reset_info(self) -> dict[str, Any]:
-        return {"frame_start": 0, "frame_end": 1, "kv": self.rules.model.kv_stats(self.session)}
+        info = {"frame_start": 0, "frame_end": 1, "kv": self.rules.model.kv_stats(self.session)}
+        plan = self.session.frame.plan
+        if plan is not None:  # the pipeline's canvas: its tier and aspect bin
+            info.update(resolution_tier=plan.tier, aspect_bin=plan.aspect_bin)
+        return info
 
     def outcome(self, result: WindowResult, actions: np.ndarray, extra: Mapping[str, Any] | None = None) -> tuple:
         """``(obs, reward, terminated, truncated, info)`` of a window the model has stepped (``extra``: more info,
@@ -167,10 +192,10 @@ class Episode:
 
 
 def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field: str,
-               conditioning: Conditioning | None = None) -> None:
+               conditioning: Conditioning | None = None, frame: SessionFrame | None = None) -> None:
     """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
     first window."""
-    needed = model.min_pages(prompt, knobs, conditioning)
+    needed = model.min_pages(prompt, knobs, conditioning, frame)
     pool = model.kv.table.allocator.num_pages
     if needed > pool:
         raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "

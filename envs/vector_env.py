@@ -65,6 +65,8 @@ class WorldModelVectorEnv(VectorEnv):
         for env, opts in zip(self.envs, per_env):  # every check before any session opens
             request = reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
             env.rules.conditioning(request.domain_id)
+            if request.image is not None:
+                env.rules.check_frame(request.image, "options['image']")
         super().reset(seed=seeds[0])
         results = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, per_env)]
         self._options = per_env

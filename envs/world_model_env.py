@@ -18,6 +18,7 @@ from worldstep.engine.models.cosmos3 import (
     Cosmos3WorldModel,
     RolloutKnobs,
     SessionClosedError,
+    frame_for_size,
 )
 from worldstep.envs.episode import (
     ACTION_BOUNDS,
@@ -95,7 +96,23 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
       is missing or None takes its default; an unknown option key raises ``ValueError``).
       The engine checks each step's actions once, against this env's action space.
-    - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``).
+    - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``; with an
+      embodiment: its exact raw width).
+    - ``embodiment``: a registered name (``"droid_lerobot"``, ``"agibotworld"``, ``"pusht"``, ...; see
+      ``model.embodiments``) or a domain id whose embodiments share one width. It fixes ``domain_id``, the exact
+      action width (the engine zero-pads to ``action_dim``, as the pipeline does), the fps of the positions,
+      caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
+      (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment, its
+      width and the allowed names. None: ``domain_id`` is a raw domain (default 0).
+    - ``fps``: overrides the embodiment's fps.
+    - ``action_normalizer``: an ``ActionNormalizer`` applied to every step's actions before the engine sees them;
+      the action space is then the raw one (the stats' range), ``info`` gets ``actions_outside_stats`` and
+      ``actions_clipped``, and raw values outside the stats' range raise an ``ActionRangeWarning``.
+    - ``resolution_tier``: None keeps the model's frame size (the first frame is cover-cropped). 256, 480, 704, 720
+      or ``"auto"`` put it on the pipeline's canvas (tier, aspect bin, resize, reflect padding) and crop the
+      padding from every frame: the canvas is fixed at construction from ``image`` (else the model's frame
+      size), the observation is the content's size, every reset image must give the same canvas and size, and
+      the reset ``info`` carries ``resolution_tier`` and ``aspect_bin``.
     - ``simulator``: gymnasium id of the ground-truth simulator the model was trained on (e.g.
       ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed.
     - ``success_fn``: the success judge. ``frames -> bool``; ``"sim"``: the simulator's pixel judge
@@ -131,6 +148,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         embodiment: str | int | None = None,
         fps: float | None = None,
         action_normalizer: ActionNormalizer | None = None,
+        resolution_tier: int | str | None = None,
         simulator: str | None = None,
         reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
         success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
@@ -152,6 +170,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         cond = rules.conditioning(domain_id)  # ValueError naming the embodiment, its width and the allowed names
         self.domain_id, self.conditioning = cond.domain_id, cond
         normalizer = _check_normalizer(action_normalizer, cond.action_width)
+        size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference
+        frame = frame_for_size(spec, model.transformer.config.latent_patch_size, *size, resolution_tier)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
         success, judge = self._resolve_success(success_fn)
@@ -159,14 +179,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             model, knobs, check_int("max_windows", max_windows, 1), cond.action_width, success,
             check_callable("reward_fn", reward_fn), judge,
             embodiment=None if cond.embodiment is None else cond.embodiment.name, fps=cond.fps,
-            normalizer=normalizer, action_bounds=ACTION_BOUNDS if normalizer is None else None)
-        check_pool(model, knobs, self.prompt, "prompt", cond)
+            normalizer=normalizer, action_bounds=ACTION_BOUNDS if normalizer is None else None, frame=frame)
+        check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
         # the frames play at the session's fps (the embodiment's); render() returns one frame per window
         self.metadata = {**type(self).metadata, "render_fps": cond.fps / knobs.chunk_size, "frame_fps": cond.fps}
         self.action_space = _action_space(knobs.chunk_size, cond.action_width, normalizer)
         self.observation_space = spaces.Dict(
-            {"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
+            {"frames": spaces.Box(0, 255, (knobs.chunk_size, frame.spec.height, frame.spec.width, 3), np.uint8)})
         self.episode: Episode | None = None  # the live rollout between two resets
         self._closed = False  # close() was called and no reset since
 
@@ -200,10 +220,15 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
         cond = self.rules.conditioning(request.domain_id)  # an id the embodiment contradicts: before any work
         if request.prompt != self.prompt:
-            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", cond)
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", cond, self.rules.frame)
+        if request.image is not None:
+            self.rules.check_frame(request.image, "options['image']" if options and "image" in options else "image")
         super().reset(seed=seed)
-        spec = self.model.spec
-        image, scene_seed = first_frame(request, self._scene, seed, self.np_random, spec.height, spec.width)
+        frame = self.rules.frame
+        size = frame.plan.source if frame.plan is not None else (frame.spec.height, frame.spec.width)
+        image, scene_seed = first_frame(request, self._scene, seed, self.np_random, *size)
+        if request.image is None:
+            self.rules.check_frame(image, f"the first frame of {self.simulator or 'the drawn scene'}")
         self._close_episode()  # options are valid: free the old episode's pages before opening the new one
         self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random), False
         info = self.episode.reset_info()

@@ -8,7 +8,7 @@ A config file has five sections (see ``configs/tiny.yaml``)::
     cache:   page_size, num_pages, cpu_offload_pages
     decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, onednn_conv, max_warm_streams,
              context_latents, dtype                              (the engine's ``DecoderOptions``)
-    env:     max_windows, prompt, domain_id, embodiment, image, action_width, simulator
+    env:     max_windows, prompt, domain_id, embodiment, resolution_tier, image, action_width, simulator
 
 Every model is frozen, rejects unknown keys and uses strict types: an integer knob refuses ``true`` and
 ``2.0``, a switch refuses the string ``"true"``. Every failure raises :class:`ConfigError` (a
@@ -128,6 +128,9 @@ class EnvConfig(StrictModel):
     embodiment: str | None = None
     """embodiment name (``droid_lerobot``, ``pusht``, ...: the README's embodiment table); it fixes the domain, the
     exact action width, the fps and the view point; None: ``domain_id`` is a raw domain"""
+    resolution_tier: Literal[256, 480, 704, 720, "auto"] | None = None
+    """the pipeline's first-frame canvas (tier, aspect bin, padding cropped from the frames); None: the model's
+    frame size, the first frame cover-cropped"""
     image: str | None = None
     """path of the default first frame (None: a procedurally drawn scene, seeded per reset)"""
     action_width: PositiveInt | None = None

@@ -30,7 +30,7 @@ def no_model_work(world, monkeypatch):  # noqa: F811
         raise AssertionError("model work started before the refusal")
 
     monkeypatch.setattr(model_module, "prefill_text", forbidden)
-    monkeypatch.setattr(model_module, "encode_first_frame", forbidden)
+    monkeypatch.setattr(model_module, "encode_session_frame", forbidden)
     return world
 
 
@@ -233,3 +233,64 @@ def test_a_normaliser_of_another_width_is_refused(no_model_work):
                         action_normalizer=_normalizer())
     with pytest.raises(ValueError, match=r"actions shape \(4, 7\) is invalid; allowed: \[..., 10\]"):
         env.rules.model_actions(np.zeros((4, 7), np.float32))
+
+
+# --- the pipeline's first-frame canvas ------------------------------------------------------------
+
+def _frame(size, seed=0) -> np.ndarray:
+    return np.random.RandomState(seed).randint(0, 256, (*size, 3), dtype=np.uint8)
+
+
+def test_the_canvas_fixes_the_observation_to_the_content_and_crops_the_padding(world):  # noqa: F811
+    from gymnasium.utils.env_checker import check_env
+    from worldstep.engine.models.cosmos3 import plan_first_frame
+
+    plan = plan_first_frame(120, 200, tier=256)  # floored to 112x192, padded into the 192x320 bin
+    env = gym.make("worldstep/Tiny-v0", model=world, embodiment="droid_lerobot", resolution_tier=256,
+                   image=_frame((120, 200)), max_windows=2).unwrapped
+    assert env.observation_space["frames"].shape == (4, 112, 192, 3) == (4, *plan.output_size, 3)
+    obs, info = env.reset(seed=0)
+    assert (info["resolution_tier"], info["aspect_bin"]) == (256, plan.aspect_bin)
+    session = env.episode.session
+    assert session.frame.caption_size == plan.canvas == (192, 320)  # the caption states the canvas
+    assert tuple(session.first_latent.shape[-2:]) == (7, 12)  # the padding's latents are gone
+    obs, _, _, _, info = env.step(ramp(env.action_space))
+    assert obs["frames"].shape == (4, 112, 192, 3)
+    obs, _ = env.reset(seed=1, options={"image": _frame((120, 200), seed=5)})  # same size, new content
+    assert obs["frames"].shape == (4, 112, 192, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env)
+    env.close()
+    assert counts(world.model) == (0, 0, 0)
+
+
+def test_a_reset_image_that_gives_another_canvas_is_refused_and_the_episode_lives(world):  # noqa: F811
+    env = worldstep.make_env(world, embodiment="pusht", resolution_tier=256, image=_frame((120, 200)))
+    env.reset(seed=0)
+    session = env.episode.session
+    with pytest.raises(ValueError, match=r"options\['image'\] of size 200x120 is invalid for this env's canvas "
+                                         r"\(tier 256, aspect bin 0.6, 112x192 frames\).*allowed: .*120x200"):
+        env.reset(options={"image": _frame((200, 120))})
+    assert env.episode.session is session and env.episode.live
+    env.close()
+    envs = WorldModelVectorEnv(world.model, 2, world.knobs, embodiment="pusht", resolution_tier=256,
+                               image=_frame((120, 200)))
+    with pytest.raises(ValueError, match=r"options\['image'\] of size 64x64"):
+        envs.reset(options={"image": [None, _frame((64, 64))]})
+    assert counts(world.model) == (0, 0, 0)  # refused before any session opened
+    envs.close()
+
+
+def test_auto_tier_and_the_drawn_scene_use_the_model_size_as_reference(world):  # noqa: F811
+    env = worldstep.make_env(world, embodiment="pusht", resolution_tier="auto")
+    obs, info = env.reset(seed=0)  # a 32x32 drawn scene: tier 256, never enlarged, padded by replication
+    assert info["resolution_tier"] == 256 and obs["frames"].shape == (4, 32, 32, 3)
+    assert env.episode.session.frame.caption_size == (256, 256)
+    env.close()
+    with pytest.raises(ValueError, match=r"env.resolution_tier = 300: must be one of 256, 480, 704, 720 or 'auto'"):
+        worldstep.make_env(world, resolution_tier=300)
+    with pytest.raises(ValueError, match=r"tier=300 is invalid; allowed: one of \[256, 480, 704, 720\]"):
+        WorldModelEnv(world.model, world.knobs, resolution_tier=300)
+    with pytest.raises(ValueError, match=r"tier='big' is invalid; allowed: 256, 480, 704, 720, 'auto' or None"):
+        WorldModelEnv(world.model, world.knobs, resolution_tier="big")
