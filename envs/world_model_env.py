@@ -48,8 +48,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     The action is a ``ndarray`` with shape ``(chunk_size, action_width)``, dtype float32, values in
     ``[-1, 1]``: one row per frame of the window, the embodiment's normalised action vector. Row ``i``
-    drives frame ``i`` of the window. ``action_width`` is at most the model's ``action_dim`` (64 for
-    Cosmos3-Edge); the model zero-pads the remaining dimensions.
+    drives frame ``i`` of the window. With ``embodiment`` the width is exactly its raw width (10 for
+    ``droid_lerobot``); without, ``action_width`` is at most the model's ``action_dim`` (64 for Cosmos3-Edge).
+    The model zero-pads the remaining dimensions. With an ``action_normalizer`` the actions are raw values,
+    bounded by the stats' range.
 
     ## Observation Space
 
@@ -58,6 +60,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | Key    | Observation                      | Shape                      | Dtype | Min | Max |
     |--------|----------------------------------|----------------------------|-------|-----|-----|
     | frames | the window's decoded RGB frames  | (chunk_size, H, W, 3)      | uint8 | 0   | 255 |
+
+    ``H x W`` is the model's frame size, or with ``resolution_tier`` the first frame's content on the pipeline's
+    canvas (``content // 16 * 16``; the padding is cropped).
 
     After ``reset``, ``frames`` holds the model's decoded first frame (the VAE round trip of the given
     image) repeated ``chunk_size`` times, so every observation has the same shape. The frames play at

@@ -294,3 +294,19 @@ def test_auto_tier_and_the_drawn_scene_use_the_model_size_as_reference(world):  
         WorldModelEnv(world.model, world.knobs, resolution_tier=300)
     with pytest.raises(ValueError, match=r"tier='big' is invalid; allowed: 256, 480, 704, 720, 'auto' or None"):
         WorldModelEnv(world.model, world.knobs, resolution_tier="big")
+
+
+def test_the_rollout_command_takes_an_embodiment(world, tmp_path):  # noqa: F811
+    import json
+
+    import av
+    from worldstep.cli import main
+
+    out = tmp_path / "droid.mp4"
+    assert main(["rollout", "--env", "worldstep/Tiny-v0", "--embodiment", "droid_lerobot", "--policy", "random",
+                 "--windows", "1", "--out", str(out), "--quiet", "--set", "height=32", "--set", "width=32",
+                 "--set", "num_steps=1"]) == 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert (summary["embodiment"], summary["domain_id"]) == ("droid_lerobot", 8)  # the embodiment's id
+    with av.open(str(out)) as container:
+        assert container.streams.video[0].average_rate == 15  # the video plays at DROID's 15 fps
