@@ -310,3 +310,13 @@ def test_the_rollout_command_takes_an_embodiment(world, tmp_path):  # noqa: F811
     assert (summary["embodiment"], summary["domain_id"]) == ("droid_lerobot", 8)  # the embodiment's id
     with av.open(str(out)) as container:
         assert container.streams.video[0].average_rate == 15  # the video plays at DROID's 15 fps
+
+
+def test_the_memory_plan_counts_the_canvas_grid(world):  # noqa: F811
+    from worldstep.memory import plan_for_world
+
+    big = worldstep.load(world, height=512, width=512)  # a 512x512 first frame shrinks into the 256 tier's canvas
+    plain = plan_for_world(big, windows=4)
+    canvas = plan_for_world(worldstep.load(big, embodiment="pusht", resolution_tier=256), windows=4)
+    assert plain.tokens_per_frame == 16 * 16 and canvas.tokens_per_frame == 8 * 8  # 512 / 16 / 2, then 256 / 16 / 2
+    assert counts(big.model) == (0, 0, 0)
