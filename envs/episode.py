@@ -16,10 +16,14 @@ import numpy as np
 import torch
 from worldstep.engine.checks import check_image, check_int, check_prompt
 from worldstep.engine.models.cosmos3 import (
+    ActionNormalizer,
+    Conditioning,
     Cosmos3WorldModel,
     RolloutKnobs,
     RolloutSession,
+    SessionFrame,
     WindowResult,
+    plan_first_frame,
 )
 
 from .scene import SimulatorScene, draw_tabletop
@@ -44,6 +48,41 @@ class EpisodeRules:
     success_fn: Callable[[np.ndarray], bool] | None = None
     reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None
     simulator_judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
+    embodiment: str | None = None  # the embodiment's name (None: a raw domain)
+    fps: float | None = None  # an explicit fps (None: the embodiment's, else the model's)
+    normalizer: ActionNormalizer | None = None  # raw actions -> model actions, before the engine
+    action_bounds: tuple[float, float] | None = ACTION_BOUNDS  # what the engine checks the model actions against
+    frame: SessionFrame | None = None  # the env's fixed canvas (None: the model's frame size, cover-cropped)
+
+    @property
+    def tier(self) -> int | None:
+        """The resolution tier every episode's first frame goes onto (None: the model's frame size)."""
+        return None if self.frame is None or self.frame.plan is None else self.frame.plan.tier
+
+    def check_frame(self, image: np.ndarray, field: str) -> None:
+        """A ValueError when ``image`` would not give this env's canvas and frame size (fixed spaces)."""
+        if self.tier is None:
+            return
+        want = self.frame.plan
+        got = plan_first_frame(int(image.shape[0]), int(image.shape[1]), want.tier, want.spatial)
+        if (got.canvas, got.latent_size) != (want.canvas, want.latent_size):
+            raise ValueError(
+                f"{field} of size {image.shape[0]}x{image.shape[1]} is invalid for this env's canvas (tier {want.tier}, "
+                f"aspect bin {want.aspect_bin}, {want.output_size[0]}x{want.output_size[1]} frames): it gives a "
+                f"{got.canvas[0]}x{got.canvas[1]} canvas and {got.output_size[0]}x{got.output_size[1]} frames; "
+                f"allowed: an image that gives the env's, e.g. {want.source[0]}x{want.source[1]}")
+
+    def conditioning(self, domain_id: int) -> Conditioning:
+        """The checked conditioning of an episode in ``domain_id`` (a ValueError before any model work)."""
+        return self.model.conditioning(self.knobs, embodiment=self.embodiment, domain_id=domain_id,
+                                       action_width=self.action_width, fps=self.fps)
+
+    def model_actions(self, actions: Any) -> tuple[Any, dict[str, Any]]:
+        """The actions the engine gets and the normaliser's info (clip and out-of-range counts)."""
+        if self.normalizer is None:
+            return actions, {}
+        result = self.normalizer(actions)
+        return result.actions, result.info()
 
     def is_success(self, first_frame: np.ndarray, frames: np.ndarray) -> bool:
         if self.simulator_judge is not None:
@@ -108,8 +147,9 @@ class Episode:
         """Open the engine session (its diffusion noise seeded from ``np_random``)."""
         generator = torch.Generator().manual_seed(int(np_random.integers(2**63)))
         session = rules.model.open_session(image, request.prompt, request.domain_id, knobs=rules.knobs,
-                                           generator=generator, action_width=rules.action_width,
-                                           action_bounds=ACTION_BOUNDS)
+                                           generator=generator, embodiment=rules.embodiment,
+                                           action_width=rules.action_width, fps=rules.fps,
+                                           action_bounds=rules.action_bounds, tier=rules.tier)
         return cls(rules, session, image)
 
     @property
@@ -117,10 +157,15 @@ class Episode:
         return not self.session.closed
 
     def reset_info(self) -> dict[str, Any]:
-        return {"frame_start": 0, "frame_end": 1, "kv": self.rules.model.kv_stats(self.session)}
+        info = {"frame_start": 0, "frame_end": 1, "kv": self.rules.model.kv_stats(self.session)}
+        plan = self.session.frame.plan
+        if plan is not None:  # the pipeline's canvas: its tier and aspect bin
+            info.update(resolution_tier=plan.tier, aspect_bin=plan.aspect_bin)
+        return info
 
-    def outcome(self, result: WindowResult, actions: np.ndarray) -> tuple:
-        """``(obs, reward, terminated, truncated, info)`` of a window the model has stepped."""
+    def outcome(self, result: WindowResult, actions: np.ndarray, extra: Mapping[str, Any] | None = None) -> tuple:
+        """``(obs, reward, terminated, truncated, info)`` of a window the model has stepped (``extra``: more info,
+        e.g. the normaliser's counts)."""
         rules = self.rules
         self.windows += 1
         self.frames = result.frames
@@ -128,7 +173,7 @@ class Episode:
         reward = float(rules.reward_fn(result.frames, actions)) if rules.reward_fn is not None else float(is_success)
         info = {"window_index": result.window_index, "frame_start": result.frame_start,
                 "frame_end": result.frame_end, "timings": result.timings, "kv": result.kv,
-                "is_success": is_success, "kv_exhausted": False}
+                "is_success": is_success, "kv_exhausted": False, **(extra or {})}
         return self.observation(), reward, is_success, self.windows >= rules.max_windows, info
 
     def exhausted(self) -> tuple:
@@ -150,10 +195,11 @@ class Episode:
         self.rules.model.close(self.session)
 
 
-def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field: str) -> None:
+def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field: str,
+               conditioning: Conditioning | None = None, frame: SessionFrame | None = None) -> None:
     """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
     first window."""
-    needed = model.min_pages(prompt, knobs)
+    needed = model.min_pages(prompt, knobs, conditioning, frame)
     pool = model.kv.table.allocator.num_pages
     if needed > pool:
         raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "

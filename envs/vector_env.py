@@ -63,7 +63,10 @@ class WorldModelVectorEnv(VectorEnv):
         seeds = self._split_seed(seed)
         per_env = self._split_options(options)
         for env, opts in zip(self.envs, per_env):  # every check before any session opens
-            reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
+            request = reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
+            env.rules.conditioning(request.domain_id)
+            if request.image is not None:
+                env.rules.check_frame(request.image, "options['image']")
         super().reset(seed=seeds[0])
         results = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, per_env)]
         self._options = per_env
@@ -118,14 +121,16 @@ class WorldModelVectorEnv(VectorEnv):
         """
         if not live:
             return {}
+        prepared = {i: self.envs[i].rules.model_actions(actions[i]) for i in live}  # raw -> model (normaliser)
         try:
-            results = self.model.step([e.session for e in live.values()], [actions[i] for i in live])
+            results = self.model.step([e.session for e in live.values()], [prepared[i][0] for i in live])
         except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
             return {i: self.envs[i].step(actions[i]) if e.live else e.exhausted() for i, e in live.items()}
         except SessionClosedError as err:
             raise gym.error.ClosedEnvironmentError(
                 "the vector env was closed while step() ran; call reset() to start new episodes") from err
-        return {i: e.outcome(r, np.asarray(actions[i], np.float32)) for (i, e), r in zip(live.items(), results)}
+        return {i: e.outcome(r, np.asarray(actions[i], np.float32), prepared[i][1])
+                for (i, e), r in zip(live.items(), results)}
 
     def _split_seed(self, seed) -> list[int | None]:
         if seed is None:

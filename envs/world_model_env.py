@@ -13,7 +13,13 @@ import torch
 from gymnasium import spaces
 from worldstep.engine.checks import check_callable, check_image, check_int, check_prompt
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, SessionClosedError
+from worldstep.engine.models.cosmos3 import (
+    ActionNormalizer,
+    Cosmos3WorldModel,
+    RolloutKnobs,
+    SessionClosedError,
+    frame_for_size,
+)
 from worldstep.envs.episode import (
     ACTION_BOUNDS,
     SUCCESS_MODES,
@@ -42,8 +48,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     The action is a ``ndarray`` with shape ``(chunk_size, action_width)``, dtype float32, values in
     ``[-1, 1]``: one row per frame of the window, the embodiment's normalised action vector. Row ``i``
-    drives frame ``i`` of the window. ``action_width`` is at most the model's ``action_dim`` (64 for
-    Cosmos3-Edge); the model zero-pads the remaining dimensions.
+    drives frame ``i`` of the window. With ``embodiment`` the width is exactly its raw width (10 for
+    ``droid_lerobot``); without, ``action_width`` is at most the model's ``action_dim`` (64 for Cosmos3-Edge).
+    The model zero-pads the remaining dimensions. With an ``action_normalizer`` the actions are raw values,
+    bounded by the stats' range.
 
     ## Observation Space
 
@@ -52,6 +60,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | Key    | Observation                      | Shape                      | Dtype | Min | Max |
     |--------|----------------------------------|----------------------------|-------|-----|-----|
     | frames | the window's decoded RGB frames  | (chunk_size, H, W, 3)      | uint8 | 0   | 255 |
+
+    ``H x W`` is the model's frame size, or with ``resolution_tier`` the first frame's content on the pipeline's
+    canvas (``content // 16 * 16``; the padding is cropped).
 
     After ``reset``, ``frames`` holds the model's decoded first frame (the VAE round trip of the given
     image) repeated ``chunk_size`` times, so every observation has the same shape. The frames play at
@@ -90,7 +101,23 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
       is missing or None takes its default; an unknown option key raises ``ValueError``).
       The engine checks each step's actions once, against this env's action space.
-    - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``).
+    - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``; with an
+      embodiment: its exact raw width).
+    - ``embodiment``: a registered name (``"droid_lerobot"``, ``"agibotworld"``, ``"pusht"``, ...; see
+      ``model.embodiments``) or a domain id whose embodiments share one width. It fixes ``domain_id``, the exact
+      action width (the engine zero-pads to ``action_dim``, as the pipeline does), the fps of the positions,
+      caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
+      (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment, its
+      width and the allowed names. None: ``domain_id`` is a raw domain (default 0).
+    - ``fps``: overrides the embodiment's fps.
+    - ``action_normalizer``: an ``ActionNormalizer`` applied to every step's actions before the engine sees them;
+      the action space is then the raw one (the stats' range), ``info`` gets ``actions_outside_stats`` and
+      ``actions_clipped``, and raw values outside the stats' range raise an ``ActionRangeWarning``.
+    - ``resolution_tier``: None keeps the model's frame size (the first frame is cover-cropped). 256, 480, 704, 720
+      or ``"auto"`` put it on the pipeline's canvas (tier, aspect bin, resize, reflect padding) and crop the
+      padding from every frame: the canvas is fixed at construction from ``image`` (else the model's frame
+      size), the observation is the content's size, every reset image must give the same canvas and size, and
+      the reset ``info`` carries ``resolution_tier`` and ``aspect_bin``.
     - ``simulator``: gymnasium id of the ground-truth simulator the model was trained on (e.g.
       ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed.
     - ``success_fn``: the success judge. ``frames -> bool``; ``"sim"``: the simulator's pixel judge
@@ -120,9 +147,13 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         *,
         max_windows: int = 32,
         prompt: str = "A robot arm pushes a block across a table.",
-        domain_id: int = 0,
+        domain_id: int | None = None,
         image: np.ndarray | None = None,
         action_width: int | None = None,
+        embodiment: str | int | None = None,
+        fps: float | None = None,
+        action_normalizer: ActionNormalizer | None = None,
+        resolution_tier: int | str | None = None,
         simulator: str | None = None,
         reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
         success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
@@ -136,25 +167,38 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
-        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
-                          spec.action_dim + 1)
+        if embodiment is None and domain_id is None:
+            domain_id = 0  # a raw domain: the first action-head row
         self.prompt = check_prompt("prompt", prompt)
-        self.domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
         self.image = None if image is None else check_image("image", image)
+        rules = EpisodeRules(model, knobs, 1, action_width, embodiment=embodiment, fps=fps)
+        cond = rules.conditioning(domain_id)  # ValueError naming the embodiment, its width and the allowed names
+        self.domain_id, self.conditioning = cond.domain_id, cond
+        normalizer = _check_normalizer(action_normalizer, cond.action_width)
+        size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference
+        frame = frame_for_size(spec, model.transformer.config.latent_patch_size, *size, resolution_tier)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
         success, judge = self._resolve_success(success_fn)
-        self.rules = EpisodeRules(model, knobs, check_int("max_windows", max_windows, 1), width, success,
-                                  check_callable("reward_fn", reward_fn), judge)
-        check_pool(model, knobs, self.prompt, "prompt")
+        self.rules = EpisodeRules(
+            model, knobs, check_int("max_windows", max_windows, 1), cond.action_width, success,
+            check_callable("reward_fn", reward_fn), judge,
+            embodiment=None if cond.embodiment is None else cond.embodiment.name, fps=cond.fps,
+            normalizer=normalizer, action_bounds=ACTION_BOUNDS if normalizer is None else None, frame=frame)
+        check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
-        # the frames play at the model's fps; render() returns one frame per window
-        self.metadata = {**type(self).metadata, "render_fps": spec.fps / knobs.chunk_size, "frame_fps": spec.fps}
-        self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, width), np.float32)
+        # the frames play at the session's fps (the embodiment's); render() returns one frame per window
+        self.metadata = {**type(self).metadata, "render_fps": cond.fps / knobs.chunk_size, "frame_fps": cond.fps}
+        self.action_space = _action_space(knobs.chunk_size, cond.action_width, normalizer)
         self.observation_space = spaces.Dict(
-            {"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
+            {"frames": spaces.Box(0, 255, (knobs.chunk_size, frame.spec.height, frame.spec.width, 3), np.uint8)})
         self.episode: Episode | None = None  # the live rollout between two resets
         self._closed = False  # close() was called and no reset since
+
+    @property
+    def embodiment(self) -> str | None:
+        """The embodiment's name (None: a raw domain)."""
+        return self.rules.embodiment
 
     @property
     def model(self) -> Cosmos3WorldModel:
@@ -179,11 +223,17 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
+        cond = self.rules.conditioning(request.domain_id)  # an id the embodiment contradicts: before any work
         if request.prompt != self.prompt:
-            check_pool(self.model, self.knobs, request.prompt, "options['prompt']")
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", cond, self.rules.frame)
+        if request.image is not None:
+            self.rules.check_frame(request.image, "options['image']" if options and "image" in options else "image")
         super().reset(seed=seed)
-        spec = self.model.spec
-        image, scene_seed = first_frame(request, self._scene, seed, self.np_random, spec.height, spec.width)
+        frame = self.rules.frame
+        size = frame.plan.source if frame.plan is not None else (frame.spec.height, frame.spec.width)
+        image, scene_seed = first_frame(request, self._scene, seed, self.np_random, *size)
+        if request.image is None:
+            self.rules.check_frame(image, f"the first frame of {self.simulator or 'the drawn scene'}")
         self._close_episode()  # options are valid: free the old episode's pages before opening the new one
         self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random), False
         info = self.episode.reset_info()
@@ -193,14 +243,15 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def step(self, actions: np.ndarray):
         episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
+        model_actions, normalized = self.rules.model_actions(actions)
         try:
-            result = self.model.step([episode.session], [actions])[0]
+            result = self.model.step([episode.session], [model_actions])[0]
         except KVPoolExhausted:
             return episode.exhausted()
         except SessionClosedError as err:
             raise gym.error.ClosedEnvironmentError(
                 "the env was closed while env.step() ran; call env.reset() to start a new episode") from err
-        return episode.outcome(result, np.asarray(actions, dtype=np.float32))
+        return episode.outcome(result, np.asarray(actions, dtype=np.float32), normalized)
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
@@ -279,3 +330,26 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         episode, self.episode = self.episode, None
         if episode is not None:
             episode.close()
+
+
+def _check_normalizer(normalizer: Any, width: int) -> ActionNormalizer | None:
+    if normalizer is None:
+        return None
+    if not isinstance(normalizer, ActionNormalizer):
+        raise ValueError(f"action_normalizer={normalizer!r} is invalid; allowed: an ActionNormalizer or None")
+    if normalizer.width is not None and normalizer.width != width:
+        raise ValueError(f"action_normalizer width={normalizer.width} is invalid; allowed: {width} (the actions' "
+                         "width)")
+    return normalizer
+
+
+def _action_space(chunk: int, width: int, normalizer: ActionNormalizer | None) -> spaces.Box:
+    """Normalised actions in [-1, 1]; with a normaliser, raw actions in the stats' range (values outside it
+    warn and pass through, as in training), unbounded when the stats give none."""
+    if normalizer is None:
+        return spaces.Box(*ACTION_BOUNDS, (chunk, width), np.float32)
+    bounds = normalizer.range()
+    if bounds is None:
+        return spaces.Box(-np.inf, np.inf, (chunk, width), np.float32)
+    low, high = (np.broadcast_to(b, (chunk, width)).astype(np.float32) for b in bounds)
+    return spaces.Box(low, high, (chunk, width), np.float32)

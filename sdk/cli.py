@@ -44,7 +44,7 @@ DEFAULT_ENV = "worldstep/Tiny-v0"
 def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, dict[str, Any]]:
     model = args.config or WORLD_MODEL_IDS[args.env]
     overrides = parse_set(args.set)
-    for key in ("device", "prompt", "domain_id", "image", "context_frames"):
+    for key in ("device", "prompt", "embodiment", "domain_id", "image", "context_frames"):
         value = getattr(args, key, None)
         if value is not None:
             overrides[key] = value
@@ -69,6 +69,7 @@ def _run_info(args: argparse.Namespace, model: str, config) -> dict[str, Any]:
     """What a summary records about the run: enough to repeat it."""
     return {"command": args.command, "env": args.env if args.config is None else None, "config": model,
             "policy": args.policy, "seed": args.seed, "prompt": config.env.prompt, "domain_id": config.env.domain_id,
+            "embodiment": config.env.embodiment,
             "image": getattr(args, "image", None), "success_judge": success_name(args.success, config),
             "set": parse_set(args.set)}
 
@@ -482,7 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
     p.add_argument("--prompt", help="text prompt (default: the config's)")
-    p.add_argument("--domain-id", dest="domain_id", type=int, help="embodiment domain (default: the config's)")
+    p.add_argument("--embodiment", help="embodiment name, e.g. droid_lerobot (the README's embodiment table; "
+                                        "default: the config's)")
+    p.add_argument("--domain-id", dest="domain_id", type=int, help="action-head domain (default: the config's)")
     p.add_argument("--image", help="first frame image path (default: the simulator's scene for --seed, else a drawn "
                                    "tabletop scene)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -8,7 +8,7 @@ A config file has five sections (see ``configs/tiny.yaml``)::
     cache:   page_size, num_pages, cpu_offload_pages
     decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, onednn_conv, max_warm_streams,
              context_latents, dtype                              (the engine's ``DecoderOptions``)
-    env:     max_windows, prompt, domain_id, image, action_width, simulator
+    env:     max_windows, prompt, domain_id, embodiment, resolution_tier, image, action_width, simulator
 
 Every model is frozen, rejects unknown keys and uses strict types: an integer knob refuses ``true`` and
 ``2.0``, a switch refuses the string ``"true"``. Every failure raises :class:`ConfigError` (a
@@ -123,8 +123,14 @@ class EnvConfig(StrictModel):
     """windows per episode before truncation"""
     prompt: str = "A robot arm pushes a block across a table."
     """default text prompt"""
-    domain_id: NonNegativeInt = 0
-    """default embodiment domain (< the checkpoint's number of domains)"""
+    domain_id: NonNegativeInt | None = None
+    """default action-head domain (< the checkpoint's number of domains); None: the embodiment's, else 0"""
+    embodiment: str | None = None
+    """embodiment name (``droid_lerobot``, ``pusht``, ...: the README's embodiment table); it fixes the domain, the
+    exact action width, the fps and the view point; None: ``domain_id`` is a raw domain"""
+    resolution_tier: Literal[256, 480, 704, 720, "auto"] | None = None
+    """the pipeline's first-frame canvas (tier, aspect bin, padding cropped from the frames); None: the model's
+    frame size, the first frame cover-cropped"""
     image: str | None = None
     """path of the default first frame (None: a procedurally drawn scene, seeded per reset)"""
     action_width: PositiveInt | None = None
@@ -181,6 +187,9 @@ class WorldstepConfig(StrictModel):
         field of exactly one section (``num_steps=2``, ``num_pages=64``, ``max_windows=3``).
         """
         data = self.model_dump()
+        env = overrides.get("env") if isinstance(overrides.get("env"), dict) else overrides
+        if "embodiment" in env and "domain_id" not in env:
+            data["env"]["domain_id"] = None  # a new embodiment brings its own domain id
         for key, value in overrides.items():
             if key in _SECTIONS:
                 if not isinstance(value, dict):

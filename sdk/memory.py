@@ -115,10 +115,13 @@ def plan_for_world(world, *, windows: int) -> MemoryPlan:
 
     spec, env = world.model.spec, world.config.env
     image = np.zeros((spec.height, spec.width, 3), np.uint8)
-    with world.model.session(image, env.prompt, env.domain_id, knobs=world.knobs) as session:
+    domain_id = 0 if env.domain_id is None and env.embodiment is None else env.domain_id
+    with world.model.session(image, env.prompt, domain_id, embodiment=env.embodiment, knobs=world.knobs,
+                             tier=env.resolution_tier) as session:
         text_tokens = world.model.kv_stats(session).protected_tokens
+        tokens_per_frame = session.spec.tokens_per_frame  # the session's grid (its canvas's content, if any)
     return plan(world.config, windows=windows, text_tokens=text_tokens, text_tokens_measured=True,
-                kv_bytes_per_token=world.model.kv_bytes_per_token, tokens_per_frame=spec.tokens_per_frame)
+                kv_bytes_per_token=world.model.kv_bytes_per_token, tokens_per_frame=tokens_per_frame)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from .config import CONFIG_NAMES, ConfigError, WorldstepConfig, load_config
 # the last World holding it does. `load` without `share` never looks here.
 _SHARED: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
-_ENV_RUNTIME_KEYS = ("render_mode", "reward_fn", "success_fn")
+_ENV_RUNTIME_KEYS = ("render_mode", "reward_fn", "success_fn", "fps", "action_normalizer")
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,7 +45,12 @@ class World:
     @property
     def action_shape(self) -> tuple[int, int]:
         """``(chunk_size, action_width)`` of this world's envs."""
-        return self.config.rollout.chunk_size, self.config.env.action_width or self.model.spec.action_dim
+        env = self.config.env
+        if env.embodiment is None:
+            return self.config.rollout.chunk_size, env.action_width or self.model.spec.action_dim
+        cond = self.model.conditioning(self.knobs, embodiment=env.embodiment, domain_id=env.domain_id,
+                                       action_width=env.action_width)
+        return self.config.rollout.chunk_size, cond.action_width
 
     def __deepcopy__(self, memo: dict) -> World:
         return self
@@ -198,14 +203,16 @@ def _env_kwargs(world: World, runtime: dict[str, Any]) -> dict[str, Any]:
     if image is None and env.image is not None:
         image = read_image(env.image)
     return dict(max_windows=env.max_windows, prompt=env.prompt, domain_id=env.domain_id, image=image,
-                action_width=env.action_width, simulator=env.simulator, **runtime)
+                action_width=env.action_width, embodiment=env.embodiment, resolution_tier=env.resolution_tier,
+                simulator=env.simulator, **runtime)
 
 
 def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwargs: Any):
     """A :class:`worldstep.envs.WorldModelEnv` for ``model`` (anything :func:`load` takes).
 
     ``kwargs``: ``render_mode``, ``reward_fn``, ``success_fn``, ``image`` (an ``(H, W, 3)`` uint8 array or a
-    path), and any config key (``max_windows=4``, ``prompt=...``, ``domain_id=8``, ``num_steps=2``, ...).
+    path), ``fps`` and ``action_normalizer`` (see ``WorldModelEnv``), and any config key (``max_windows=4``,
+    ``prompt=...``, ``embodiment="droid_lerobot"``, ``domain_id=8``, ``num_steps=2``, ...).
     The env is returned without gymnasium's wrappers; ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds them.
     """
     from worldstep.envs import WorldModelEnv

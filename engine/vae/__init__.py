@@ -13,6 +13,7 @@ _LAZY = {
     "WHOLE_STREAM_DECODE_ATOL": ".decoder",
     "WarmWanDecoder": ".decoder",
     "encode_first_frame": ".encoder",
+    "encode_pixels": ".encoder",
     "preprocess_first_frame": ".encoder",
     "frames_from_pixels": ".frames",
     "frames_per_window": ".frames",

@@ -73,9 +73,20 @@ def encode_first_frame(vae: torch.nn.Module, image: np.ndarray, height: int, wid
         `[1, C, 1, height / s, width / s]` float32 on the VAE's device, `(mu - mean) / std`.
     """
     _check_size(height, width, int(vae.config.scale_factor_spatial))
-    x = preprocess_first_frame(image, height, width)
+    return encode_pixels(vae, preprocess_first_frame(image, height, width))
+
+
+def encode_pixels(vae: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """Encode one preprocessed frame (e.g. the pipeline's padded canvas) to its clean normalised latent.
+
+    Args:
+        pixels: `[1, 3, H, W]` float in [-1, 1], sides multiples of the VAE's spatial factor.
+    Returns:
+        `[1, C, 1, H / s, W / s]` float32 on the VAE's device, `(mu - mean) / std`.
+    """
+    _check_size(int(pixels.shape[-2]), int(pixels.shape[-1]), int(vae.config.scale_factor_spatial))
     weight = vae.quant_conv.weight
-    x = x.to(device=weight.device, dtype=weight.dtype).unsqueeze(2)  # [1,3,1,H,W]
+    x = pixels.to(device=weight.device, dtype=weight.dtype).unsqueeze(2)  # [1,3,1,H,W]
     with torch.no_grad():  # not inference_mode: the caller may edit the latent in place
         mu = _encode_mean(vae, x)
         norm = LatentNorm.from_vae(vae, weight.device, weight.dtype)

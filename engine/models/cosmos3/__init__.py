@@ -12,6 +12,16 @@ from .architecture import FAMILY_SWITCHES, Cosmos3Architecture, PipelineOptions
 from .knobs import RolloutKnobs
 
 _LAZY = {
+    "ActionNormalizer": ".action_normalizer",
+    "ActionRangeWarning": ".action_normalizer",
+    "ActionStats": ".action_stats",
+    "Conditioning": ".conditioning",
+    "FramePlan": ".canvas",
+    "plan_first_frame": ".canvas",
+    "SessionFrame": ".first_frame",
+    "frame_for_size": ".first_frame",
+    "Embodiment": ".embodiment",
+    "EmbodimentRegistry": ".embodiments",
     "build_checkpoint": ".checkpoint",
     "build_pipeline": ".checkpoint",
     "ensure_embedded_checkpoint": ".checkpoint",

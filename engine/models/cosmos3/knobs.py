@@ -32,8 +32,8 @@ class RolloutKnobs(StrictModel):
     """shift of the flow-matching sigma schedule"""
     negative_prompt: str = ""
     """text of the unconditional stream when guidance_scale > 1"""
-    view_point: ViewPoint = "ego_view"
-    """camera framing the JSON caption states"""
+    view_point: ViewPoint | None = None
+    """camera framing the JSON caption states (None: the embodiment's default view point, else ego_view)"""
     decode: bool = True
     """decode each window to frames (off: latents only, e.g. for planners scoring in latent space)"""
 

@@ -12,19 +12,22 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from ...attention import AttentionBackendName, resolve_backend
-from ...checks import check_actions, check_image, check_int, check_prompt
+from ...checks import check_actions, check_image, check_prompt
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamKey, StreamLabel
 from ...lanes import DecodeLane
 from ...scheduler import Scheduler
-from ...vae import DecoderOptions, WarmWanDecoder, encode_first_frame
+from ...vae import DecoderOptions, WarmWanDecoder
+from .conditioning import Conditioning, resolve_conditioning
+from .embodiments import folder_registry
+from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
 from .graphs import check_cuda_graphs
 from .knobs import RolloutKnobs
 from .loader import Cosmos3Components, load_components, model_spec
-from .prompt import tokenize_action_prompt
+from .prompt import session_prompt_ids
 from .runner import prefill_text
 from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
-from .spec import KVStats, PhaseTimings, WindowResult
+from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult
 from .stepping import run_step, window_result
 from .window import WindowContext
 
@@ -50,6 +53,7 @@ class Cosmos3WorldModel:
         self.transformer, self.vae, self.device = components.transformer, components.vae, device
         self.dtype = next(self.transformer.parameters()).dtype
         self.spec = model_spec(components, height=height, width=width, fps=fps, name=name)
+        self.embodiments = folder_registry(components.path, self.spec.num_domains)  # names this checkpoint takes
         config = self.transformer.config
         self.kv = PagedKVCache(num_layers=config.num_hidden_layers, num_pages=num_pages, page_size=page_size,
                                num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
@@ -90,29 +94,31 @@ class Cosmos3WorldModel:
     # --- sessions -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def open_session(self, image, prompt: str, domain_id: int, *, knobs: RolloutKnobs | None = None,
-                     generator: torch.Generator | None = None, action_width: int | None = None,
-                     action_bounds: tuple[float, float] | None = None) -> RolloutSession:
+    def open_session(self, image, prompt: str, domain_id: int | None = None, *, embodiment: str | int | None = None,
+                     knobs: RolloutKnobs | None = None, generator: torch.Generator | None = None,
+                     action_width: int | None = None, action_bounds: tuple[float, float] | None = None,
+                     fps: float | None = None, tier: int | str | None = None) -> RolloutSession:
         """Check everything, prefill the prompt per CFG stream (then protect it), encode and decode frame 0.
 
-        ``action_width``: the action columns each step passes (default: the model's ``action_dim``; the rest
-        is zero-padded); ``action_bounds``: the range they must lie in, when the caller declares one.
+        ``embodiment`` (a name of ``self.embodiments``), ``domain_id``, ``action_width``, ``fps``: see
+        `resolve_conditioning`. ``action_bounds``: the range the actions must lie in, when one is declared.
+        ``tier``: None keeps the model's frame size; 256/480/704/720/"auto" use the pipeline's canvas (first_frame.py).
         """
         knobs = knobs if knobs is not None else RolloutKnobs()
         if not isinstance(knobs, RolloutKnobs):
             raise ValueError(f"knobs={knobs!r} is invalid; allowed: a RolloutKnobs")
         spec = self.spec
-        domain_id = check_int("domain_id", domain_id, 0, spec.num_domains)
-        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
-                          spec.action_dim + 1)
+        cond = self.conditioning(knobs, embodiment=embodiment, domain_id=domain_id, action_width=action_width, fps=fps)
         prompt, image = check_prompt("prompt", prompt), check_image("image", image)
+        frame = plan_session_frame(spec, self.transformer.config.latent_patch_size, image, tier)
         check_prompt("negative_prompt", knobs.negative_prompt, allow_empty=True)
         self.decoder.options.validate_for_window(knobs.latents_per_window)
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
-        ids = self._prompt_ids(prompt, knobs)
-        self.scheduler.make_room(self._pages_to_open(ids, knobs))  # or KVPoolExhausted, before anything opens
+        ids = self._prompt_ids(prompt, knobs, cond, frame)
+        self.scheduler.make_room(self._pages_to_open(ids, knobs, frame.spec))  # or KVPoolExhausted, before opening
         session = RolloutSession(
-            session_id=new_session_id(), knobs=knobs, domain_id=domain_id, action_shape=(knobs.chunk_size, width),
+            session_id=new_session_id(), knobs=knobs, domain_id=cond.domain_id, conditioning=cond, frame=frame,
+            action_shape=(knobs.chunk_size, cond.action_width),
             action_bounds=action_bounds, generator=generator, text_lens={}, first_latent=torch.empty(0),
             decode_stream=self.decoder.open_stream() if knobs.decode else None, first_frame=None,
             schedule=window_schedule(knobs))
@@ -120,7 +126,7 @@ class Cosmos3WorldModel:
             for label, label_ids in ids.items():
                 self._prefill(StreamKey(session.session_id, label), label_ids)
             session.text_lens = {label: len(label_ids) for label, label_ids in ids.items()}
-            session.first_latent = encode_first_frame(self.vae, image, spec.height, spec.width)[0].float()
+            session.first_latent = encode_session_frame(self.vae, image, frame)
             if session.decode_stream is not None:
                 session.first_frame = self.decoder.decode(session.decode_stream, session.first_latent[None])[0]
         except BaseException:
@@ -138,24 +144,29 @@ class Cosmos3WorldModel:
         finally:
             self.close(session)
 
-    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None) -> int:
+    def conditioning(self, knobs: RolloutKnobs | None = None, **given) -> Conditioning:
+        """The checked conditioning of a session opened with ``given`` (``embodiment``, ``domain_id``,
+        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names."""
+        knobs = knobs if knobs is not None else RolloutKnobs()
+        return resolve_conditioning(self.embodiments, self.spec, knobs, **given)
+
+    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None, conditioning: Conditioning | None = None,
+                  frame: SessionFrame | None = None) -> int:
         """KV pages one session needs to open (its prompt per CFG stream) and commit its first window, with the
         page of slack admission keeps per stream: a pool smaller than this can never run an episode."""
         knobs = knobs if knobs is not None else RolloutKnobs()
-        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs)
-        return self._pages_to_open(ids, knobs) + len(ids)
+        cond = conditioning if conditioning is not None else self.conditioning(knobs, domain_id=0)
+        frame = frame if frame is not None else SessionFrame(self.spec, (self.spec.height, self.spec.width))
+        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs, cond, frame)
+        return self._pages_to_open(ids, knobs, frame.spec) + len(ids)
 
-    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs) -> dict[StreamLabel, list[int]]:
-        spec = self.spec
-        tokens = tokenize_action_prompt(self.components.tokenizer, prompt, knobs.negative_prompt,
-                                        view_point=knobs.view_point, num_frames=knobs.chunk_size + 1, fps=spec.fps,
-                                        height=spec.height, width=spec.width,
-                                        use_system_prompt=self.components.default_use_system_prompt)
-        labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if knobs.uses_cfg else (StreamLabel.MAIN,)
-        return {label: tokens.cond if label is StreamLabel.MAIN else tokens.uncond for label in labels}
+    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs, cond: Conditioning,
+                    frame: SessionFrame) -> dict[StreamLabel, list[int]]:
+        return session_prompt_ids(self.components.tokenizer, prompt, knobs, view_point=cond.view_point, fps=cond.fps,
+                                  size=frame.caption_size, use_system_prompt=self.components.default_use_system_prompt)
 
-    def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs) -> int:
-        first_window = window_schedule(knobs).window(0).units * self.spec.tokens_per_frame + knobs.chunk_size
+    def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs, spec: ModelSpec) -> int:
+        first_window = window_schedule(knobs).window(0).units * spec.tokens_per_frame + knobs.chunk_size
         return sum(self.kv.table.pages_for(len(label_ids) + first_window) for label_ids in ids.values())
 
     def _prefill(self, key: StreamKey, ids: list[int]) -> None:
@@ -174,6 +185,7 @@ class Cosmos3WorldModel:
         stream = None if session.decode_stream is None else self.decoder.fork_stream(session.decode_stream)
         fork = RolloutSession(
             session_id=new_session_id(), knobs=session.knobs, domain_id=session.domain_id,
+            conditioning=session.conditioning, frame=session.frame,
             action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
             text_lens=dict(session.text_lens), first_latent=session.first_latent, decode_stream=stream,
             first_frame=session.first_frame, schedule=session.schedule, window_index=session.window_index,
@@ -274,7 +286,7 @@ class Cosmos3WorldModel:
         table, needed = self.kv.table, 0
         for s in sessions:
             if s.knobs.window_mode == "kv":
-                tokens = s.plan.units * self.spec.tokens_per_frame + s.knobs.chunk_size
+                tokens = s.plan.units * s.spec.tokens_per_frame + s.knobs.chunk_size
                 for key in s.stream_keys():
                     seq = self.kv.page_table(key).seq_len
                     needed += table.pages_for(seq + tokens) - table.pages_for(seq) + 1

@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from ...kv import StreamLabel
+
 VIEWPOINT_FRAMING = {
     "ego_view": "This video is captured from a first-person perspective looking at the scene.",
     "third_person_view": "This video is captured from a third-person perspective looking towards the agent from the front.",
@@ -78,3 +80,13 @@ def tokenize_action_prompt(
         cond=_chat_ids(tokenizer, caption, system) + tail,
         uncond=_chat_ids(tokenizer, negative_prompt, system) + tail,
     )
+
+
+def session_prompt_ids(tokenizer, prompt: str, knobs, *, view_point: str, fps: float, size: tuple[int, int],
+                       use_system_prompt: bool) -> dict[StreamLabel, list[int]]:
+    """The token ids of each KV stream of a session: ``main``, and ``uncond`` under CFG."""
+    tokens = tokenize_action_prompt(tokenizer, prompt, knobs.negative_prompt, view_point=view_point,
+                                    num_frames=knobs.chunk_size + 1, fps=fps, height=size[0], width=size[1],
+                                    use_system_prompt=use_system_prompt)
+    labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if knobs.uses_cfg else (StreamLabel.MAIN,)
+    return {label: tokens.cond if label is StreamLabel.MAIN else tokens.uncond for label in labels}

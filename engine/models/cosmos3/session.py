@@ -17,6 +17,8 @@ import torch
 from ...kv import StreamKey, StreamLabel
 from ...vae import DecodeStream
 from ...windowing import WindowPlan, WindowSchedule
+from .conditioning import Conditioning
+from .first_frame import SessionFrame
 from .knobs import RolloutKnobs
 
 
@@ -50,6 +52,8 @@ class RolloutSession:
         session_id: unique within the process; names the session's KV streams.
         knobs: the rollout settings it was opened with.
         domain_id: the embodiment's action head.
+        conditioning: the checked domain, action width, fps (of positions and caption) and view point.
+        frame: the session's latent grid and frame size (``frame.spec``), caption size and canvas plan.
         action_shape: ``(chunk_size, width)`` of the actions each step takes (zero-padded to the model's
             ``action_dim`` inside the window); ``action_bounds`` the allowed range, when one is declared.
         generator: the source of every window's noise.
@@ -64,6 +68,8 @@ class RolloutSession:
     session_id: str
     knobs: RolloutKnobs
     domain_id: int
+    conditioning: Conditioning
+    frame: SessionFrame
     action_shape: tuple[int, int]
     action_bounds: tuple[float, float] | None
     generator: torch.Generator
@@ -77,6 +83,11 @@ class RolloutSession:
     closed: bool = False
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while a window runs
     abort: threading.Event = field(default_factory=threading.Event, repr=False)  # a running window stops
+
+    @property
+    def spec(self):
+        """The model's spec at this session's frame size (its latent grid and tokens per frame)."""
+        return self.frame.spec
 
     @property
     def labels(self) -> tuple[StreamLabel, ...]:

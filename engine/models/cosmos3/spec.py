@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -41,6 +41,13 @@ class ModelSpec:
 
     def tokens_per_window(self, knobs: RolloutKnobs) -> int:
         return knobs.latents_per_window * self.tokens_per_unit
+
+    def at_latent_size(self, latent_height: int, latent_width: int, patch: int) -> ModelSpec:
+        """This spec for frames of a ``latent_height x latent_width`` grid (a session on its own canvas)."""
+        grid = (-(-latent_height // patch), -(-latent_width // patch))
+        return replace(self, height=latent_height * self.spatial_compression,
+                       width=latent_width * self.spatial_compression, latent_height=latent_height,
+                       latent_width=latent_width, tokens_per_frame=grid[0] * grid[1], patch_grid=grid)
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ class WindowContext:
 
 def group_key(session: RolloutSession) -> tuple:
     """Sessions with equal keys run one window together: same timesteps, same window shape."""
-    plan, knobs = session.plan, session.knobs
-    return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, plan.units, plan.cond_units)
+    plan, knobs, grid = session.plan, session.knobs, session.spec.patch_grid
+    return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, plan.units, plan.cond_units,
+            session.spec.latent_height, session.spec.latent_width, grid)
 
 
 @dataclass
@@ -73,7 +74,7 @@ def run_window(ctx: WindowContext, sessions: list[RolloutSession], actions: list
         per session the window's new latents ``[C, n, h, w]``, float32, on the device.
     """
     if len({group_key(s) for s in sessions}) != 1:
-        raise ValueError("sessions of one window must share group_key (steps, shift, mode, window shape)")
+        raise ValueError("sessions of one window must share group_key (steps, shift, mode, window shape, grid)")
     jobs = [_prepare(ctx, s, a) for s, a in zip(sessions, actions)]
     rows = [(job, label) for job in jobs for label in job.session.labels]
     tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.stream_keys()]
@@ -90,7 +91,7 @@ def run_window(ctx: WindowContext, sessions: list[RolloutSession], actions: list
 
 
 def _prepare(ctx: WindowContext, session: RolloutSession, actions: np.ndarray) -> _Job:
-    plan, spec = session.plan, ctx.spec
+    plan, spec = session.plan, session.spec
     shape = (1, spec.latent_channels, plan.units, spec.latent_height, spec.latent_width)
     noise = torch.randn(shape, generator=session.generator, dtype=torch.float32)[0].to(ctx.device)
     clean = plan.cond_units
@@ -104,9 +105,9 @@ def _prepare(ctx: WindowContext, session: RolloutSession, actions: np.ndarray) -
 
 
 def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torch.Tensor, torch.Tensor]:
-    session, spec, config = job.session, ctx.spec, ctx.transformer.config
+    session, spec, config = job.session, job.session.spec, ctx.transformer.config
     offset = media_offset(session.text_lens[label], config.unified_3d_mrope_temporal_modality_margin)
-    timing = dict(offset=offset, fps=spec.fps, base_fps=float(config.base_fps),
+    timing = dict(offset=offset, fps=session.conditioning.fps, base_fps=float(config.base_fps),
                   temporal_compression=spec.temporal_compression)
     plan = session.plan
     vision = vision_positions(plan.start, plan.end, *spec.patch_grid, **timing)
@@ -127,7 +128,7 @@ def _hidden(ctx: WindowContext, jobs: list[_Job], timestep: float | None) -> tor
 
 def _velocity(ctx: WindowContext, job: _Job, out: torch.Tensor) -> torch.Tensor:
     """Row output `[N_row, hidden]` -> velocity `[C, T, h, w]`, zero on the clean frames."""
-    spec, patch = ctx.spec, ctx.transformer.config.latent_patch_size
+    spec, patch = job.session.spec, ctx.transformer.config.latent_patch_size
     frames = job.latents.shape[1]
     start, end = job.clean * spec.tokens_per_frame, frames * spec.tokens_per_frame
     noisy = unpatchify(project_out(ctx.transformer, out[start:end]), frames - job.clean,
@@ -191,6 +192,6 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
         for key in session.stream_keys():
             end = offset + job.num_tokens
             ctx.cache.append(key, out.keys[:, offset:end], out.values[:, offset:end])
-            policy = session.schedule.retention(ctx.spec.tokens_per_unit, session.text_lens[key.label])
+            policy = session.schedule.retention(session.spec.tokens_per_unit, session.text_lens[key.label])
             ctx.cache.table.apply_retention(key, policy)
             offset = end

@@ -1,0 +1,80 @@
+"""What a session is conditioned on besides its prompt and first frame: the action head's domain, the exact
+width of the actions each step passes, the fps of its positions and caption, and the caption's view point.
+
+Two ways in, both checked before any model work:
+
+* an embodiment (a registered name, or a domain id whose embodiments share one width): the domain and the
+  exact raw width are the embodiment's (zero-padded to the model's ``action_dim`` inside the window, as the
+  pipeline does); fps is the explicit one, else the embodiment's ``default_fps``, else the checkpoint's;
+  the view point is the knobs' explicit one, else the embodiment's ``default_view_point``;
+* a bare ``domain_id`` (a raw domain, e.g. a checkpoint trained from scratch): any width up to
+  ``action_dim``, the checkpoint's fps, the ego view unless the knobs say otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...checks import check_int, is_int
+from .embodiment import Embodiment
+from .embodiments import EmbodimentRegistry
+from .knobs import RolloutKnobs
+from .spec import ModelSpec
+
+DEFAULT_VIEW_POINT = "ego_view"
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """A session's checked conditioning: domain id, exact action width, fps, view point and embodiment."""
+
+    domain_id: int
+    action_width: int
+    fps: float
+    view_point: str
+    embodiment: Embodiment | None = None
+
+
+def check_fps(field: str, fps: object) -> float:
+    """A positive finite number as float; a ValueError naming ``field`` otherwise."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+        raise ValueError(f"{field}={fps!r} is invalid; allowed: a number > 0")
+    return float(fps)
+
+
+def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: RolloutKnobs, *,
+                         embodiment: str | int | None = None, domain_id: int | None = None,
+                         action_width: int | None = None, fps: float | None = None) -> Conditioning:
+    """Check a caller's combination against the checkpoint's embodiments and action head.
+
+    Args:
+        embodiment: a registered name, or a domain id whose embodiments share one width; None for a raw domain.
+        domain_id: with an embodiment, must equal its id (or None); without one, the raw domain (required).
+        action_width: with an embodiment, must equal its raw width (or None); without one, 1..action_dim
+            (None: action_dim).
+        fps: the rate of the actions and frames (None: the embodiment's, else the checkpoint's).
+    """
+    fps = None if fps is None else check_fps("fps", fps)
+    if embodiment is None:
+        if domain_id is None:
+            raise ValueError(f"embodiment=None and domain_id=None: give one; allowed embodiments: "
+                             f"{sorted(registry.names)}")
+        domain = check_int("domain_id", domain_id, 0, spec.num_domains)
+        width = check_int("action_width", spec.action_dim if action_width is None else action_width, 1,
+                          spec.action_dim + 1)
+        return Conditioning(domain, width, fps or spec.fps, knobs.view_point or DEFAULT_VIEW_POINT)
+    if is_int(embodiment):
+        if domain_id is not None and domain_id != embodiment:
+            raise ValueError(f"domain_id={domain_id!r} contradicts embodiment={embodiment!r}; allowed: "
+                             f"domain_id={embodiment} or None")
+        name, domain_id = None, int(embodiment)
+    elif isinstance(embodiment, str):
+        name = embodiment
+    else:
+        raise ValueError(f"embodiment={embodiment!r} is invalid; allowed: one of {sorted(registry.names)}, a "
+                         "domain id, or None")
+    found = registry.resolve(name, domain_id=domain_id, width=action_width, num_domains=spec.num_domains,
+                             action_dim=spec.action_dim)
+    return Conditioning(found.domain_id, found.raw_width, fps or found.default_fps or spec.fps,
+                        knobs.view_point or found.default_view_point, found)
