@@ -41,7 +41,7 @@ install: $(VENV)/.installed
 
 # the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
 demo: $(VENV)/.core
-	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 4 --truth --out rollout.mp4
+	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 20000000 --truth --out rollout.mp4
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
