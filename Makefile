@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv when missing.
 #   make demo      torch + worldstep's core dependencies, then the demo
-#   make test      what the tests import as well (the dev, dist and remote extras), then the suite
+#   make test      what the tests import as well (the dev, dist, remote and lerobot extras), then the suite
 #   make install   = what `make test` installs
 PYTHON ?= python3
 VENV ?= .venv
