@@ -125,7 +125,7 @@ BAD_OPTIONS = [
     ({"prompt": 3}, r"options\['prompt'\]=3"),
     ({"image": np.full((32, 32, 3), 2.0, np.float32)}, r"options\['image'\] float values in \[2, 2\]"),
     ({"image": np.zeros((32, 32, 3), np.int32)}, r"options\['image'\].dtype=int32"),
-    ({"camera": "wrist"}, r"options keys \['camera'\] are invalid; allowed: \('image', 'prompt', 'domain_id'\)"),
+    ({"camera": "wrist"}, r"options\['camera'\] is invalid; allowed keys: image, prompt, domain_id"),
     ({"image": np.zeros((32, 32), np.uint8)}, r"options\['image'\].shape=\(32, 32\)"),
     ({"image": [[0]]}, r"options\['image'\] of type list"),
 ]
