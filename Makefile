@@ -47,9 +47,9 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
 
 # Cosmos3-Edge at full size on CPU (issue 15): pipeline parity, kv rollout vs the dense oracle, memory plan vs
-# the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge_cpu.json.
+# the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge/cpu.json.
 edge-check: $(VENV)/.installed
-	EDGE_JSON=docs/bench/edge_cpu.json $(PY) -m pytest -q -s -m slow tests/test_edge_size.py
+	EDGE_JSON=docs/bench/edge/cpu.json $(PY) -m pytest -q -s -m slow tests/test_edge_size.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

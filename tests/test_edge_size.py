@@ -12,7 +12,7 @@ action resolution tier, so the smallest canvas both sides can run), chunk 16, 2 
 
 Run it with `make edge-check` (24 minutes on a 2-core box under a load of ~9; peak RSS 17.7 GiB, so it refuses to
 start with less than NEEDS_GIB available); the figures go to ``$EDGE_JSON`` (the make target:
-docs/bench/edge_cpu.json). The fast tests below check the builder it uses at tiny size.
+docs/bench/edge/cpu.json). The fast tests below check the builder it uses at tiny size.
 """
 
 from __future__ import annotations
