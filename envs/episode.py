@@ -48,7 +48,7 @@ class EpisodeRules:
     success_fn: Callable[[np.ndarray], bool] | None = None
     reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None
     simulator_judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
-    embodiment: str | None = None  # the embodiment's name (None: a raw domain)
+    embodiment: str | None = None  # the embodiment's name
     fps: float | None = None  # an explicit fps (None: the embodiment's, else the model's)
     normalizer: ActionNormalizer | None = None  # raw actions -> model actions, before the engine
     action_bounds: tuple[float, float] | None = ACTION_BOUNDS  # what the engine checks the model actions against
@@ -88,6 +88,16 @@ class EpisodeRules:
         if self.simulator_judge is not None:
             return bool(self.simulator_judge(first_frame, frames))
         return bool(self.success_fn(frames)) if self.success_fn is not None else False
+
+
+def default_embodiment(model: Cosmos3WorldModel) -> str:
+    """The embodiment of an env given neither ``embodiment`` nor ``domain_id``: the checkpoint's only one that
+    fits its action head (the shipped ``pusher`` registers exactly one); a ``ValueError`` naming the choices."""
+    spec = model.spec
+    fitting = [e.name for e in model.embodiments.within(spec.num_domains) if e.raw_width <= spec.action_dim]
+    if len(fitting) != 1:
+        raise ValueError(f"embodiment=None and domain_id=None: give one; allowed names: {sorted(fitting)}")
+    return fitting[0]
 
 
 @dataclass(frozen=True)

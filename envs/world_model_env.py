@@ -26,6 +26,7 @@ from worldstep.envs.episode import (
     Episode,
     EpisodeRules,
     check_pool,
+    default_embodiment,
     first_frame,
     reset_request,
 )
@@ -101,14 +102,17 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
       is missing or None takes its default; an unknown option key raises ``ValueError``).
       The engine checks each step's actions once, against this env's action space.
-    - ``action_width``: action dimensions the policy controls (default: the model's ``action_dim``; with an
-      embodiment: its exact raw width).
+    - ``action_width``: the embodiment's exact raw width (None takes it; any other value is a ``ValueError``).
     - ``embodiment``: a registered name (``"droid_lerobot"``, ``"agibotworld"``, ``"pusht"``, ...; see
       ``model.embodiments``) or a domain id whose embodiments share one width. It fixes ``domain_id``, the exact
       action width (the engine zero-pads to ``action_dim``, as the pipeline does), the fps of the positions,
       caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
       (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment, its
-      width and the allowed names. None: ``domain_id`` is a raw domain (default 0).
+      width and the allowed names. None: ``domain_id``'s embodiment (an id without one, or whose embodiments
+      differ in width, is a ``ValueError``); with neither, the checkpoint's only embodiment when it registers
+      exactly one (the shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's. A model trained on
+      other domains registers its embodiments in its ``worldstep.json``; the engine's ``open_session`` without
+      an embodiment still takes a raw domain (training, research).
     - ``fps``: overrides the embodiment's fps.
     - ``action_normalizer``: an ``ActionNormalizer`` applied to every step's actions before the engine sees them;
       the action space is then the raw one (the stats' range), ``info`` gets ``actions_outside_stats`` and
@@ -167,8 +171,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
-        if embodiment is None and domain_id is None:
-            domain_id = 0  # a raw domain: the first action-head row
+        if embodiment is None:
+            # a domain id stands for its embodiment, as in the pipeline: it must name one, of one exact width
+            embodiment = default_embodiment(model) if domain_id is None else domain_id
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
         rules = EpisodeRules(model, knobs, 1, action_width, embodiment=embodiment, fps=fps)
@@ -196,8 +201,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._closed = False  # close() was called and no reset since
 
     @property
-    def embodiment(self) -> str | None:
-        """The embodiment's name (None: a raw domain)."""
+    def embodiment(self) -> str:
+        """The embodiment's name (a domain id given alone stands for its embodiment)."""
         return self.rules.embodiment
 
     @property

@@ -124,10 +124,10 @@ class EnvConfig(StrictModel):
     prompt: str = "A robot arm pushes a block across a table."
     """default text prompt"""
     domain_id: NonNegativeInt | None = None
-    """default action-head domain (< the checkpoint's number of domains); None: the embodiment's, else 0"""
+    """default action-head domain: an id standing for one embodiment of one width; None: the embodiment's"""
     embodiment: str | None = None
     """embodiment name (``droid_lerobot``, ``pusht``, ...: the README's embodiment table); it fixes the domain, the
-    exact action width, the fps and the view point; None: ``domain_id`` is a raw domain"""
+    exact action width, the fps and the view point; None: ``domain_id``'s embodiment"""
     resolution_tier: Literal[256, 480, 704, 720, "auto"] | None = None
     """the pipeline's first-frame canvas (tier, aspect bin, padding cropped from the frames); None: the model's
     frame size, the first frame cover-cropped"""

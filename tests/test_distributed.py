@@ -31,7 +31,7 @@ def comparable(report) -> list[dict]:
 def test_ray_backend_without_ray_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(RayUnavailableError, match=r"pip install 'worldstep\[dist\]'"):
-        worldstep.evaluate("tiny", SinePolicy((4, 16)), 1, out_dir=tmp_path, backend="ray")
+        worldstep.evaluate("tiny", SinePolicy((4, 10)), 1, out_dir=tmp_path, backend="ray")
 
 
 def test_backend_arguments_are_checked(world, tmp_path):  # noqa: F811
@@ -203,7 +203,7 @@ def test_a_model_no_actor_can_load_fails_fast_with_the_actors_error(ray_cluster,
     missing = tmp_path / "no-such-checkpoint"
     config = world.config.with_overrides(model={"name": "missing", "checkpoint": str(missing), "architecture": None})
     with pytest.raises(WorkerStartError, match=rf"could not load the model: .*{missing.name}"):
-        worldstep.distributed.evaluate_ray(config, SinePolicy((4, 16)), 4, out_dir=tmp_path, progress=False,
+        worldstep.distributed.evaluate_ray(config, SinePolicy((4, 10)), 4, out_dir=tmp_path, progress=False,
                                            timeout_s=300)
     # Counted, not timed: the first failed start ends the run, no replacement actors (not 4 shards x 3 attempts).
     (scheduler,) = schedulers

@@ -229,7 +229,7 @@ def test_render_fps_matches_the_frames_render_returns(world):  # noqa: F811
     video_s = (len(rendered) - 1) / env.metadata["render_fps"]
     model_s = windows * env.unwrapped.knobs.chunk_size / env.metadata["frame_fps"]
     assert video_s == pytest.approx(model_s)  # a video of the renders plays in the model's time
-    assert env.metadata["frame_fps"] == world.spec.fps
+    assert env.metadata["frame_fps"] == 15  # droid_lerobot's (tiny.yaml's domain 8), not the checkpoint's 24
     env.close()
 
 
@@ -262,7 +262,7 @@ def _chain(env):
 
 
 def test_vector_env_declares_frame_fps(world):  # noqa: F811
-    vec = WorldModelVectorEnv(world.model, 2, world.knobs)
-    assert vec.metadata["frame_fps"] == world.spec.fps
-    assert vec.metadata["render_fps"] == world.spec.fps / world.knobs.chunk_size
+    vec = WorldModelVectorEnv(world.model, 2, world.knobs, embodiment="bridge_orig_lerobot")
+    assert vec.metadata["frame_fps"] == 5  # the embodiment's fps
+    assert vec.metadata["render_fps"] == 5 / world.knobs.chunk_size
     vec.close()

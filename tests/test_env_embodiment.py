@@ -144,25 +144,23 @@ def test_every_combination_is_accepted_exactly_when_the_checkpoint_fits_it(no_mo
     model = no_model_work.model
     records = list(model.embodiments)
     spec = model.spec
-    if name is None:  # a raw domain (the env's default: 0)
-        raw = 0 if domain_id is None else domain_id
-        ok = 0 <= raw < spec.num_domains and (width is None or 1 <= width <= spec.action_dim)
-        want = (raw, width or spec.action_dim, None)
-    else:
-        if isinstance(name, int):
-            same = [e for e in records if e.domain_id == name]
-            found = same[0] if same and len({e.raw_width for e in same}) == 1 else None
-        else:
-            found = next((e for e in records if e.name == name), None)
-        ok = (found is not None and domain_id in (None, found.domain_id) and width in (None, found.raw_width)
-              and found.raw_width <= spec.action_dim)
-        want = None if found is None else (found.domain_id, found.raw_width, found.name)
+    embodiment = domain_id if name is None else name  # in the env a domain id stands for its embodiment
+    if isinstance(embodiment, int):
+        same = [e for e in records if e.domain_id == embodiment]
+        found = same[0] if same and len({e.raw_width for e in same}) == 1 else None
+    else:  # a name, or neither (the tiny checkpoint registers many embodiments: no default)
+        found = next((e for e in records if e.name == embodiment), None)
+    ok = (found is not None and domain_id in (None, found.domain_id) and width in (None, found.raw_width)
+          and found.raw_width <= spec.action_dim)
+    want = None if found is None else (found.domain_id, found.raw_width, found.name)
     try:
         env = WorldModelEnv(model, no_model_work.knobs, embodiment=name, domain_id=domain_id, action_width=width)
     except ValueError as err:
         assert not ok, err
-        with pytest.raises(ValueError):  # the engine refuses the same combination
-            model.open_session(np.zeros((32, 32, 3), np.uint8), "go", domain_id, embodiment=name, action_width=width)
+        if name is not None:  # the engine refuses the same combination (without one it takes a raw domain)
+            with pytest.raises(ValueError):
+                model.open_session(np.zeros((32, 32, 3), np.uint8), "go", domain_id, embodiment=name,
+                                   action_width=width)
         if name is not None and isinstance(name, str) and width not in (None, getattr(found, "raw_width", None)):
             assert name in str(err) or "allowed" in str(err)
     else:
@@ -291,9 +289,9 @@ def test_auto_tier_and_the_drawn_scene_use_the_model_size_as_reference(world):  
     with pytest.raises(ValueError, match=r"env.resolution_tier = 300: must be one of 256, 480, 704, 720 or 'auto'"):
         worldstep.make_env(world, resolution_tier=300)
     with pytest.raises(ValueError, match=r"tier=300 is invalid; allowed: one of \[256, 480, 704, 720\]"):
-        WorldModelEnv(world.model, world.knobs, resolution_tier=300)
+        WorldModelEnv(world.model, world.knobs, domain_id=8, resolution_tier=300)
     with pytest.raises(ValueError, match=r"tier='big' is invalid; allowed: 256, 480, 704, 720, 'auto' or None"):
-        WorldModelEnv(world.model, world.knobs, resolution_tier="big")
+        WorldModelEnv(world.model, world.knobs, domain_id=8, resolution_tier="big")
 
 
 def test_the_rollout_command_takes_an_embodiment(world, tmp_path):  # noqa: F811

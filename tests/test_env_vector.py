@@ -15,8 +15,8 @@ def test_make_vec_returns_the_batched_env(world):  # noqa: F811
     envs = gym.make_vec("worldstep/Tiny-v0", num_envs=2, vectorization_mode="vector_entry_point", model=world)
     assert isinstance(envs, WorldModelVectorEnv) and envs.num_envs == 2
     assert envs.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
-    assert envs.single_action_space.shape == (4, world.spec.action_dim)
-    assert envs.action_space.shape == (2, 4, world.spec.action_dim)
+    assert envs.single_action_space.shape == (4, 10)  # droid_lerobot (tiny.yaml: domain 8), exactly 10 wide
+    assert envs.action_space.shape == (2, 4, 10)
     assert envs.observation_space["frames"].shape == (2, *envs.single_observation_space["frames"].shape)
     assert all(env.model is world.model for env in envs.envs)  # one model, not copies
     envs.close()
@@ -31,7 +31,7 @@ def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypa
     space = envs.single_action_space
     actions = [np.stack([ramp(space, 0.4), ramp(space, -0.4)]), np.stack([zeros(space), ramp(space, 0.8)])]
 
-    obs, infos = envs.reset(seed=10, options={"prompt": ["first prompt", "second prompt"], "domain_id": 3})
+    obs, infos = envs.reset(seed=10, options={"prompt": ["first prompt", "second prompt"], "domain_id": 8})
     assert infos["_frame_start"].all()
     batched = [obs["frames"]]
     for i, a in enumerate(actions):
@@ -51,11 +51,11 @@ def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypa
 
     for i, (seed, prompt) in enumerate([(10, "first prompt"), (11, "second prompt")]):
         env = worldstep.make_env(world)
-        single, _ = env.reset(seed=seed, options={"prompt": prompt, "domain_id": 3})
+        single, _ = env.reset(seed=seed, options={"prompt": prompt, "domain_id": 8})
         frames = [single["frames"]] + [env.step(a[i])[0]["frames"] for a in actions]
         for b, s in zip(batched, frames):  # batched transformer rows: equal within the stated bound
             assert_frames_match_batched(b[i], s)
-        again, _ = env.reset(options={"prompt": prompt, "domain_id": 3})  # the RNG continues as in the vector env
+        again, _ = env.reset(options={"prompt": prompt, "domain_id": 8})  # the RNG continues as in the vector env
         assert np.array_equal(autoreset[i], again["frames"])  # a reset decodes frame 0 alone in both: same calls
         env.close()
     envs.close()
@@ -69,7 +69,7 @@ def test_vector_bad_inputs(world):  # noqa: F811
     with pytest.raises(ValueError, match=r"options\['prompt'\] has 3 values"):
         envs.reset(options={"prompt": ["a", "b", "c"]})
     with pytest.raises(ValueError, match=r"options\['domain_id'\]=99"):
-        envs.reset(options={"domain_id": [0, 99]})
+        envs.reset(options={"domain_id": [8, 99]})
     assert world.model.live_sessions == 0  # nothing opened by a rejected reset
     envs.reset(seed=0)
     with pytest.raises(ValueError, match=r"actions.shape=\(4, 16\)"):

@@ -52,12 +52,14 @@ def test_gym_make_default_id_builds_the_embedded_model(world):  # noqa: F811
 
 def test_spaces_and_metadata(env, world):  # noqa: F811
     spec = world.spec
-    assert env.action_space == gym.spaces.Box(-1, 1, (4, spec.action_dim), np.float32)
+    # tiny.yaml's domain 8 stands for its embodiment, droid_lerobot: exactly 10-wide actions at 15 fps
+    assert env.embodiment == "droid_lerobot" and env.domain_id == 8
+    assert env.action_space == gym.spaces.Box(-1, 1, (4, 10), np.float32)
     frames = env.observation_space["frames"]
     assert frames.shape == (4, spec.height, spec.width, 3) and frames.dtype == np.uint8
-    assert env.metadata["frame_fps"] == spec.fps and env.metadata["render_fps"] == spec.fps / 4  # a frame per window
-    narrow = worldstep.make_env(world, action_width=2)
-    assert narrow.action_space.shape == (4, 2)
+    assert env.metadata["frame_fps"] == 15 and env.metadata["render_fps"] == 15 / 4  # a frame per window
+    with pytest.raises(ValueError, match="droid_lerobot.*exactly 10"):
+        worldstep.make_env(world, action_width=2)
 
 
 def test_reset_frames_repeat_the_decoded_first_frame_and_step_infos(env):
@@ -97,13 +99,13 @@ def test_truncation_at_max_windows_and_success_termination(world):  # noqa: F811
     env.close()
 
 
-BAD_ACTIONS = [
-    (np.zeros((3, 16), np.float32), r"actions.shape=\(3, 16\)"),
-    (np.zeros((4, 15), np.float32), r"actions.shape=\(4, 15\)"),
-    (np.full((4, 16), np.nan, np.float32), "NaN or inf"),
-    (np.full((4, 16), 1.5, np.float32), r"\[-1, 1\]"),
-    (np.zeros((4, 16), np.complex64), "actions.dtype=complex64"),
-    (np.zeros((4, 16), bool), "actions.dtype=bool"),
+BAD_ACTIONS = [  # the tiny env's actions are droid_lerobot's: (4, 10)
+    (np.zeros((3, 10), np.float32), r"actions.shape=\(3, 10\)"),
+    (np.zeros((4, 16), np.float32), r"actions.shape=\(4, 16\)"),
+    (np.full((4, 10), np.nan, np.float32), "NaN or inf"),
+    (np.full((4, 10), 1.5, np.float32), r"\[-1, 1\]"),
+    (np.zeros((4, 10), np.complex64), "actions.dtype=complex64"),
+    (np.zeros((4, 10), bool), "actions.dtype=bool"),
 ]
 
 
@@ -157,13 +159,20 @@ def test_step_before_reset(world):  # noqa: F811
 
 def test_bad_constructor_arguments(world):  # noqa: F811
     with pytest.raises(ValueError, match="max_windows=0"):
-        WorldModelEnv(world.model, world.knobs, max_windows=0)
-    with pytest.raises(ValueError, match=r"action_width=17 is invalid; allowed: an int in \[1, 17\)"):
-        WorldModelEnv(world.model, world.knobs, action_width=17)
+        WorldModelEnv(world.model, world.knobs, max_windows=0, domain_id=8)
+    with pytest.raises(ValueError, match=r"actions 17 wide do not fit embodiment 'droid_lerobot'"):
+        WorldModelEnv(world.model, world.knobs, domain_id=8, action_width=17)
     with pytest.raises(ValueError, match="render_mode='human'"):
-        WorldModelEnv(world.model, world.knobs, render_mode="human")
+        WorldModelEnv(world.model, world.knobs, domain_id=8, render_mode="human")
     with pytest.raises(TypeError, match="success_fn"):
-        WorldModelEnv(world.model, world.knobs, success_fn=3)
+        WorldModelEnv(world.model, world.knobs, domain_id=8, success_fn=3)
+    # neither an embodiment nor a domain: the tiny checkpoint registers many, so none is a default
+    with pytest.raises(ValueError, match=r"embodiment=None and domain_id=None: give one; allowed names: .*droid"):
+        WorldModelEnv(world.model, world.knobs)
+    # a domain without an embodiment (10), and one whose embodiments differ in width (5: libero)
+    for domain in (10, 5):
+        with pytest.raises(ValueError, match=f"domain_id={domain}|{domain}"):
+            WorldModelEnv(world.model, world.knobs, domain_id=domain)
     with pytest.raises(TypeError, match="model"):
         WorldModelEnv("tiny")
 

@@ -29,8 +29,8 @@ def env(world):  # noqa: F811
 
 bad_actions = st.one_of(
     hnp.arrays(np.float32, st.tuples(st.integers(0, 6), st.integers(0, 20))),
-    hnp.arrays(np.float32, st.just((4, 16)), elements=st.sampled_from([np.nan, np.inf, -np.inf, 1.5, -3.0])),
-    hnp.arrays(st.sampled_from([np.bool_, np.complex64, np.dtype("U2")]), st.just((4, 16))),
+    hnp.arrays(np.float32, st.just((4, 10)), elements=st.sampled_from([np.nan, np.inf, -np.inf, 1.5, -3.0])),
+    hnp.arrays(st.sampled_from([np.bool_, np.complex64, np.dtype("U2")]), st.just((4, 10))),
     st.sampled_from([None, "forward", 1.0, [[0.0] * 16] * 3]),
 )
 
@@ -104,13 +104,13 @@ def test_an_exception_inside_a_window_returns_everything_and_the_env_recovers(wo
 
 def test_interleaved_vector_episodes_with_forks_match_sequential_runs(world):  # noqa: F811
     lengths, steps = [1, 2, 3], 7
-    envs = worldstep.world.make_vec_env(world, num_envs=3, max_windows=3)
+    envs = worldstep.world.make_vec_env(world, num_envs=3, max_windows=3, embodiment="umi")  # domain 6
     for sub, length in zip(envs.envs, lengths):
         sub.max_windows = length  # episodes of different lengths finish at different steps
     space = envs.single_action_space
     actions = [np.stack([ramp(space, ((s + 1) * (i + 1) % 9) / 10 - 0.4) for i in range(3)]) for s in range(steps)]
 
-    obs, _ = envs.reset(seed=[10, 11, 12], options={"domain_id": 5})
+    obs, _ = envs.reset(seed=[10, 11, 12], options={"domain_id": 6})
     got = [[obs["frames"][i]] for i in range(3)]
     forks = []
     for s in range(steps):
@@ -127,12 +127,12 @@ def test_interleaved_vector_episodes_with_forks_match_sequential_runs(world):  #
     assert _resources(world) == (0, 0, 0)
 
     for i, length in enumerate(lengths):  # the same episodes one env at a time (next-step autoreset)
-        env = worldstep.make_env(world, max_windows=length)
-        obs, _ = env.reset(seed=10 + i, options={"domain_id": 5})
+        env = worldstep.make_env(world, max_windows=length, embodiment="umi")
+        obs, _ = env.reset(seed=10 + i, options={"domain_id": 6})
         expected, done = [obs["frames"]], False
         for s in range(steps):
             if done:
-                obs, _ = env.reset(options={"domain_id": 5})
+                obs, _ = env.reset(options={"domain_id": 6})
                 done = False
             else:
                 obs, _, term, trunc, _ = env.step(actions[s][i])

@@ -20,7 +20,7 @@ EPISODE_KEYS = {"index", "seed", "windows", "frames", "episode_return", "success
 def test_load_shares_only_when_asked_and_rollout_overrides_of_a_world_do_not_reload(world):  # noqa: F811
     again = worldstep.load(world, num_steps=2, max_windows=3)  # a World passed around: its model, new knobs
     assert again.model is world.model and again.config.rollout.num_steps == 2
-    assert again.knobs.num_steps == 2 and again.action_shape == (4, world.spec.action_dim)
+    assert again.knobs.num_steps == 2 and again.action_shape == (4, 10)
     fresh = worldstep.load("tiny", device="cpu", **FAST)  # no hidden cache: a fresh model and page pool
     assert fresh.model is not world.model
     shared = [worldstep.load("tiny", device="cpu", share=True, **FAST) for _ in range(2)]
@@ -33,9 +33,10 @@ def test_load_shares_only_when_asked_and_rollout_overrides_of_a_world_do_not_rel
 
 def test_make_env_takes_config_keys_and_env_arguments(world):  # noqa: F811
     image = np.full((32, 32, 3), 90, np.uint8)
-    env = worldstep.make_env(world, max_windows=2, prompt="pick up the red cube", domain_id=3, action_width=4,
-                             image=image, render_mode="rgb_array")
-    assert (env.max_windows, env.prompt, env.domain_id, env.action_space.shape) == (2, "pick up the red cube", 3, (4, 4))
+    env = worldstep.make_env(world, max_windows=2, prompt="pick up the red cube", domain_id=4, action_width=2,
+                             image=image, render_mode="rgb_array")  # domain 4: pusht, 2-wide actions
+    assert (env.max_windows, env.prompt, env.domain_id, env.embodiment, env.action_space.shape) == (
+        2, "pick up the red cube", 4, "pusht", (4, 2))
     with pytest.raises(worldstep.ConfigError, match="env.max_windows = 0"):
         worldstep.make_env(world, max_windows=0)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -147,25 +146,22 @@ def action_shape(config: WorldstepConfig) -> tuple[int, int] | None:
     """``(chunk_size, action_width)`` read from the config (and a local checkpoint's transformer config),
     without loading the model: a Ray driver need not hold a copy. None when only loading would tell."""
     width = config.env.action_width
-    if width is None and config.env.embodiment is not None:
-        return None if (width := _embodiment_width(config)) is None else (config.rollout.chunk_size, width)
-    if width is None:
-        architecture = config.model.architecture
-        width = None if architecture is None else architecture.transformer.get("action_dim")
-    if width is None:
-        path = Path(config.model.checkpoint) / "transformer" / "config.json"
-        width = json.loads(path.read_text()).get("action_dim") if path.is_file() else None
+    if width is None and (config.env.embodiment is not None or config.env.domain_id is not None):
+        width = _embodiment_width(config)
     return None if width is None else (config.rollout.chunk_size, int(width))
 
 
 def _embodiment_width(config: WorldstepConfig) -> int | None:
-    """The raw width of ``env.embodiment`` from the built-in registry or a local checkpoint folder's own; None
-    when the name is unknown there (loading then refuses it, naming the allowed names)."""
+    """The raw width of ``env.embodiment`` (or of ``env.domain_id``'s embodiment) from the built-in registry or
+    a local checkpoint folder's own; None when that cannot tell (loading then refuses it, naming the allowed
+    names)."""
     from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry, folder_registry
 
     folder = Path(config.model.checkpoint)
     registry = folder_registry(folder) if folder.is_dir() else EmbodimentRegistry.default()
     try:
+        if config.env.embodiment is None:
+            return registry.resolve(domain_id=config.env.domain_id).raw_width
         return registry.get(config.env.embodiment).raw_width
     except ValueError:
         return None
