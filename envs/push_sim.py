@@ -54,6 +54,10 @@ def _coverage(center: np.ndarray, side: float) -> np.ndarray:
 
 
 FRAME_FPS = 24  # frames per second of an observation's frames (one per action)
+# The embodiment of a world model of this simulator (worldstep.train writes it into the checkpoint's
+# worldstep.json): its raw 2-D velocity actions at its frame rate, unnormalised, as domain 0 of the model's own.
+PUSHER_EMBODIMENT = {"name": "pusher", "domain_id": 0, "raw_width": 2, "fps": float(FRAME_FPS),
+                     "view_point": "ego_view", "normalization": "none"}
 
 
 def render_state(state: PushState) -> np.ndarray:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from worldstep.envs.push_sim import PushState, render_state
+from worldstep.envs.push_sim import PUSHER_EMBODIMENT, PushState, render_state
 from worldstep.fidelity.policies import PixelPushPolicy
 from worldstep.planning import BlockToGoal, ModelPredictivePlanner, closed_loop
 
@@ -19,7 +19,8 @@ def pusher_checkpoint(tmp_path_factory):
 
     path = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny64", TINY_64, seed=0)
     meta = json.loads((path / "worldstep.json").read_text())
-    (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0}))
+    (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0,
+                                                     "builtin_embodiments": False, "embodiments": [PUSHER_EMBODIMENT]}))
     return path
 
 

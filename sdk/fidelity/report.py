@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from .lift import lift_summary
 from .openloop import (
@@ -146,7 +147,9 @@ def _resolve(args: FidelityArgs, out: Path) -> tuple[Path, RolloutRecipe]:
     if args.checkpoint is None and not (path / "model_index.json").exists():
         build_checkpoint(path, TINY_64, seed=0)
         meta = json.loads((path / "worldstep.json").read_text())  # run it with the pusher env (its simulator)
-        (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0}))
+        (path / "worldstep.json").write_text(json.dumps({**meta, "config": "pusher", "domain_id": 0,
+                                                         "builtin_embodiments": False,
+                                                         "embodiments": [PUSHER_EMBODIMENT]}))
     meta = json.loads((path / "worldstep.json").read_text()) if (path / "worldstep.json").exists() else {}
     knobs = RolloutKnobs(num_steps=args.num_steps, context_frames=args.context_frames, flow_shift=args.flow_shift)
     recipe = RolloutRecipe(prompt=meta.get("prompt", "A robot pushes a block to the goal."),

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
+from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from .data import ClipSet, generate_clips, moving_cells, render_clip, to_video_tensor
 from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, sample_sigmas
@@ -46,13 +47,12 @@ TRANSFORMER_ARCH: dict[str, Any] = {
     "dtype": "float32",
 }
 PROMPT = "A robot pushes a block to the goal."
-DOMAIN_ID = 0
-FPS = 24.0
+DOMAIN_ID = PUSHER_EMBODIMENT["domain_id"]
+FPS = PUSHER_EMBODIMENT["fps"]
 SIZE = 64
-# The embodiment a trained folder registers in its worldstep.json (PushSim's 2-D velocity actions, raw);
-# its domains are its own, so the Cosmos3 built-in names do not apply to it.
-EMBODIMENT = {"name": "pusher", "domain_id": DOMAIN_ID, "raw_width": 2, "fps": FPS, "view_point": "ego_view",
-              "normalization": "none"}
+# The embodiment a trained folder registers in its worldstep.json; its domains are its own, so the Cosmos3
+# built-in names do not apply to it.
+EMBODIMENT = PUSHER_EMBODIMENT
 
 
 @dataclass
