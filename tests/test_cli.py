@@ -35,7 +35,7 @@ def test_rollout_replay_policy(world, tmp_path):  # noqa: F811
     import numpy as np
 
     actions = tmp_path / "a.npy"
-    np.save(actions, np.zeros((1, 4, 16), np.float32))
+    np.save(actions, np.zeros((1, 4, 10), np.float32))  # droid_lerobot (tiny.yaml: domain 8)
     assert main(["rollout", "--policy", f"replay:{actions}", "--windows", "1", "--out", str(tmp_path / "r.mp4"),
                  "--quiet", *FAST]) == 0
 
@@ -127,7 +127,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
 def test_rollout_flags_are_checked_before_the_model_loads(flags, message, tmp_path, capsys):
     if not torch_has_cuda() or "cuda" not in flags:
         (tmp_path / "corrupt.png").write_bytes(b"not a png")
-        np.save(tmp_path / "short.npy", np.zeros((2, 16, 64), np.float32))
+        np.save(tmp_path / "short.npy", np.zeros((2, 16, 10), np.float32))
         rc, err = run_cli(["rollout", *EDGE, *[f.format(tmp=tmp_path) for f in flags]], capsys)
         assert rc == 2 and message.format(tmp=tmp_path) in err, err
         assert len(err.strip().splitlines()) == 1, err

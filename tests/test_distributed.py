@@ -97,7 +97,7 @@ class DiesPolicy(SinePolicy):
 
 def test_ray_matches_local_episode_by_episode(ray_cluster, world, tmp_path):  # noqa: F811
     episodes = [{"seed": 3, "max_windows": 2}, {"seed": 5, "max_windows": 1, "prompt": "pick up the red cube"},
-                {"seed": 8, "max_windows": 2, "domain_id": 2}]
+                {"seed": 8, "max_windows": 2, "domain_id": 8}]
     kwargs = dict(success_fn=lambda frames: frames.mean() > 120, progress=False)
     # The same calls at the same thread count as the actors (a 0.5-CPU share runs 1 torch thread), on the
     # same machine: byte-identical frames by construction (docs/exactness.md).

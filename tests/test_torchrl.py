@@ -34,7 +34,7 @@ def test_gym_env_specs_and_rollout(cache_dir):  # noqa: F811
         check_env_specs(env)
         td = env.rollout(3)
         assert td["next", "frames"].shape == (3, 4, 32, 32, 3) and td["next", "frames"].dtype == torch.uint8
-        assert td["action"].shape == (3, 4, 16)
+        assert td["action"].shape == (3, 4, 10)
     finally:
         env.close()
 
