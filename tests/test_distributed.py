@@ -260,3 +260,29 @@ def test_cli_eval_ray_writes_the_local_report(ray_cluster, tmp_path, capsys):
     assert [{k: v for k, v in e.items() if k not in TIMING_KEYS} for e in remote["episodes"]] == strip
     assert remote["num_failed"] == 0 and len(list((tmp_path / "r").glob("episode-*.mp4"))) == 2
     assert "2 episodes" in capsys.readouterr().out
+
+
+def test_ctrl_c_writes_the_interrupted_report_and_frees_the_actors(ray_cluster, world, tmp_path,  # noqa: F811
+                                                                  monkeypatch):
+    """Ctrl-C after the first episode came back: report.json holds it with status "interrupted" (as the
+    local backend writes), KeyboardInterrupt propagates, and no actor is left holding a model."""
+    from ray.util import list_named_actors
+    from worldstep.distributed import ray_eval
+
+    class InterruptedAfterOne(ray_eval.ShardScheduler):
+        def run(self, shards, on_done, on_failed, timeout_s=None):
+            def done_then_interrupt(output):
+                on_done(output)
+                raise KeyboardInterrupt
+
+            super().run(shards, done_then_interrupt, on_failed, timeout_s)
+
+    monkeypatch.setattr(ray_eval, "ShardScheduler", InterruptedAfterOne)
+    episodes = [{"seed": s, "max_windows": 1} for s in (0, 1, 2)]
+    with pytest.raises(KeyboardInterrupt):
+        worldstep.distributed.evaluate_ray(world, SinePolicy(world.action_shape), episodes, out_dir=tmp_path,
+                                           num_workers=1, record_video=False, progress=False, timeout_s=300)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "interrupted" and len(report["episodes"]) == 1
+    assert report["episodes"][0]["status"] == "ok" and report["episodes"][0]["windows"] == 1
+    assert not [a for a in list_named_actors() if a.startswith("worldstep-eval-")]

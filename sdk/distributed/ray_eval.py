@@ -115,16 +115,24 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
                 done(EpisodeOutput(EpisodeResult(index=index, seed=ep.seed).fail(error), None))
 
         try:
-            scheduler.run(shards, done, failed, timeout_s=timeout_s)
+            scheduler.run(shards, done, failed, timeout_s=timeout_s)  # kills its actors however it ends
+        except KeyboardInterrupt:
+            report.status = "interrupted"  # the report of the episodes that finished, as the local backend's
+            _write_report(report, out_dir, started)
+            raise
         finally:
             bar.close()
     finally:
         if started_ray:
             ray.shutdown()
+    _write_report(report, out_dir, started)
+    return report
+
+
+def _write_report(report: EvalReport, out_dir: Path, started: float) -> None:
     report.episodes.sort(key=lambda e: e.index)
     report.wall_s = time.perf_counter() - started
     write_json(out_dir / "report.json", report.to_dict())
-    return report
 
 
 
