@@ -31,8 +31,8 @@ class PolicyServer:
     frame holding the traceback, then the connection closes (what openpi's server does).
 
     ```python
-    with PolicyServer(demo_policy(4, 16)) as server:
-        policy = RemotePolicy(server.endpoint, (4, 16), prompt="push the block")
+    with PolicyServer(demo_policy(4, 10)) as server:
+        policy = RemotePolicy(server.endpoint, (4, 10), prompt="push the block")
     ```
     """
 
