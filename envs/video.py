@@ -6,6 +6,7 @@ interrupted run never leaves a partial mp4 where a finished one (or the previous
 
 from __future__ import annotations
 
+import contextlib
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -128,6 +129,12 @@ class Mp4Writer:
             self.close()
         else:
             self.abort()
+
+
+def video_writer(path: str | os.PathLike | None, fps: float) -> contextlib.AbstractContextManager:
+    """``Mp4Writer(path, fps)`` as a context (the file lands on success, an exception leaves ``path`` as it
+    was), or a context yielding None when ``path`` is None: one ``with`` for episodes with and without video."""
+    return contextlib.nullcontext() if path is None else Mp4Writer(path, fps)
 
 
 def write_video(path: str | os.PathLike, frames: np.ndarray, fps: float, codec: str | None = None) -> Path:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
-from worldstep.envs.video import Mp4Writer, frame_fps
+from worldstep.envs.video import Mp4Writer, frame_fps, video_writer
 
 from .episodes import (
     EpisodeConfig,
@@ -56,9 +56,8 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
             raise
         return result.fail(err).finish(start)
     obs, _ = env.reset(seed=seed, options=options)
-    writer = None if video_path is None else Mp4Writer(video_path, frame_fps(env))
-    bar = tqdm(total=max_windows, desc="rollout", unit="window", disable=not progress)
-    try:
+    with video_writer(video_path, frame_fps(env)) as writer, \
+            tqdm(total=max_windows, desc="rollout", unit="window", disable=not progress) as bar:
         if writer is not None:
             writer.write(obs["frames"][0])
             result.video = str(writer.path)
@@ -77,14 +76,6 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
                 on_window()
             if terminated or truncated:
                 break
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        bar.close()
-    if writer is not None:
-        writer.close()
     return result.finish(start)
 
 

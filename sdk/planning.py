@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
-from worldstep.envs.video import Mp4Writer, frame_fps
+from worldstep.envs.video import frame_fps, video_writer
 
 from .policies import Policy
 
@@ -161,8 +161,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     first = sim_obs["frames"][0]
     if observe == "model":
         result.model_success = False
-    writer = None if video_path is None else Mp4Writer(video_path, frame_fps(env))
-    try:
+    with video_writer(video_path, frame_fps(env)) as writer:  # an exception leaves video_path as it was
         if writer is not None:
             writer.write(side_by_side(obs["frames"][:1], sim_obs["frames"][:1], scale))
             result.video = str(writer.path)
@@ -186,7 +185,4 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                                           sim_obs["frames"], scale))
             if result.model_success or result.sim_success or (observe == "model" and (terminated or truncated)):
                 break
-    finally:
-        if writer is not None:
-            writer.close()
     return result

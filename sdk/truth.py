@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
-from worldstep.envs.video import Mp4Writer, frame_fps
+from worldstep.envs.video import frame_fps, video_writer
 
 from .fidelity.metrics import psnr
 from .policies import Policy
@@ -125,9 +125,8 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
     judge = getattr(truth.unwrapped, "success_from_frames", None)
     first = truth_obs["frames"][0]
     labels = ("model", getattr(getattr(truth, "spec", None), "id", None) or "simulator")
-    writer = None if video_path is None else Mp4Writer(video_path, frame_fps(env))
-    bar = tqdm(total=max_windows, desc="rollout+truth", unit="window", disable=not progress)
-    try:
+    with video_writer(video_path, frame_fps(env)) as writer, \
+            tqdm(total=max_windows, desc="rollout+truth", unit="window", disable=not progress) as bar:
         if writer is not None:
             writer.write(side_by_side(obs["frames"][:1], truth_obs["frames"][:1], scale, labels=labels,
                                       caption=_caption(None, None)))
@@ -150,13 +149,5 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
                 on_window()
             if terminated or truncated:
                 break
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        bar.close()
-    if writer is not None:
-        writer.close()
     result.wall_s = time.perf_counter() - start
     return result
