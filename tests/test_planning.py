@@ -131,20 +131,15 @@ def test_plan_command(pusher_checkpoint, tmp_path):
 
 def test_a_failed_closed_loop_leaves_the_video_path_as_it_was(pusher_env, tmp_path):
     """The video is written under a temporary name and lands only when the episode ends; a policy that raises
-    mid-episode leaves an earlier file untouched and no partial file behind."""
-    class FailsOnSecondWindow(PixelPushPolicy):
-        calls = 0
-
-        def __call__(self, obs):
-            self.calls += 1
-            if self.calls == 2:
-                raise RuntimeError("policy crashed")
-            return super().__call__(obs)
+    after the first frame is written leaves an earlier file untouched and no partial file behind."""
+    class Crashes(PixelPushPolicy):
+        def __call__(self, obs):  # after the first frame is written
+            raise RuntimeError("policy crashed")
 
     video = tmp_path / "loop.mp4"
     video.write_bytes(b"an earlier run")
     with pytest.raises(RuntimeError, match="policy crashed"):
-        closed_loop(pusher_env, FailsOnSecondWindow(0.0), seed=3, max_windows=4, video_path=video)
+        closed_loop(pusher_env, Crashes(0.0), seed=3, max_windows=4, video_path=video)
     assert video.read_bytes() == b"an earlier run" and sorted(p.name for p in tmp_path.iterdir()) == ["loop.mp4"]
     result = closed_loop(pusher_env, PixelPushPolicy(0.0), seed=3, max_windows=2, video_path=video)
     assert result.video == str(video) and video.read_bytes() != b"an earlier run"
