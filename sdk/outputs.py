@@ -15,7 +15,7 @@ from typing import Any
 
 from worldstep.envs.video import partial_path
 
-__all__ = ["check_output_path", "write_json"]
+__all__ = ["check_output_path", "json_safe", "write_json"]
 
 
 def check_output_path(path: str | os.PathLike, field: str) -> Path:
@@ -29,13 +29,13 @@ def check_output_path(path: str | os.PathLike, field: str) -> Path:
     return path
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
+def write_json(path: str | os.PathLike, data: Any, indent: int = 2) -> Path:
     """``data`` as indented strict JSON (NaN and inf become null) at ``path``, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(path)
     try:
-        partial.write_text(json.dumps(_finite(data), indent=2) + "\n")
+        partial.write_text(json.dumps(json_safe(data), indent=indent) + "\n")
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -43,11 +43,12 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
     return path
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN and inf replaced by None (recursively), so it dumps as strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value

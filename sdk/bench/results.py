@@ -6,12 +6,13 @@ The JSON is the source of truth (`schema`, `bench`, `machine`, `settings`, `resu
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from worldstep.outputs import json_safe, write_json
 
 SCHEMA = 1
 
@@ -46,24 +47,10 @@ class BenchResult:
     schema: int = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite(asdict(self))
+        return json_safe(asdict(self))
 
     def write_json(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
-
-
-def _finite(value: Any) -> Any:
-    """NaN/inf -> None, so the file is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+        return write_json(path, self.to_dict())
 
 
 def format_cell(value: Cell) -> str:

@@ -8,7 +8,6 @@ figures then say `"dry_run": true` and compare only what a CPU can run.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -39,25 +38,13 @@ def resolve_device(args: argparse.Namespace) -> torch.device | None:
     return torch.device(args.device)
 
 
-def finite(value: Any) -> Any:
-    """NaN/inf -> None (strict JSON), recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
 def write(out: str | os.PathLike, name: str, doc: dict[str, Any]) -> Path:
     """`<out>/<name>.json`, with the device it ran on; rewritten as a check goes, so a timeout keeps what ran."""
-    path = Path(out) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from worldstep.outputs import write_json
+
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     doc = {"check": name, "device_name": device, "torch": torch.__version__, **doc}
-    path.write_text(json.dumps(finite(doc), indent=1) + "\n")
-    return path
+    return write_json(Path(out) / f"{name}.json", doc, indent=1)
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
