@@ -176,8 +176,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             embodiment = default_embodiment(model) if domain_id is None else domain_id
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
-        rules = EpisodeRules(model, knobs, 1, action_width, embodiment=embodiment, fps=fps)
-        cond = rules.conditioning(domain_id)  # ValueError naming the embodiment, its width and the allowed names
+        # ValueError naming the embodiment, its width and the allowed names
+        cond = model.conditioning(knobs, embodiment=embodiment, domain_id=domain_id, action_width=action_width,
+                                  fps=fps)
         self.domain_id, self.conditioning = cond.domain_id, cond
         normalizer = _check_normalizer(action_normalizer, cond.action_width)
         size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference
@@ -188,7 +189,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.rules = EpisodeRules(
             model, knobs, check_int("max_windows", max_windows, 1), cond.action_width, success,
             check_callable("reward_fn", reward_fn), judge,
-            embodiment=None if cond.embodiment is None else cond.embodiment.name, fps=cond.fps,
+            embodiment=cond.embodiment.name, fps=cond.fps,
             normalizer=normalizer, action_bounds=ACTION_BOUNDS if normalizer is None else None, frame=frame)
         check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
