@@ -8,7 +8,7 @@ from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_win
 from worldstep.fidelity.policies import FLOOR, graded_policies
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
 from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
-from worldstep.fidelity.seeds import SEALED_TEST, VALIDATION, split_range
+from worldstep.fidelity.seeds import DAGGER, SEALED_TEST, VALIDATION, split_range
 from worldstep.fidelity.stats import bootstrap, mean_estimate, rate_dict, wilson
 
 
@@ -92,7 +92,7 @@ def test_outcome_table_needs_every_episode():
 
 
 def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
-    from worldstep.train.data import generate_clips
+    from worldstep.train.data import generate_clips, mixture_seeds
     from worldstep.train.loop import TrainArgs
 
     assert split_range("validation") is VALIDATION and split_range("test") is SEALED_TEST
@@ -106,9 +106,17 @@ def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
     assert not set(VALIDATION.episode_seeds(100)) & set(VALIDATION.clip_seeds(100))
     defaults = TrainArgs()
     steps = defaults.windows * defaults.chunk
+    train_seeds = set()
     for clips in (generate_clips(defaults.num_clips, steps, seed=defaults.seed),
                   generate_clips(max(8, defaults.num_clips // 20), steps, seed=defaults.seed + 10_000)):
         assert not [s for s in clips.seeds.tolist() if s in VALIDATION or s in SEALED_TEST]
+    # the default run's own draws: the mixture (seeds only: drawing every clip's actions is slow) and the DAgger round
+    for count, seed in ((defaults.num_clips - defaults.dagger_clips, defaults.seed),
+                        (max(8, defaults.num_clips // 20), defaults.seed + 10_000)):
+        train_seeds |= set(mixture_seeds(count, seed))
+    train_seeds |= set(DAGGER.seeds(defaults.dagger_clips))
+    assert not [s for s in train_seeds if s in VALIDATION or s in SEALED_TEST]
+    assert not set(DAGGER.seeds(DAGGER.size)) & (a | b)
 
 
 def test_open_loop_scores_count_vanished_objects_as_failures():

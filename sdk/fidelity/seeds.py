@@ -48,6 +48,9 @@ class SeedRange:
 
 
 VALIDATION = SeedRange("validation", 20_000_000, 10_000)
+# Start seeds of training's DAgger round (policies closed loop on a trained model): training data, so never
+# inside an evaluation range.
+DAGGER = SeedRange("dagger", 10_000_000, 10_000)
 SEALED_TEST = SeedRange("test", 30_000_000, 10_000)
 SPLITS = {r.name: r for r in (VALIDATION, SEALED_TEST)}
 

@@ -76,6 +76,105 @@ def generate_clips(num_clips: int, steps: int, seed: int, steer_share: float = 0
     return ClipSet(starts, actions, seeds)
 
 
+# Shares of the training mixture. Evaluation grades eight pixel policies (worldstep.fidelity.policies); a model
+# trained on the expert's pushes alone had barely seen greedy's diagonal pushes or a noisy policy's contacts, and
+# over-reported them. So a share of clips is driven by each graded policy acting on the simulator's own frames,
+# and another share starts in contact with the block and pushes it in any direction.
+CLIP_MIX = {"steered": 0.3, "random": 0.15, "policy": 0.35, "contact": 0.2}
+
+
+def policy_actions(policy, start: PushState, steps: int, chunk: int, seed: int) -> np.ndarray:
+    """`steps` actions of a pixel policy (`worldstep.fidelity.policies`) acting on rendered frames from `start`,
+    a window of `chunk` actions at a time, run to the clip's end (a training clip does not stop on success)."""
+    policy.reset(seed=seed)
+    state, out = start, np.empty((steps, 2), dtype=np.float32)
+    frames = render_state(state)[None]
+    for w in range(steps // chunk):
+        chunk_actions = np.asarray(policy({"frames": frames}), dtype=np.float32)
+        rendered = []
+        for i, a in enumerate(chunk_actions):
+            out[w * chunk + i] = a
+            state = physics_step(state, a)
+            rendered.append(render_state(state))
+        frames = np.stack(rendered)
+    return out
+
+
+def contact_start(rng: np.random.Generator, state: PushState) -> tuple[PushState, np.ndarray]:
+    """The effector placed against the block at a random angle, and the push direction through the block."""
+    angle = rng.uniform(0, 2 * np.pi)
+    direction = np.array([np.cos(angle), np.sin(angle)])
+    reach = (EFFECTOR + BLOCK) / 2 + rng.uniform(0.0, 2.0)
+    effector = np.clip(state.block - direction * reach, EFFECTOR / 2, SIZE - EFFECTOR / 2)
+    return PushState(effector, state.block.copy(), state.goal.copy()), direction
+
+
+def contact_actions(rng: np.random.Generator, direction: np.ndarray, steps: int) -> np.ndarray:
+    """Pushes along `direction` (any angle, diagonals included) at a random speed, turning slowly, with jitter."""
+    out = np.empty((steps, 2), dtype=np.float32)
+    speed, turn, angle = rng.uniform(0.3, 1.0), rng.normal(0, 0.08), np.arctan2(direction[1], direction[0])
+    for i in range(steps):
+        angle += turn
+        a = speed * np.array([np.cos(angle), np.sin(angle)]) + 0.15 * rng.normal(size=2)
+        out[i] = np.clip(a, -1, 1)
+    return out
+
+
+def training_clips(num_clips: int, steps: int, seed: int, chunk: int = 4,
+                   mix: dict[str, float] | None = None) -> tuple[ClipSet, np.ndarray]:
+    """`num_clips` clips drawn from the mixture `mix` (default `CLIP_MIX`) and each clip's kind (an index into
+    the mixture's keys). Start states come from `PushSimEnv.reset` with seeds drawn from `seed`'s generator."""
+    from worldstep.fidelity.policies import FLOOR, graded_policies  # lazy: fidelity imports this module
+
+    mix = dict(CLIP_MIX if mix is None else mix)
+    if set(mix) - set(CLIP_MIX) or any(v < 0 for v in mix.values()) or not sum(mix.values()) > 0:
+        raise ValueError(f"mix={mix!r} is invalid; allowed: non-negative shares of {sorted(CLIP_MIX)}")
+    names = list(mix)
+    shares = np.array([mix[n] for n in names], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    graded = [p for p in graded_policies(chunk) if p.name not in FLOOR]
+    env = PushSimEnv(chunk_size=chunk)
+    starts = np.empty((num_clips, 3, 2), dtype=np.float64)
+    actions = np.empty((num_clips, steps, 2), dtype=np.float32)
+    seeds = np.empty(num_clips, dtype=np.int64)
+    kinds = rng.choice(len(names), size=num_clips, p=shares / shares.sum())
+    seeds[:] = mixture_seeds(num_clips, seed)
+    for i in range(num_clips):
+        env.reset(seed=int(seeds[i]))
+        state, kind = env.state, names[kinds[i]]
+        if kind == "steered":
+            actions[i] = steered_actions(rng, state, steps)
+        elif kind == "random":
+            actions[i] = smooth_random_actions(rng, steps)
+        elif kind == "policy":
+            policy = graded[int(rng.integers(len(graded)))]
+            actions[i] = policy_actions(policy, state, steps, chunk, int(seeds[i]))
+        else:
+            state, direction = contact_start(rng, state)
+            actions[i] = contact_actions(rng, direction, steps)
+        starts[i] = np.stack([state.effector, state.block, state.goal])
+    return ClipSet(starts, actions, seeds), np.array([CLIP_KINDS.index(names[k]) for k in kinds])
+
+
+def mixture_seeds(num_clips: int, seed: int) -> np.ndarray:
+    """The `PushSimEnv.reset` seeds of `training_clips(num_clips, ..., seed)` (a generator of their own, so a
+    check that they miss the evaluation ranges need not draw the clips)."""
+    return np.random.default_rng([seed, 1]).integers(2**31, size=num_clips)
+
+
+CLIP_KINDS = (*CLIP_MIX, "model_loop")  # kind indices of `training_clips` and the DAgger round
+
+
+def concat_clips(*sets: ClipSet) -> ClipSet:
+    """One ClipSet of several (seeds kept)."""
+    return ClipSet(np.concatenate([s.starts for s in sets]), np.concatenate([s.actions for s in sets]),
+                   np.concatenate([s.seeds for s in sets]))
+
+
+def take_clips(clips: ClipSet, index: np.ndarray) -> ClipSet:
+    return ClipSet(clips.starts[index], clips.actions[index], None if clips.seeds is None else clips.seeds[index])
+
+
 def clips_from_seeds(seeds: list[int], steps: int, steer_share: float = 0.6) -> ClipSet:
     """One clip per seed, drawn like `generate_clips` draws one: the start is `PushSimEnv.reset(seed=s)` and
     the actions come from `np.random.default_rng(s)`, so a clip is fixed by its seed alone (evaluation

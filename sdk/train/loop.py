@@ -21,7 +21,17 @@ import torch
 from tqdm import tqdm
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
-from .data import ClipSet, generate_clips, moving_cells, render_clip, to_video_tensor
+from .dagger import model_loop_clips
+from .data import (
+    CLIP_KINDS,
+    ClipSet,
+    concat_clips,
+    moving_cells,
+    render_clip,
+    take_clips,
+    to_video_tensor,
+    training_clips,
+)
 from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, sample_sigmas
 from .vae import VAE_ARCH, encode_clips, latent_stats, make_vae, sample_vae_batch, vae_loss
 
@@ -83,6 +93,9 @@ class TrainArgs:
     vae_steps: int = 1600
     dyn_steps: int = 10000
     threads: int = 1
+    dagger_clips: int = 600
+    dagger_checkpoint: str = "pusher"
+    stop_after_minutes: float = 0.0
     small: bool = False
     vae_init: str | None = None
     export_only: str | None = None
@@ -134,6 +147,14 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
                         help="dynamics steps (0: what is left of --budget-minutes)")
     parser.add_argument("--threads", type=int, default=defaults.threads,
                         help="torch threads (1: on a shared 2-core box two threads ran 5x slower per step)")
+    parser.add_argument("--dagger-clips", type=int, default=defaults.dagger_clips,
+                        help="clips of the DAgger round: graded policies acting closed loop on --dagger-checkpoint, "
+                             "their actions replayed in the simulator (0: none)")
+    parser.add_argument("--dagger-checkpoint", default=defaults.dagger_checkpoint,
+                        help="the world model whose loop the DAgger round follows (a config name or a checkpoint folder)")
+    parser.add_argument("--stop-after-minutes", type=float, default=defaults.stop_after_minutes,
+                        help="wall time of this stretch: checkpoint and exit cleanly when it is spent; continue "
+                             "with --resume (0: run to the end)")
     parser.add_argument("--small", action="store_true", help="tiny models and data (smoke tests)")
     parser.add_argument("--vae-init", metavar="VAE_STATE", default=None,
                         help="start the VAE from the weights in another run's vae_state.pt")
@@ -156,10 +177,42 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     for name in ("moving_weight", "context_noise"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 0")
-    for name in ("vae_steps", "dyn_steps"):
+    for name in ("vae_steps", "dyn_steps", "dagger_clips"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 0")
+    if args.stop_after_minutes < 0:
+        raise ValueError(f"stop-after-minutes={args.stop_after_minutes} is invalid; allowed: >= 0 (0: no limit)")
+    if args.dagger_clips > args.num_clips:
+        raise ValueError(f"dagger-clips={args.dagger_clips} is invalid; allowed: 0..num-clips ({args.num_clips})")
     return args
+
+
+# Arguments a resumed run may change: they set how this stretch runs, not what it computes.
+STRETCH_ARGS = ("resume", "stop_after_minutes", "threads", "export_only")
+
+
+def check_resume_args(args: TrainArgs, saved: dict[str, Any]) -> None:
+    """A resumed run must compute what the run it continues computed: refuse any other changed argument."""
+    changed = {k: (saved[k], v) for k, v in asdict(args).items()
+               if k not in STRETCH_ARGS and k in saved and saved[k] != v}
+    if changed:
+        spelled = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+        raise ValueError(f"--resume with changed arguments ({spelled}); allowed: the run's own arguments, except "
+                         f"{', '.join('--' + k.replace('_', '-') for k in STRETCH_ARGS)}")
+
+
+class StretchEnded(Exception):
+    """The stretch's wall time is spent; the phase checkpointed the step it reached."""
+
+
+class Stretch:
+    """The wall time of one working stretch of a long run (`--stop-after-minutes`)."""
+
+    def __init__(self, minutes: float) -> None:
+        self.deadline = time.monotonic() + minutes * 60 if minutes > 0 else None
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
 
 def architectures(small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -228,7 +281,8 @@ class Progress:
 # --- VAE ---------------------------------------------------------------------------------------
 
 
-def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float):
+def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float,
+              stretch: Stretch | None = None):
     from worldstep.engine.vae import frames_from_pixels
     from worldstep.fidelity.metrics import psnr  # the one PSNR (lazy: worldstep.fidelity imports train.data)
 
@@ -276,9 +330,13 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
             bar.set_postfix(loss=f"{loss:.4f}", progress=f"{prog.fraction:.2f}")
         prog.advance()
         bar.update()
-        if prog.step % args.ckpt_every == 0:
+        stop = stretch is not None and stretch.expired() and prog.fraction < 1.0
+        if prog.step % args.ckpt_every == 0 or stop:
             _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
                                "noise_gen": noise_gen.get_state(), **prog.state(), "budget_s": prog.budget_s})
+        if stop:
+            log.write(phase="vae", event="stretch_end", step=prog.step, time=time.time())
+            raise StretchEnded(f"vae step {prog.step}")
     vae.eval()
     mean, std = latent_stats(vae, clips, count=32)
     vae.register_to_config(latents_mean=mean, latents_std=std)
@@ -338,7 +396,7 @@ def clip_cells(clips: ClipSet, count: int, latent_hw: tuple[int, int]) -> torch.
 
 def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, held_latents: torch.Tensor,
                    held_actions: np.ndarray, t_arch, tokenizer, log: RunLog, out: Path, budget_s: float,
-                   cells: torch.Tensor | None = None):
+                   cells: torch.Tensor | None = None, stretch: Stretch | None = None):
     state_path = out / "dyn_state.pt"
     tr = make_transformer(t_arch, args.seed + 2)
     ema = copy.deepcopy(tr).requires_grad_(False)
@@ -409,10 +467,14 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
             bar.set_postfix(loss=f"{loss:.4f}", progress=f"{prog.fraction:.2f}")
         prog.advance()
         bar.update()
-        if prog.step % args.ckpt_every == 0:
+        stop = stretch is not None and stretch.expired() and prog.fraction < 1.0
+        if prog.step % args.ckpt_every == 0 or stop:
             snapshot()
         if prog.step % (5 * args.ckpt_every) == 0:
             log.write(phase="dynamics", step=prog.step, heldout_loss=held_loss(), time=time.time())
+        if stop:
+            log.write(phase="dynamics", event="stretch_end", step=prog.step, time=time.time())
+            raise StretchEnded(f"dynamics step {prog.step}")
     log.write(phase="dynamics", event="done", heldout_loss=held_loss())
     snapshot(done=True)
     return ema
@@ -465,8 +527,67 @@ def _head(clips: ClipSet, count: int) -> ClipSet:
     return ClipSet(clips.starts[:count], clips.actions[:count])
 
 
-def main(argv: list[str] | None = None) -> Path:
-    """Run (or resume) the whole pipeline; returns the exported checkpoint folder."""
+def dagger_round(args: TrainArgs, steps: int, out: Path, log: RunLog) -> ClipSet:
+    """The DAgger round's clips (cached in the run folder, so a resumed run reuses them)."""
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.fidelity.seeds import DAGGER
+    from worldstep.world import load
+
+    path = out / "dagger_clips.npz"
+    if path.exists():
+        cached = np.load(path)
+        return ClipSet(cached["starts"], cached["actions"], cached["seeds"])
+    t0 = time.perf_counter()
+    world = load(args.dagger_checkpoint, device="cpu")
+    rollout = world.config.rollout
+    knobs = RolloutKnobs(num_steps=rollout.num_steps, context_frames=rollout.context_frames,
+                         flow_shift=rollout.flow_shift)
+    try:
+        clips = model_loop_clips(world.model, DAGGER.seeds(args.dagger_clips), steps, args.chunk, PROMPT,
+                                 DOMAIN_ID, knobs)
+    finally:
+        world.model.close_all()
+    np.savez(path, starts=clips.starts, actions=clips.actions, seeds=clips.seeds)
+    log.write(phase="dagger", clips=len(clips), checkpoint=args.dagger_checkpoint,
+              seconds=time.perf_counter() - t0)
+    return clips
+
+
+def run_data(args: TrainArgs, out: Path, log: RunLog) -> tuple[ClipSet, ClipSet]:
+    """(training clips, held-out clips): the mixture of `training_clips` plus the DAgger round, shuffled by the
+    seed so that every kind is in the head that `--encode-clips` encodes."""
+    steps = args.windows * args.chunk
+    t0 = time.perf_counter()
+    mixed, kinds = training_clips(args.num_clips - args.dagger_clips, steps, seed=args.seed, chunk=args.chunk)
+    parts = [mixed]
+    if args.dagger_clips:
+        parts.append(dagger_round(args, steps, out, log))
+        kinds = np.concatenate([kinds, np.full(args.dagger_clips, CLIP_KINDS.index("model_loop"))])
+    order = np.random.default_rng(args.seed + 20).permutation(args.num_clips)
+    clips, kinds = take_clips(concat_clips(*parts), order), kinds[order]
+    held, _ = training_clips(max(8, args.num_clips // 20), steps, seed=args.seed + 10_000, chunk=args.chunk)
+    counts = {name: int((kinds == i).sum()) for i, name in enumerate(CLIP_KINDS)}
+    log.write(phase="data", clips=len(clips), held=len(held), kinds=counts, seconds=time.perf_counter() - t0)
+    return clips, held
+
+
+def start_log(args: TrainArgs, out: Path) -> RunLog:
+    """The run's log; a resumed run must have the arguments the run started with (`check_resume_args`)."""
+    saved_path = out / "args.json"
+    if args.resume and saved_path.exists():
+        check_resume_args(args, json.loads(saved_path.read_text()))
+    elif args.resume and any(out.glob("*_state.pt")):
+        raise ValueError(f"--resume: {saved_path} is missing, so the run's arguments cannot be checked")
+    else:
+        saved_path.write_text(json.dumps(asdict(args), indent=1))
+    log = RunLog(out / "log.jsonl")
+    log.write(event="resume" if args.resume else "start", args=asdict(args), time=time.time())
+    return log
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    """Run (or resume) the whole pipeline; returns the exported checkpoint folder, or None when the stretch's
+    wall time (`--stop-after-minutes`) ended it first (continue with `--resume`)."""
     from worldstep.engine.models.cosmos3.checkpoint import build_tokenizer
 
     args = parse_args(argv)
@@ -476,20 +597,25 @@ def main(argv: list[str] | None = None) -> Path:
         return export_snapshot(args, Path(args.export_only))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = RunLog(out / "log.jsonl")
-    log.write(event="start", args=asdict(args), time=time.time())
+    log = start_log(args, out)
+    stretch = Stretch(args.stop_after_minutes)
+    try:
+        return _run(args, out, log, stretch, build_tokenizer)
+    except StretchEnded as ended:
+        log.write(event="stretch_end", at=str(ended), time=time.time())
+        print(f"stopped at {ended}: the stretch's {args.stop_after_minutes:g} minutes are spent; continue with "
+              f"--resume --out {out}")
+        return None
+
+
+def _run(args: TrainArgs, out: Path, log: RunLog, stretch: Stretch, build_tokenizer) -> Path:
     t_arch, v_arch = architectures(args.small)
     budget = args.budget_minutes * 60
-    steps = args.windows * args.chunk
     start = time.perf_counter()
-
-    # data
-    clips = generate_clips(args.num_clips, steps, seed=args.seed)
-    held = generate_clips(max(8, args.num_clips // 20), steps, seed=args.seed + 10_000)
-    log.write(phase="data", clips=len(clips), held=len(held), seconds=time.perf_counter() - start)
+    clips, held = run_data(args, out, log)
 
     # vae
-    vae = train_vae(args, clips, held, v_arch, log, out, budget * args.vae_share)
+    vae = train_vae(args, clips, held, v_arch, log, out, budget * args.vae_share, stretch)
 
     # latents
     latents_path = out / "latents.pt"
@@ -512,7 +638,7 @@ def main(argv: list[str] | None = None) -> Path:
     cells = clip_cells(clips, len(latents), tuple(latents.shape[-2:]))  # where the loss weighs more
     transformer = train_dynamics(args, latents, clips.actions[: len(latents)], held_latents,
                                  held.actions[: len(held_latents)], t_arch, tokenizer, log,
-                                 out, max(remaining, 1.0), cells)
+                                 out, max(remaining, 1.0), cells, stretch)
 
     # export
     path = export_checkpoint(out / "checkpoint", transformer, vae, tokenizer)
