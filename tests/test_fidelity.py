@@ -109,6 +109,26 @@ def test_small_budget_report(tmp_path, capsys):
         assert heading in text
     assert text.count("| expert |") == 1 and "kv minus copy_first_frame_vae" in text
 
+    # provenance: the commit, the code and weights that made the figures, the seed range, the command
+    prov = saved["provenance"]
+    assert len(prov["code_sha256"]) == 64 and len(prov["checkpoint_sha256"]) == 64
+    assert prov["seed_range"] == {"name": "validation", "start": 20_000_000, "size": 10_000}
+    assert prov["command"].startswith("python -m worldstep.fidelity --budget small")
+    assert prov["git_dirty"] in (True, False, None)
+
+    # every figure comes back from the per-unit records alone, and a changed record is caught
+    from worldstep.fidelity.recompute import main as recompute
+
+    assert recompute([str(tmp_path)]) == 0
+    episodes = (tmp_path / "records" / "episodes.jsonl").read_text().splitlines()
+    first_model = next(json.loads(line) for line in episodes if json.loads(line)["world"] == "model")
+    assert {"seed", "policy", "actions", "success", "replay_success", "stop", "detections"} <= set(first_model)
+    assert len(first_model["actions"]) == first_model["windows"] == len(first_model["detections"])
+    flipped = [line if json.loads(line) != first_model else
+               json.dumps({**first_model, "replay_success": not first_model["replay_success"]}) for line in episodes]
+    (tmp_path / "records" / "episodes.jsonl").write_text("\n".join(flipped) + "\n")
+    assert recompute([str(tmp_path)]) == 1
+
 
 def test_report_arguments_are_checked(tmp_path, capsys):
     import pytest

@@ -42,8 +42,10 @@ def test_wilson_interval_and_rate_dict():
     assert rate["ci95"][0] < 0.3 < rate["ci95"][1] and rate["wilson95"][0] < 0.3 < rate["wilson95"][1]
 
 
-def _results(table: np.ndarray, names: list[str], seeds: list[int], sim: bool) -> list[EpisodeOutcome]:
-    return [EpisodeOutcome(n, s, bool(table[p, e]), 1, None if sim else bool(table[p, e]))
+def _results(table: np.ndarray, names: list[str], seeds: list[int], sim: bool,
+             replay: np.ndarray | None = None) -> list[EpisodeOutcome]:
+    replay = table if replay is None else replay
+    return [EpisodeOutcome(n, s, bool(table[p, e]), 1, None if sim else bool(replay[p, e]))
             for p, n in enumerate(names) for e, s in enumerate(seeds)]
 
 
@@ -65,8 +67,8 @@ def test_a_model_that_agrees_everywhere_scores_perfectly():
 def test_confusion_false_and_missed_success_rates():
     sim = np.array([[True, True, False, False, False]])
     model = np.array([[True, False, True, False, False]])
-    report = policy_report(_results(sim, ["x"], list(range(5)), True), _results(model, ["x"], list(range(5)), False),
-                           ["x"], (), list(range(5)))
+    report = policy_report(_results(sim, ["x"], list(range(5)), True),
+                           _results(model, ["x"], list(range(5)), False, replay=sim), ["x"], (), list(range(5)))
     stats = report["per_policy"][0]
     assert stats["confusion"] == {"model_success_sim_success": 1, "model_success_sim_failure": 1,
                                   "model_failure_sim_success": 1, "model_failure_sim_failure": 2}
@@ -75,12 +77,29 @@ def test_confusion_false_and_missed_success_rates():
     assert stats["bias"]["value"] == pytest.approx(0.0)
 
 
+def test_false_success_is_judged_by_the_replay_of_the_model_episodes_own_actions():
+    # the simulator's own episodes all succeed, the model claims success everywhere, but its chunks replayed
+    # in the simulator succeed only twice: the strict rule sees 3 false successes of 3 replay failures
+    sim = np.array([[True] * 5])
+    model = np.array([[True] * 5])
+    replay = np.array([[True, True, False, False, False]])
+    report = policy_report(_results(sim, ["x"], list(range(5)), True),
+                           _results(model, ["x"], list(range(5)), False, replay=replay), ["x"], (), list(range(5)))
+    stats = report["per_policy"][0]
+    assert stats["false_success_rate"]["value"] == pytest.approx(1.0)
+    assert stats["confusion"]["model_success_sim_failure"] == 3
+    assert np.isnan(stats["paired_seed"]["false_success_rate"]["value"])  # no simulator failure to judge
+    assert stats["paired_seed"]["episode_agreement"]["value"] == 1.0
+    assert report["all"]["false_success_rate"]["value"] == pytest.approx(1.0)
+
+
 def test_selection_regret_counts_ties_as_a_random_pick():
     sim = np.array([[True] * 8 + [False] * 2, [True] * 2 + [False] * 8])  # rates 0.8, 0.2
     model = np.array([[True] * 5 + [False] * 5, [True] * 5 + [False] * 5])  # tie at 0.5
-    stats = group_stats(sim, model, seed=0)
+    stats = group_stats(sim, model, model, seed=0)
     assert stats["selection_regret"]["value"] == pytest.approx(0.8 - 0.5)
-    worse = group_stats(sim, np.array([[False] * 10, [True] * 5 + [False] * 5]), seed=0)  # picks the 0.2 policy
+    other = np.array([[False] * 10, [True] * 5 + [False] * 5])
+    worse = group_stats(sim, other, other, seed=0)  # picks the 0.2 policy
     assert worse["selection_regret"]["value"] == pytest.approx(0.6)
 
 

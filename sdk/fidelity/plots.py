@@ -26,7 +26,8 @@ def _frame(draw: ImageDraw.ImageDraw, box, title: str, xlabel: str, ylabel: str,
 
 
 def line_chart(path: Path, series: dict[str, list[float]], title: str, xlabel: str, ylabel: str) -> Path:
-    """One line per series over x = 1..len (NaNs skipped), legend on the right."""
+    """One line per series over x = 1..len (NaNs and Nones skipped), legend on the right."""
+    series = {k: [np.nan if v is None else v for v in s] for k, s in series.items()}
     img = Image.new("RGB", (720, 420), "white")
     draw = ImageDraw.Draw(img)
     box = (60, 30, 540, 370)

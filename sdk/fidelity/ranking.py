@@ -4,9 +4,12 @@ Every policy runs the same start seeds in both worlds; an episode pair (same pol
 unit of the confusion matrix. Intervals resample the start seeds, one resample shared by all policies,
 so the policies' rates stay paired the way they were measured.
 
-- Confusion per policy: model success x simulator success. The false-success rate is the share of the
-  simulator's failures that the model calls a success; the missed-success rate the share of the
-  simulator's successes that the model calls a failure.
+- Confusion per policy, by the strict rule: model success x the success of the model episode's own
+  chunks replayed in the simulator from the same start (`replay_success`). The false-success rate is
+  the share of replay failures that the model calls a success; the missed-success rate the share of
+  replay successes that the model calls a failure. The same rates against the simulator's own
+  closed-loop episode from the same seed are kept beside them as `paired_seed` (lenient: a policy that
+  acts differently on the simulator's frames reaches other states).
 - Ranking: Spearman and Pearson of the per-policy rates, over all policies and without the floor ones.
 - Selection regret: the simulator success of the best policy minus that of the policy the model rates
   best (ties: the mean over the tied picks, i.e. a uniform random pick).
@@ -44,8 +47,29 @@ def _regret(model_rates: np.ndarray, sim_rates: np.ndarray) -> float:
     return float(sim_rates.max() - sim_rates[picks].mean())
 
 
+def _confusion(model: np.ndarray, truth: np.ndarray) -> dict[str, int]:
+    return {"model_success_sim_success": int((model & truth).sum()),
+            "model_success_sim_failure": int((model & ~truth).sum()),
+            "model_failure_sim_success": int((~model & truth).sum()),
+            "model_failure_sim_failure": int((~model & ~truth).sum())}
+
+
+def _judged(model: np.ndarray, truth: np.ndarray, seed: int) -> dict[str, Any]:
+    """False- and missed-success rates and episode agreement of `model` against `truth` (`[..., E]` bool),
+    episodes resampled."""
+    units = model.shape[-1]
+    return {
+        "false_success_rate": bootstrap(lambda i: _false_success(model[..., i], truth[..., i]), units,
+                                        seed=seed).to_dict(),
+        "missed_success_rate": bootstrap(lambda i: _missed_success(model[..., i], truth[..., i]), units,
+                                         seed=seed).to_dict(),
+        "episode_agreement": bootstrap(lambda i: (model[..., i] == truth[..., i]).mean(), units, seed=seed).to_dict(),
+    }
+
+
 def policy_stats(name: str, sim: np.ndarray, model: np.ndarray, replay: np.ndarray, seed: int) -> dict[str, Any]:
-    """Rates, bias and confusion of one policy's paired episodes (`[E]` bool each)."""
+    """Rates, bias and confusion of one policy's paired episodes (`[E]` bool each); confusion and the
+    false/missed rates by the strict rule (against `replay`), the paired-seed ones beside."""
     units = len(sim)
     return {
         "policy": name,
@@ -53,17 +77,17 @@ def policy_stats(name: str, sim: np.ndarray, model: np.ndarray, replay: np.ndarr
         "model_success": rate_dict(model, seed=seed),
         "replay_success": rate_dict(replay, seed=seed),
         "bias": bootstrap(lambda i: model[i].mean() - sim[i].mean(), units, seed=seed).to_dict(),
-        "confusion": {"model_success_sim_success": int((model & sim).sum()),
-                      "model_success_sim_failure": int((model & ~sim).sum()),
-                      "model_failure_sim_success": int((~model & sim).sum()),
-                      "model_failure_sim_failure": int((~model & ~sim).sum())},
-        "false_success_rate": bootstrap(lambda i: _false_success(model[i], sim[i]), units, seed=seed).to_dict(),
-        "missed_success_rate": bootstrap(lambda i: _missed_success(model[i], sim[i]), units, seed=seed).to_dict(),
+        "replay_bias": bootstrap(lambda i: model[i].mean() - replay[i].mean(), units, seed=seed).to_dict(),
+        "confusion": _confusion(model, replay),
+        **_judged(model, replay, seed),
+        "paired_seed": {"confusion": _confusion(model, sim), **_judged(model, sim, seed)},
     }
 
 
-def group_stats(sim: np.ndarray, model: np.ndarray, seed: int) -> dict[str, Any]:
-    """Ranking, calibration and selection over a group of policies (`[P, E]` bool tables)."""
+def group_stats(sim: np.ndarray, model: np.ndarray, replay: np.ndarray, seed: int) -> dict[str, Any]:
+    """Ranking, calibration and selection over a group of policies (`[P, E]` bool tables): rates against the
+    simulator's closed-loop episodes (how good each policy truly is), false and missed success by the strict
+    rule (against `replay`), the paired-seed ones beside."""
     units = sim.shape[1]
 
     def rates(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -75,11 +99,8 @@ def group_stats(sim: np.ndarray, model: np.ndarray, seed: int) -> dict[str, Any]
         "pearson": bootstrap(lambda i: pearson(rates(sim, i), rates(model, i)), units, seed=seed).to_dict(),
         "mean_abs_rate_error": bootstrap(lambda i: np.abs(rates(model, i) - rates(sim, i)).mean(), units,
                                          seed=seed).to_dict(),
-        "false_success_rate": bootstrap(lambda i: _false_success(model[:, i], sim[:, i]), units,
-                                        seed=seed).to_dict(),
-        "missed_success_rate": bootstrap(lambda i: _missed_success(model[:, i], sim[:, i]), units,
-                                         seed=seed).to_dict(),
-        "episode_agreement": bootstrap(lambda i: (model[:, i] == sim[:, i]).mean(), units, seed=seed).to_dict(),
+        **_judged(model, replay, seed),
+        "paired_seed": _judged(model, sim, seed),
         "selection_regret": bootstrap(lambda i: _regret(rates(model, i), rates(sim, i)), units,
                                       seed=seed).to_dict(),
     }
@@ -98,8 +119,8 @@ def policy_report(sim_results: list[EpisodeOutcome], model_results: list[Episode
     return {
         "policies": names, "floor": [n for n in names if n in floor], "episodes": len(seeds),
         "per_policy": [policy_stats(n, sim[p], model[p], replay[p], seed + p) for p, n in enumerate(names)],
-        "all": group_stats(sim, model, seed),
-        "without_floor": group_stats(sim[graded], model[graded], seed) if graded.sum() > 1 else None,
+        "all": group_stats(sim, model, replay, seed),
+        "without_floor": group_stats(sim[graded], model[graded], replay[graded], seed) if graded.sum() > 1 else None,
         "model_pick": picks,
         "sim_best": [names[i] for i in kept[sim_rates[kept] == sim_rates[kept].max()]] if len(kept) else [],
     }

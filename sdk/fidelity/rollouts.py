@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,13 +57,26 @@ def open_loop(world, first_frames: np.ndarray, actions: np.ndarray, recipe: Roll
 @dataclass
 class EpisodeOutcome:
     """One episode of one policy from one start seed; `replay_success`: the model episode's chunks replayed
-    in the simulator (None for simulator episodes)."""
+    in the simulator (None for simulator episodes). `actions` holds the chunks it chose, `stop` why it ended
+    (`success`: the frames it saw showed success; `max_windows`), and `detections` per window what the
+    detector found in the last frame of each world (`model`, `sim`: effector and block centres or None)."""
 
     policy: str
     seed: int
     success: bool
     windows: int
     replay_success: bool | None = None
+    actions: list = field(default_factory=list)
+    stop: str = "max_windows"
+    detections: list = field(default_factory=list)
+
+
+def detections_of(frame: np.ndarray) -> dict[str, list[float] | None]:
+    """Effector and block centres the simulator's detector finds in `frame` (None: not found)."""
+    from worldstep.envs.push_sim import detect_objects
+
+    found = detect_objects(frame)
+    return {k: None if found[k] is None else [round(float(v), 3) for v in found[k]] for k in ("effector", "block")}
 
 
 def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int) -> list[EpisodeOutcome]:
@@ -75,12 +88,16 @@ def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int)
             obs, _ = env.reset(seed=seed)
             policy.reset(seed=seed)
             goal = _goal(obs)
-            success, used = False, 0
-            while used < max_windows and not success:
-                obs, *_ = env.step(policy(obs))
-                used += 1
-                success = any(frame_success(f, goal) for f in obs["frames"])
-            results.append(EpisodeOutcome(policy.name, seed, success, used))
+            outcome = EpisodeOutcome(policy.name, seed, False, 0)
+            while outcome.windows < max_windows and not outcome.success:
+                actions = policy(obs)
+                obs, *_ = env.step(actions)
+                outcome.windows += 1
+                outcome.success = any(frame_success(f, goal) for f in obs["frames"])
+                outcome.actions.append(np.asarray(actions, dtype=np.float32).round(5).tolist())
+                outcome.detections.append({"sim": detections_of(obs["frames"][-1]), "sim_success": outcome.success})
+            outcome.stop = "success" if outcome.success else "max_windows"
+            results.append(outcome)
     return results
 
 
@@ -107,7 +124,8 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, re
                                          generator=torch.Generator().manual_seed(noise_seed(seed, p_index)),
                                          action_width=sim.action_space.shape[1])
             jobs.append({"agent": agent, "seed": seed, "obs": obs, "goal": _goal(obs), "session": session,
-                         "sim": sim, "done": False, "success": False, "replay": False, "windows": 0})
+                         "sim": sim, "done": False, "success": False, "replay": False, "windows": 0,
+                         "actions": [], "detections": []})
     try:
         for _ in range(max_windows):
             live = [j for j in jobs if not j["done"]]
@@ -120,13 +138,19 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, re
                 job["windows"] += 1
                 sim_obs, *_ = job["sim"].step(actions)
                 job["replay"] = job["replay"] or any(frame_success(f, job["goal"]) for f in sim_obs["frames"])
-                if any(frame_success(f, job["goal"]) for f in result.frames):
+                job["actions"].append(np.asarray(actions, dtype=np.float32).round(5).tolist())
+                model_success = any(frame_success(f, job["goal"]) for f in result.frames)
+                job["detections"].append({"model": detections_of(result.frames[-1]),
+                                          "sim": detections_of(sim_obs["frames"][-1]),
+                                          "model_success": model_success, "sim_success": job["replay"]})
+                if model_success:
                     job["success"], job["done"] = True, True
                     world.close(job["session"])
     finally:
         for j in jobs:
             world.close(j["session"])
-    return [EpisodeOutcome(j["agent"].name, j["seed"], j["success"], j["windows"], j["replay"]) for j in jobs]
+    return [EpisodeOutcome(j["agent"].name, j["seed"], j["success"], j["windows"], j["replay"], j["actions"],
+                           "success" if j["success"] else "max_windows", j["detections"]) for j in jobs]
 
 
 def noise_seed(seed: int, policy_index: int) -> int:

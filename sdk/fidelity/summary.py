@@ -32,7 +32,7 @@ def _series_cell(series: dict[str, list], w: int, digits: int) -> str:
 
 
 def targets_table(report: dict[str, Any]) -> str:
-    rows = ["| target | value [95% interval] | met |", "|---|---|---|"]
+    rows = ["| target | value [95% interval] | met (on the interval) |", "|---|---|---|"]
     for name, t in report["targets"].items():
         if name == "moved_block_error_below_copy_vae_every_window":
             below = t["windows_with_ci95_below_zero"]
@@ -40,7 +40,10 @@ def targets_table(report: dict[str, Any]) -> str:
                      f"interval below 0 at windows {below if below else 'none'}")
         else:
             value = _ci(t, 3)
-        rows.append(f"| {name} ({t['target']}) | {value} | {'yes' if t['met'] else 'no'} |")
+        verdict = "reported" if t["met"] is None else ("yes" if t["met"] else "no")
+        if "paired_seed" in t:
+            value += f" (paired-seed rule: {_ci(t['paired_seed'], 3)})"
+        rows.append(f"| {name} ({t['target']}) | {value} | {verdict} |")
     return "\n".join(rows)
 
 
@@ -76,13 +79,16 @@ def policy_table(report: dict[str, Any]) -> str:
                   f"{c['model_failure_sim_success']}, {c['model_failure_sim_failure']}")
         rows.append(f"| {q['policy']} | {_ci(q['sim_success'])} | {_ci(q['model_success'])} | {_ci(q['bias'])} | "
                     f"{_ci(q['replay_success'])} | {counts} |")
-    rows += ["", "| group | Spearman | Pearson | mean abs rate error | false-success rate | missed-success rate | "
-                 "selection regret |", "|---|---|---|---|---|---|---|"]
+    rows += ["", "Confusion, false and missed success by the strict rule: the model episode's own chunks replayed "
+                 "in the simulator; the paired-seed rule (the simulator's own episode from the same seed) beside.",
+             "", "| group | Spearman | Pearson | mean abs rate error | false-success rate | missed-success rate | "
+                 "false-success rate, paired seed | selection regret |", "|---|---|---|---|---|---|---|---|"]
     for group in ("all", "without_floor"):
         g = p[group]
+        paired = _ci(g["paired_seed"]["false_success_rate"]) if "paired_seed" in g else "n/a"
         rows.append(f"| {group} ({g['policies']} policies) | {_ci(g['spearman'])} | {_ci(g['pearson'])} | "
                     f"{_ci(g['mean_abs_rate_error'])} | {_ci(g['false_success_rate'])} | "
-                    f"{_ci(g['missed_success_rate'])} | {_ci(g['selection_regret'])} |")
+                    f"{_ci(g['missed_success_rate'])} | {paired} | {_ci(g['selection_regret'])} |")
     rows.append(f"\nThe model rates best: {', '.join(p['model_pick'])}; the simulator: {', '.join(p['sim_best'])}.")
     return "\n".join(rows)
 

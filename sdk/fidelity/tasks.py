@@ -122,7 +122,6 @@ class PlannerTask:
         out = []
         for seed in self.seeds:
             result = closed_loop(worker.env, planner, seed=seed, max_windows=self.max_windows, observe=self.observe)
-            result.actions = []  # keep results small across processes
             out.append(result)
         return out
 
