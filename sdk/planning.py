@@ -68,49 +68,92 @@ class BlockToGoal:
 
 
 class ModelPredictivePlanner:
-    """A policy that plans in ``env``'s world model: best of ``candidates`` proposal chunks per window.
+    """A policy that plans in ``env``'s world model: best of ``candidates`` proposals per window.
 
     ``env`` is the world-model env the planner will be stepped on (its current state is where the
     candidates start); ``proposal`` is any policy whose calls return different chunks (a noisy policy),
-    called ``candidates`` times per window on the same observation. The goal is the one seen in the
-    episode's first frame. ``last_costs`` holds the latest window's candidate costs.
+    called ``candidates`` times per window on the same observation. A candidate is ``horizon`` windows
+    long: its first chunk is the proposal's, the later ones the proposal's own continuation on the
+    imagined frames; only the first chunk is executed. Each candidate is imagined in ``forks`` forks with
+    different diffusion noise. Its cost is the objective on each fork's last frame (mean over forks),
+    plus ``vanish_weight`` x the share of imagined windows whose block the detector cannot find, plus
+    ``disagreement_weight`` x the spread (px, mean distance to their centre) of the forks' final block
+    positions: a future the model cannot agree on is not one to bet on. The goal is the one seen in the
+    episode's first frame unless ``goal`` (x, y) is given. ``last_costs`` and ``last_candidates`` (each candidate's chunks) hold the
+    latest window's.
     """
 
-    def __init__(self, env: gym.Env, proposal: Policy, candidates: int = 8,
-                 objective: BlockToGoal | None = None) -> None:
+    def __init__(self, env: gym.Env, proposal: Policy, candidates: int = 8, objective: BlockToGoal | None = None,
+                 *, horizon: int = 2, forks: int = 2, vanish_weight: float = 64.0,
+                 disagreement_weight: float = 1.0, goal: np.ndarray | None = None) -> None:
         if not callable(getattr(env.unwrapped, "fork", None)):
             raise TypeError(f"env={env!r} is invalid; allowed: a worldstep world-model env (it must fork)")
-        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1:
-            raise ValueError(f"candidates={candidates!r} is invalid; allowed: an int >= 1")
+        for name, value in (("candidates", candidates), ("horizon", horizon), ("forks", forks)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= 1")
+        for name, value in (("vanish_weight", vanish_weight), ("disagreement_weight", disagreement_weight)):
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value!r} is invalid; allowed: a finite number >= 0")
         if not (callable(proposal) and callable(getattr(proposal, "reset", None))):
             raise TypeError(f"proposal={proposal!r} is invalid; allowed: a Policy (reset and __call__)")
         self.env, self.proposal, self.candidates = env, proposal, candidates
+        self.horizon, self.forks = horizon, forks
+        self.vanish_weight, self.disagreement_weight = float(vanish_weight), float(disagreement_weight)
         self.objective = objective if objective is not None else BlockToGoal()
         self.name = f"plan{candidates}_{getattr(proposal, 'name', type(proposal).__name__)}"
-        self.goal: np.ndarray | None = None
+        self.known_goal = None if goal is None else np.asarray(goal, dtype=np.float64)
+        if self.known_goal is not None and (self.known_goal.shape != (2,) or not np.all(np.isfinite(self.known_goal))):
+            raise ValueError(f"goal={goal!r} is invalid; allowed: None or a finite (x, y) pixel position")
+        self.goal: np.ndarray | None = self.known_goal
         self.last_costs: list[float] = []
+        self.last_candidates: list[list[np.ndarray]] = []
+        self._decisions, self._seed = 0, 0
 
     def reset(self, seed: int | None = None) -> None:
         self.proposal.reset(seed)
-        self.goal, self.last_costs = None, []
+        self.goal, self.last_costs, self.last_candidates, self._decisions = self.known_goal, [], [], 0
+        self._seed = 0 if seed is None else int(seed)
 
     def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         if self.goal is None:
             self.goal = detect_objects(obs["frames"][0])["goal"]
-        chunks = [np.asarray(self.proposal(obs), dtype=np.float32) for _ in range(self.candidates)]
+        firsts = [np.asarray(self.proposal(obs), dtype=np.float32) for _ in range(self.candidates)]
+        self._decisions += 1
         if self.goal is None or self.candidates == 1:  # nothing to score against: act as the proposal
-            self.last_costs = [float("nan")] * len(chunks)
-            return chunks[0]
-        self.last_costs = [self._imagine(chunk) for chunk in chunks]
-        return chunks[int(np.argmin(self.last_costs))]
+            self.last_costs, self.last_candidates = [float("nan")] * len(firsts), [[c] for c in firsts]
+            return firsts[0]
+        scored = [self._imagine(chunk) for chunk in firsts]
+        self.last_costs = [cost for cost, _ in scored]
+        self.last_candidates = [chunks for _, chunks in scored]
+        return firsts[int(np.argmin(self.last_costs))]
 
-    def _imagine(self, chunk: np.ndarray) -> float:
-        fork = self.env.unwrapped.fork()
-        try:
-            obs, *_ = fork.step(chunk)
-            return self.objective(obs["frames"], self.goal)
-        finally:
-            fork.close()
+    def _imagine(self, first: np.ndarray) -> tuple[float, list[np.ndarray]]:
+        """The candidate's cost and its chunks (from the first fork's continuation)."""
+        import copy
+
+        costs, finals, vanished, chunks0 = [], [], 0, []
+        for f in range(self.forks):
+            # fork 0 continues this env's noise; the others reseed it (a seed fixed by the episode and window)
+            fork = self.env.unwrapped.fork(None if f == 0 else 1_000_003 * self._seed + 1_009 * self._decisions + f)
+            continuation = copy.deepcopy(self.proposal)  # its own belief and noise, the same for every fork
+            try:
+                chunk, chunks, seen = first, [], {}
+                for t in range(self.horizon):
+                    if t:
+                        chunk = np.asarray(continuation(seen), dtype=np.float32)
+                    seen, *_ = fork.step(chunk)
+                    chunks.append(chunk)
+                    vanished += detect_objects(seen["frames"][-1])["block"] is None
+                costs.append(self.objective(seen["frames"], self.goal))
+                finals.append(detect_objects(seen["frames"][-1])["block"])
+            finally:
+                fork.close()
+            if f == 0:
+                chunks0 = chunks
+        found = [b for b in finals if b is not None]
+        spread = float(np.mean([np.linalg.norm(b - np.mean(found, axis=0)) for b in found])) if len(found) > 1 else 0.0
+        cost = float(np.mean(costs)) + self.vanish_weight * vanished / (self.forks * self.horizon)
+        return cost + self.disagreement_weight * spread, chunks0
 
 
 OBSERVE = ("model", "simulator")
@@ -125,40 +168,59 @@ class ClosedLoopResult:
     observe: str = "model"
     windows: int = 0
     model_success: bool | None = None
-    """success judged from the model's frames (what the agent believes); None when it saw the simulator"""
+    """success judged from the model's frames (what the agent believes; held for ``confirm_windows``
+    windows); None when it saw the simulator"""
     sim_success: bool = False
     """success of the same chunks replayed in the simulator (what happened)"""
     actions: list[np.ndarray] = field(default_factory=list)
     video: str | None = None
+    stop: str = "max_windows"
+    """why the episode ended: ``believed_success``, ``sim_success`` (observe="simulator"), ``env_end``
+    (the env terminated or truncated) or ``max_windows``"""
+    anchor_every: int | None = None
+    cost_rank_correlation: list[float | None] = field(default_factory=list)
+    """per window of a planner: Spearman between its imagined candidate costs and the same candidates'
+    costs when their chunks are replayed in a copy of the simulator (None: undefined, e.g. equal costs)"""
 
 
 def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 16, observe: str = "model",
                 simulator: gym.Env | None = None, video_path: str | os.PathLike | None = None,
-                scale: int = 4) -> ClosedLoopResult:
+                scale: int = 4, confirm_windows: int = 1, anchor_every: int | None = None) -> ClosedLoopResult:
     """Run ``policy`` for one episode and judge it by the simulator (see the module docstring for ``observe``).
 
-    The episode ends after ``max_windows`` windows, when the frames the policy sees show success (a
-    deployed agent stops when it believes it is done), or when the simulator's do (the outcome is then
-    settled). Success is ``PushSimEnv.success_from_frames`` with the goal of the simulator's first frame.
+    The episode ends after ``max_windows`` windows, or when the agent's own frames have shown success in
+    ``confirm_windows`` consecutive windows (a deployed agent stops when it believes it is done; the
+    simulator's outcome never stops a model-loop episode, since the agent cannot see it), or, when the
+    policy sees the simulator, when the simulator's frames show success. Success is
+    ``PushSimEnv.success_from_frames`` with the goal of the simulator's first frame. With ``anchor_every``
+    k (observe="model"), the world model restarts from the simulator's latest frame every k windows.
     ``env`` must reset to the simulator's scene (a model env with a ``simulator``, e.g. Pusher-v0);
     ``simulator`` defaults to a fresh ``PushSimEnv`` of the env's chunk size. The video shows what the
-    policy saw (model frames, or the simulator's) next to the simulator.
+    policy saw (model frames, or the simulator's) next to the simulator. A planner's imagined candidate
+    costs are compared per window with their costs replayed in a copy of the simulator.
     """
     if getattr(env.unwrapped, "simulator", None) is None:
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
                          "(config env.simulator, e.g. worldstep/Pusher-v0)")
-    if not isinstance(max_windows, int) or isinstance(max_windows, bool) or max_windows < 1:
-        raise ValueError(f"max_windows={max_windows!r} is invalid; allowed: an int >= 1")
+    for name, value in (("max_windows", max_windows), ("confirm_windows", confirm_windows),
+                        ("anchor_every", 1 if anchor_every is None else anchor_every)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= 1")
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r} is invalid; allowed: one of {OBSERVE}")
+    if anchor_every is not None and observe != "model":
+        raise ValueError(f"anchor_every={anchor_every!r} is invalid with observe={observe!r}; allowed: None "
+                         "(the simulator loop re-anchors every window)")
     from .truth import side_by_side
 
     sim = simulator if simulator is not None else PushSimEnv(chunk_size=env.action_space.shape[0])
-    result = ClosedLoopResult(seed=seed, policy=getattr(policy, "name", type(policy).__name__), observe=observe)
+    result = ClosedLoopResult(seed=seed, policy=getattr(policy, "name", type(policy).__name__), observe=observe,
+                              anchor_every=anchor_every)
     policy.reset(seed)
     obs, info = env.reset(seed=seed)
     sim_obs, _ = sim.reset(seed=info.get("scene_seed", seed))
     first = sim_obs["frames"][0]
+    streak = 0
     if observe == "model":
         result.model_success = False
     with video_writer(video_path, frame_fps(env)) as writer:  # an exception leaves video_path as it was
@@ -171,7 +233,10 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                     env.reset(options={"image": sim_obs["frames"][-1]})
                 actions = policy(sim_obs)
             else:
+                if window and anchor_every is not None and window % anchor_every == 0:
+                    obs, _ = env.reset(options={"image": sim_obs["frames"][-1]})
                 actions = policy(obs)
+            result.cost_rank_correlation.extend(_cost_ranks(policy, sim, first))
             if observe == "model":
                 obs, _, terminated, truncated, _ = env.step(actions)
             sim_obs, *_ = sim.step(actions)
@@ -179,10 +244,38 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
             result.actions.append(np.asarray(actions, dtype=np.float32))
             result.sim_success = result.sim_success or PushSimEnv.success_from_frames(first, sim_obs["frames"])
             if observe == "model":
-                result.model_success = result.model_success or PushSimEnv.success_from_frames(first, obs["frames"])
+                streak = streak + 1 if PushSimEnv.success_from_frames(first, obs["frames"]) else 0
+                result.model_success = streak >= confirm_windows
             if writer is not None:
                 writer.write(side_by_side(obs["frames"] if observe == "model" else sim_obs["frames"],
                                           sim_obs["frames"], scale))
-            if result.model_success or result.sim_success or (observe == "model" and (terminated or truncated)):
+            if result.model_success:
+                result.stop = "believed_success"
+            elif observe == "simulator" and result.sim_success:
+                result.stop = "sim_success"
+            elif observe == "model" and (terminated or truncated):
+                result.stop = "env_end"
+            if result.stop != "max_windows":
                 break
     return result
+
+
+def _cost_ranks(policy: Policy, sim: gym.Env, first: np.ndarray) -> list[float | None]:
+    """[Spearman of the planner's latest imagined costs vs the same candidates replayed in copies of `sim`],
+    or [] for a policy that is not a planner."""
+    import copy
+
+    from worldstep.fidelity.metrics import spearman  # lazy: the fidelity report imports this module
+
+    candidates, imagined = getattr(policy, "last_candidates", None), getattr(policy, "last_costs", None)
+    if not candidates or len(candidates) < 2 or not np.all(np.isfinite(imagined)):
+        return []
+    goal = detect_objects(first)["goal"]
+    true = []
+    for chunks in candidates:
+        replay = copy.deepcopy(sim)
+        for chunk in chunks:
+            seen, *_ = replay.step(chunk)
+        true.append(policy.objective(seen["frames"], goal))
+    rho = spearman(np.asarray(imagined), np.asarray(true))
+    return [float(rho) if np.isfinite(rho) else None]

@@ -143,3 +143,98 @@ def test_a_failed_closed_loop_leaves_the_video_path_as_it_was(pusher_env, tmp_pa
     assert video.read_bytes() == b"an earlier run" and sorted(p.name for p in tmp_path.iterdir()) == ["loop.mp4"]
     result = closed_loop(pusher_env, PixelPushPolicy(0.0), seed=3, max_windows=2, video_path=video)
     assert result.video == str(video) and video.read_bytes() != b"an earlier run"
+
+
+def test_planner_imagines_horizon_windows_in_forks_and_checks_its_knobs(pusher_env):
+    model = pusher_env.unwrapped.model
+    planner = ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0, name="noisy1"), candidates=2, horizon=3,
+                                     forks=2, goal=(32.0, 32.0))  # random weights: no goal to detect
+    planner.reset(seed=1)
+    obs, _ = pusher_env.reset(seed=5)
+    sessions, pages = model.live_sessions, model.kv.table.num_used_pages
+    chosen = planner(obs)
+    assert [len(c) for c in planner.last_candidates] == [3, 3]  # each candidate is 3 windows long
+    assert any(np.array_equal(chosen, c[0]) for c in planner.last_candidates)
+    assert model.live_sessions == sessions and model.kv.table.num_used_pages == pages  # 2 x 2 forks closed
+    for name, bad in (("horizon", 0), ("forks", 0), ("vanish_weight", -1.0), ("disagreement_weight", float("nan"))):
+        with pytest.raises(ValueError, match=name):
+            ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0), **{name: bad})
+
+
+def test_disagreement_between_forks_raises_a_candidates_cost(pusher_env, monkeypatch):
+    import worldstep.planning as planning
+
+    sightings = iter(np.arange(1000.0))
+
+    def detector(frame):  # every look sees the block somewhere else: the forks disagree
+        x = next(sightings) % 40 + 10
+        return {"effector": None, "block": np.array([x, 32.0]), "goal": np.array([32.0, 32.0])}
+
+    monkeypatch.setattr(planning, "detect_objects", detector)
+    knobs = {"candidates": 2, "forks": 2, "vanish_weight": 0.0, "goal": (32.0, 32.0),
+             "objective": BlockToGoal(vanished_px=0.0)}
+    costs = []
+    for weight in (0.0, 100.0):
+        planner = ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0), disagreement_weight=weight, **knobs)
+        planner.reset(seed=2)
+        obs, _ = pusher_env.reset(seed=9)
+        planner(obs)
+        costs.append(np.array(planner.last_costs))
+    assert np.all(costs[1] > costs[0] + 50)  # spread >= 0.5 px per candidate, weighed 100
+
+
+class _Believer:
+    """Acts like the expert but records each window; used to check when a model-loop episode stops."""
+
+    name = "believer"
+
+    def __init__(self):
+        self.inner = PixelPushPolicy(0.0)
+
+    def reset(self, seed=None):
+        self.inner.reset(seed)
+
+    def __call__(self, obs):
+        return self.inner(obs)
+
+
+def test_a_model_loop_stops_only_on_its_own_belief_held_k_windows(pusher_env, monkeypatch):
+    from worldstep.envs.push_sim import PushSimEnv
+
+    shown = iter([True, False, True, True])  # what the model's frames show, window by window
+    calls = []
+
+    def success(first, frames):
+        calls.append(len(calls))
+        # closed_loop asks: the simulator's frames first, then the model's, once per window
+        return False if len(calls) % 2 == 1 else next(shown)
+
+    monkeypatch.setattr(PushSimEnv, "success_from_frames", staticmethod(success))
+    result = closed_loop(pusher_env, _Believer(), seed=3, max_windows=4, observe="model", confirm_windows=2)
+    assert result.windows == 4 and result.stop == "believed_success" and result.model_success
+    assert result.sim_success is False  # the simulator's outcome never stopped it
+    with pytest.raises(ValueError, match="confirm_windows"):
+        closed_loop(pusher_env, _Believer(), seed=3, confirm_windows=0)
+    with pytest.raises(ValueError, match="anchor_every"):
+        closed_loop(pusher_env, _Believer(), seed=3, observe="simulator", anchor_every=2)
+
+
+def test_re_anchoring_restarts_the_model_from_the_simulator_every_k_windows(pusher_env, monkeypatch):
+    images = []
+    original_reset = pusher_env.reset
+
+    def reset(*, seed=None, options=None):
+        images.append(None if not options else options.get("image"))
+        return original_reset(seed=seed, options=options)
+
+    monkeypatch.setattr(pusher_env, "reset", reset)
+    result = closed_loop(pusher_env, PixelPushPolicy(0.8, name="noisy0.8"), seed=4, max_windows=4, anchor_every=2)
+    assert result.anchor_every == 2 and images[0] is None and len(images) == 1 + (result.windows - 1) // 2
+
+
+def test_the_planner_s_imagined_costs_are_ranked_against_the_simulator(pusher_env):
+    planner = ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0, name="noisy1"), candidates=3, forks=1,
+                                     goal=(32.0, 32.0))
+    result = closed_loop(pusher_env, planner, seed=6, max_windows=2, observe="model")
+    assert len(result.cost_rank_correlation) == result.windows
+    assert all(r is None or -1.0 <= r <= 1.0 for r in result.cost_rank_correlation)

@@ -49,9 +49,9 @@ from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run
 
 _PRESETS = {
     "small": {"clips": 2, "windows": 2, "episodes": 2, "policy_windows": 2, "num_steps": 1, "video_clips": 1,
-              "plan_episodes": 2, "candidates": 2},
+              "plan_episodes": 2, "candidates": 2, "plan_anchor": "2"},
     "full": {"clips": 64, "windows": 16, "episodes": 50, "policy_windows": 16, "num_steps": 4, "video_clips": 3,
-             "plan_episodes": 50, "candidates": 8},
+             "plan_episodes": 50, "candidates": 8, "plan_anchor": "1,2,4,8,16"},
 }
 TINY_64 = {  # the embedded tiny architecture at 64x64, for `--budget small` without a checkpoint
     "transformer": {"hidden_size": 32, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
@@ -86,6 +86,10 @@ class FidelityArgs:
     candidates: int
     base_policy: str
     plan_observe: list[str]
+    plan_anchor: list[int]
+    plan_horizon: int
+    plan_forks: int
+    confirm_windows: int
     context_frames: int
     flow_shift: float
     threads: int
@@ -108,6 +112,13 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
     p.add_argument("--plan-observe", default="model,simulator",
                    help="planner runs, comma-separated: model (decisions in imagination, simulator replays), "
                         "simulator (MPC re-anchored on the simulator's frames each window); empty: none")
+    p.add_argument("--plan-anchor", default=None,
+                   help="model-loop planner runs re-anchored on the simulator every k windows, comma-separated "
+                        "(empty: none; default: the preset's)")
+    p.add_argument("--plan-horizon", type=int, default=2, help="windows a planner candidate imagines")
+    p.add_argument("--plan-forks", type=int, default=2, help="forks (diffusion noises) per planner candidate")
+    p.add_argument("--confirm-windows", type=int, default=2,
+                   help="a model-loop planner stops once its frames show success this many windows in a row")
     p.add_argument("--context-frames", type=int, default=4, help="rollout context_frames (the model's config)")
     p.add_argument("--flow-shift", type=float, default=5.0, help="rollout flow_shift")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -120,10 +131,17 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
         if ns[key] is None:
             ns[key] = value
     ns["plan_observe"] = [o for o in ns["plan_observe"].split(",") if o]
+    try:
+        ns["plan_anchor"] = [int(k) for k in ns["plan_anchor"].split(",") if k]
+    except ValueError:
+        p.error(f"--plan-anchor={ns['plan_anchor']} is invalid; allowed: comma-separated ints >= 1")
     args = FidelityArgs(**ns)
     if args.checkpoint is None and args.budget != "small":
         p.error("--checkpoint is required unless --budget small")
-    for name in ("clips", "windows", "episodes", "policy_windows", "num_steps", "candidates", "workers", "threads"):
+    if any(k < 1 for k in args.plan_anchor):
+        p.error(f"--plan-anchor={','.join(map(str, args.plan_anchor))} is invalid; allowed: comma-separated ints >= 1")
+    for name in ("clips", "windows", "episodes", "policy_windows", "num_steps", "candidates", "workers", "threads",
+                 "plan_horizon", "plan_forks", "confirm_windows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
     if not 0 <= args.plan_episodes <= args.episodes:
@@ -177,9 +195,15 @@ def _episode_tasks(args: FidelityArgs, seeds: list[int], num_policies: int) -> l
     return [EpisodesTask((p,), tuple(seeds), args.policy_windows) for p in range(num_policies)]
 
 
+def _planner_runs(args: FidelityArgs) -> list[tuple[str, int | None]]:
+    """(observe, anchor_every) of every planner run: the plain loops, then the re-anchoring sweep."""
+    return [(o, None) for o in args.plan_observe] + [("model", k) for k in args.plan_anchor]
+
+
 def _planner_tasks(args: FidelityArgs, seeds: list[int], group: int = 10) -> list:
-    return [PlannerTask(args.base_policy, args.candidates, tuple(seeds[s:s + group]), args.policy_windows, observe)
-            for observe in args.plan_observe for s in range(0, len(seeds), group)]
+    return [PlannerTask(args.base_policy, args.candidates, tuple(seeds[s:s + group]), args.policy_windows, observe,
+                        anchor, args.plan_horizon, args.plan_forks, args.confirm_windows)
+            for observe, anchor in _planner_runs(args) for s in range(0, len(seeds), group)]
 
 
 # --- sections ------------------------------------------------------------------------------------
@@ -228,14 +252,38 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
     base_sim = outcome_table(sim_runs, [args.base_policy], seeds)[0]
     base_loop = outcome_table(model_runs, [args.base_policy], seeds, "replay_success")[0]
     section = {"base_policy": args.base_policy, "candidates": args.candidates, "episodes": len(seeds),
-               "max_windows": args.policy_windows}
-    for observe in args.plan_observe:
-        by_seed = {r.seed: r for r in results if r.observe == observe}
+               "max_windows": args.policy_windows, "horizon": args.plan_horizon, "forks": args.plan_forks,
+               "confirm_windows": args.confirm_windows, "anchored": {}}
+    for observe, anchor in _planner_runs(args):
+        by_seed = {r.seed: r for r in results if r.observe == observe and r.anchor_every == anchor}
         planner = np.array([by_seed[s].sim_success for s in seeds])
-        section[observe] = lift_summary(planner, base_sim, base_loop if observe == "model" else None)
+        entry = lift_summary(planner, base_sim, base_loop if observe == "model" else None)
         if observe == "model":
-            section[observe]["planner_model_success"] = float(np.mean([by_seed[s].model_success for s in seeds]))
+            entry["planner_model_success"] = float(np.mean([by_seed[s].model_success for s in seeds]))
+            entry["stops"] = {k: sum(by_seed[s].stop == k for s in seeds) for k in
+                              sorted({by_seed[s].stop for s in seeds})}
+        entry["cost_rank_correlation"] = _rank_by_window(
+            [by_seed[s].cost_rank_correlation for s in seeds], args.policy_windows)
+        if anchor is None:
+            section[observe] = entry
+        else:
+            section["anchored"][str(anchor)] = entry
     return section
+
+
+def _rank_by_window(per_episode: list[list], windows: int) -> dict[str, list]:
+    """Per window: the mean (over episodes that reached it with a defined value) Spearman between imagined and
+    simulator-replayed candidate costs, with its 95% interval, and how many episodes it averages."""
+    from .stats import bootstrap
+
+    out: dict[str, list] = {"value": [], "ci95": [], "episodes": []}
+    for w in range(windows):
+        values = np.array([e[w] for e in per_episode if len(e) > w and e[w] is not None], dtype=float)
+        est = bootstrap(lambda i, v=values: float(v[i].mean()), len(values)) if len(values) else None
+        out["value"].append(None if est is None else est.value)
+        out["ci95"].append(None if est is None else [est.low, est.high])
+        out["episodes"].append(len(values))
+    return out
 
 
 def _target(entry: dict[str, Any], rule: str, met: bool, **extra: Any) -> dict[str, Any]:

@@ -109,6 +109,13 @@ def planning_table(report: dict[str, Any]) -> str:
         over = q.get("lift_over_model_loop_base")
         rows.append(f"| {observe} | {_ci(q['planner_sim_success'])} | {_ci(q['base_sim_success'])} | {_ci(q['lift'])} "
                     f"| {_ci(loop) if loop else 'n/a'} | {_ci(over) if over else 'n/a'} |")
+    for k, q in plan.get("anchored", {}).items():
+        rows.append(f"| model, re-anchored on the simulator every {k} windows | {_ci(q['planner_sim_success'])} | "
+                    f"{_ci(q['base_sim_success'])} | {_ci(q['lift'])} | n/a | n/a |")
+    if "model" in plan and "cost_rank_correlation" in plan["model"]:
+        ranks = plan["model"]["cost_rank_correlation"]["value"]
+        rows += ["", "Spearman between imagined and simulator-replayed candidate costs, model loop, per window: "
+                 + ", ".join("n/a" if v is None else f"{v:.2f}" for v in ranks)]
     return "\n".join(rows)
 
 

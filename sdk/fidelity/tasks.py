@@ -113,17 +113,20 @@ class PlannerTask:
     seeds: tuple[int, ...]
     max_windows: int
     observe: str
+    anchor_every: int | None = None
+    horizon: int = 2
+    forks: int = 2
+    confirm_windows: int = 1
 
     def run(self, worker: Worker) -> list:
         from worldstep.planning import ModelPredictivePlanner, closed_loop
 
         policies = {p.name: p for p in graded_policies(worker.recipe.chunk_size)}
-        planner = ModelPredictivePlanner(worker.env, copy.deepcopy(policies[self.base]), self.candidates)
-        out = []
-        for seed in self.seeds:
-            result = closed_loop(worker.env, planner, seed=seed, max_windows=self.max_windows, observe=self.observe)
-            out.append(result)
-        return out
+        planner = ModelPredictivePlanner(worker.env, copy.deepcopy(policies[self.base]), self.candidates,
+                                         horizon=self.horizon, forks=self.forks)
+        return [closed_loop(worker.env, planner, seed=seed, max_windows=self.max_windows, observe=self.observe,
+                            anchor_every=self.anchor_every, confirm_windows=self.confirm_windows)
+                for seed in self.seeds]
 
 
 _WORKER: list[Worker] = []  # this process's Worker when running in a pool (set by the initializer)
