@@ -8,7 +8,7 @@ from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_win
 from worldstep.fidelity.policies import FLOOR, graded_policies
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
 from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
-from worldstep.fidelity.seeds import DAGGER, SEALED_TEST, VALIDATION, split_range
+from worldstep.fidelity.seeds import DAGGER, READ_TEST, SEALED_TEST, VALIDATION, split_range
 from worldstep.fidelity.stats import bootstrap, mean_estimate, rate_dict, wilson
 
 
@@ -136,6 +136,9 @@ def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
     train_seeds |= set(DAGGER.seeds(defaults.dagger_clips))
     assert not [s for s in train_seeds if s in VALIDATION or s in SEALED_TEST]
     assert not set(DAGGER.seeds(DAGGER.size)) & (a | b)
+    # the new sealed range shares no seed with the one already read, nor with anything trained or developed on
+    read = set(READ_TEST.seeds(READ_TEST.size))
+    assert not read & (a | b) and split_range("test_read") is READ_TEST and not train_seeds & b
 
 
 def test_open_loop_scores_count_vanished_objects_as_failures():

@@ -102,8 +102,9 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="diffusers-layout folder (default with --budget small: a tiny random one)")
     p.add_argument("--out", default="runs/fidelity", help="report folder (JSON, PNGs, mp4)")
-    p.add_argument("--split", choices=["validation", "test"], default="validation",
-                   help="seed range: validation (development) or test (SEALED: once, for reported figures)")
+    p.add_argument("--split", choices=["validation", "test", "test_read"], default="validation",
+                   help="seed range: validation (development), test (SEALED: once, for reported figures) or "
+                        "test_read (the previous sealed range, read once already: reproduces its report)")
     p.add_argument("--budget", choices=sorted(_PRESETS), default="full", help="preset sizes below")
     for name in ("clips", "windows", "episodes", "policy_windows", "num_steps", "video_clips", "plan_episodes",
                  "candidates"):

@@ -5,8 +5,11 @@ Every start state of an evaluation (policy and planner episodes, held-out open-l
 
 - ``validation`` (20,000,000 .. 20,009,999): choosing models, hyperparameters, policies, planner settings and
   the demo seed; run it as often as you like.
-- ``test`` (30,000,000 .. 30,009,999): SEALED. Used once, at the end, for the figures a report states;
+- ``test`` (40,000,000 .. 40,009,999): SEALED. Used once, at the end, for the figures a report states;
   never to choose anything. Its results are not fed back into training or settings.
+- ``test_read`` (30,000,000 .. 30,009,999): the previous sealed range. It has been read (the report of the
+  first shipped pusher model), so it can no longer seal anything; it stays addressable to reproduce that
+  report, and no seed of it is reused.
 
 Neither range overlaps a seed used before them: tests and examples use seeds below 1,000; the previous
 fidelity report used 5,000..5,009 and clip seed 777,000; the Makefile demo used seed 4; training draws its
@@ -51,12 +54,13 @@ VALIDATION = SeedRange("validation", 20_000_000, 10_000)
 # Start seeds of training's DAgger round (policies closed loop on a trained model): training data, so never
 # inside an evaluation range.
 DAGGER = SeedRange("dagger", 10_000_000, 10_000)
-SEALED_TEST = SeedRange("test", 30_000_000, 10_000)
-SPLITS = {r.name: r for r in (VALIDATION, SEALED_TEST)}
+SEALED_TEST = SeedRange("test", 40_000_000, 10_000)
+READ_TEST = SeedRange("test_read", 30_000_000, 10_000)
+SPLITS = {r.name: r for r in (VALIDATION, SEALED_TEST, READ_TEST)}
 
 
 def split_range(name: str) -> SeedRange:
-    """The range called `name` (`validation` or `test`)."""
+    """The range called `name` (`validation`, `test` or `test_read`)."""
     if name not in SPLITS:
         raise ValueError(f"split={name!r} is invalid; allowed: {sorted(SPLITS)}")
     return SPLITS[name]
