@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv when missing.
 #   make demo      torch + worldstep's core dependencies, then the demo
-#   make test      what the tests import as well (the dev, dist, remote and lerobot extras), then the suite
+#   make test      what the tests import as well (the dev, dist, remote, lerobot and view extras), then the suite
 #   make install   = what `make test` installs
 PYTHON ?= python3
 VENV ?= .venv
@@ -34,7 +34,7 @@ $(VENV)/.core: $(VENV)/.torch pyproject.toml
 
 # everything the tests import (pytest, torchrl, stable-baselines3, ray, websockets, ...)
 $(VENV)/.installed: $(VENV)/.core pyproject.toml Makefile
-	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot]"
+	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot,view]"
 	touch $@
 
 install: $(VENV)/.installed

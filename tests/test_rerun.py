@@ -1,0 +1,178 @@
+"""RerunLogger: a rollout logged to a recording reads back, through Rerun's own dataframe API, as the rollout."""
+
+from __future__ import annotations
+
+import io
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import rerun as rr
+import worldstep
+from PIL import Image
+from worldstep.fidelity.metrics import psnr
+from worldstep.rerun_log import encode_frame
+from worldstep.wrappers import RerunLogger, RerunVectorLogger
+
+
+def read_recording(path) -> dict[str, list]:
+    """Every column of a recording indexed by ``frame``, read back by Rerun's dataframe API on loopback."""
+    with rr.server.Server(host="127.0.0.1", datasets={"run": [str(path)]}) as server:
+        client = server.client()
+        dataset = client.get_dataset("run")
+        table = dataset.reader(index="frame").sort("frame").to_arrow_table()
+    # "/env/frame:EncodedImage:blob" -> "/env/frame", "/env/reward:Scalars:scalars" -> "/env/reward"
+    return {name.split(":")[0] if name.endswith((":blob", ":scalars")) else name: values
+            for name, values in table.to_pydict().items()}
+
+
+def decoded(blobs: list) -> np.ndarray:
+    return np.stack([np.asarray(Image.open(io.BytesIO(bytes(blob[0])))) for blob in blobs])
+
+
+def scalars(column: list) -> list[float | None]:
+    return [None if cell is None else cell[0] for cell in column]
+
+
+def recording_to(path) -> rr.RecordingStream:
+    recording = rr.RecordingStream("worldstep-test")
+    recording.save(path)
+    return recording
+
+
+def finish(recording: rr.RecordingStream) -> None:
+    recording.flush()
+    recording.disconnect()
+
+
+@pytest.fixture(scope="module")
+def pusher_run(tmp_path_factory):
+    """Three windows of the pusher model with its simulator beside it, logged losslessly."""
+    path = tmp_path_factory.mktemp("rerun") / "pusher.rrd"
+    recording = recording_to(path)
+    rng = np.random.default_rng(0)
+    env = RerunLogger(gym.make("worldstep/Pusher-v0"), recording, truth=gym.make("worldstep/PushSim-v0"),
+                      image_format="png")
+    obs, info = env.reset(seed=3)
+    frames, actions, infos = [obs["frames"][0]], [], []
+    for _ in range(3):
+        action = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
+        obs, reward, terminated, truncated, info = env.step(action)
+        frames.extend(obs["frames"])
+        actions.append(action)
+        infos.append((reward, info))
+    env.close()
+    finish(recording)
+    return read_recording(path), np.stack(frames), np.concatenate(actions), infos, info
+
+
+def test_every_frame_and_the_timeline_read_back_as_the_rollouts(pusher_run):
+    table, frames, _, infos, _ = pusher_run
+    assert table["frame"] == list(range(len(frames)))  # 1 + 3 windows x 4 frames
+    assert table["window"] == [None] + [k for k in range(3) for _ in range(4)]
+    assert table["episode"] == [0] * len(frames)
+    np.testing.assert_array_equal(decoded(table["/env/frame"]), frames)  # PNG: bit-equal
+    pages = scalars(table["/env/kv/pages_in_use"])
+    assert pages[0] is not None and [pages[4 * k + 4] for k in range(3)] == [
+        info["kv"].pages_in_use for _, info in infos]
+    assert scalars(table["/env/reward"])[4::4] == [reward for reward, _ in infos]
+    assert scalars(table["/env/success"])[4::4] == [float(info["is_success"]) for _, info in infos]
+    denoise = scalars(table["/env/timings/denoise_s"])[4::4]
+    total = scalars(table["/env/timings/total_s"])[4::4]
+    assert denoise == [info["timings"].denoise_s for _, info in infos]
+    assert total == pytest.approx([info["timings"].total_s for _, info in infos], rel=1e-12)
+
+
+def test_each_action_dimension_is_a_series_named_from_the_embodiment(pusher_run):
+    table, _, actions, _, _ = pusher_run
+    for dim, name in enumerate(("dx", "dy")):  # the pusher embodiment: effector velocity
+        series = scalars(table[f"/env/action/pusher/{name}"])
+        assert series[0] is None  # the first frame has no action
+        np.testing.assert_array_equal(np.asarray(series[1:]), actions[:, dim].astype(np.float64))
+
+
+def test_the_simulators_frames_and_psnr_beside_the_models(pusher_run):
+    table, frames, actions, infos, _ = pusher_run
+    sim = gym.make("worldstep/PushSim-v0")
+    obs, _ = sim.reset(seed=3)
+    truth = [obs["frames"][0]]
+    for k in range(3):
+        obs, *_ = sim.step(actions[4 * k:4 * k + 4])
+        truth.extend(obs["frames"])
+    truth = np.stack(truth)
+    np.testing.assert_array_equal(decoded(table["/env/truth/frame"]), truth)
+    expected = [float(psnr(frames[1 + 4 * k:5 + 4 * k], truth[1 + 4 * k:5 + 4 * k]).mean()) for k in range(3)]
+    assert scalars(table["/env/truth/psnr_db"])[4::4] == expected
+    assert [info["truth_psnr_db"] for _, info in infos] == expected
+
+
+def test_jpeg_frames_are_the_encoders_bytes_and_stay_close(tmp_path):
+    path = tmp_path / "tiny.rrd"
+    recording = recording_to(path)
+    env = RerunLogger(worldstep.make_env("tiny", num_steps=1), recording, jpeg_quality=90)
+    obs, _ = env.reset(seed=0)
+    frames = [obs["frames"][0]]
+    obs, *_ = env.step(env.action_space.sample())
+    frames.extend(obs["frames"])
+    env.close()
+    finish(recording)
+    table = read_recording(path)
+    assert [bytes(blob[0]) for blob in table["/env/frame"]] == [encode_frame(f, "jpeg", 90) for f in frames]
+    assert table["/env/frame:EncodedImage:media_type"] == [["image/jpeg"]] * len(frames)
+    # lossy: every decoded frame within 25 dB of the model's (noise frames of the random tiny model, the worst
+    # case for JPEG; measured 30.5..32.8 dB)
+    assert psnr(decoded(table["/env/frame"]), np.stack(frames)).min() > 25.0
+    # the droid_lerobot embodiment names its 10 dimensions
+    assert "/env/action/droid_lerobot/gripper" in table and "/env/action/droid_lerobot/x" in table
+
+
+def test_a_480p_frame_is_logged_in_a_fraction_of_its_raw_size():
+    height, width = 480, 640
+    y, x = np.mgrid[0:height, 0:width]
+    frame = np.stack([x * 255 // width, y * 255 // height, (x + y) * 255 // (width + height)], -1).astype(np.uint8)
+    assert len(encode_frame(frame, "jpeg", 90)) < frame.nbytes / 20
+
+
+def test_the_vector_envs_entities_are_separate(tmp_path):
+    path = tmp_path / "vector.rrd"
+    recording = recording_to(path)
+    envs = RerunLogger(worldstep.world.make_vec_env("tiny", num_envs=2, max_windows=1, num_steps=1), recording,
+                       image_format="png")
+    assert isinstance(envs, RerunVectorLogger)
+    obs, _ = envs.reset(seed=[0, 5])
+    firsts = obs["frames"][:, 0]
+    actions = envs.action_space.sample()
+    obs, *_ = envs.step(actions)  # window 0: both episodes end (max_windows=1)
+    window = obs["frames"]
+    obs, *_ = envs.step(envs.action_space.sample())  # the autoreset step: each starts episode 1
+    restarted = obs["frames"][:, 0]
+    envs.close()
+    finish(recording)
+    table = read_recording(path)
+    # the frame timeline restarts with each episode: frame 0 now holds episode 1's first frame
+    assert table["frame"] == list(range(5)) and table["episode"] == [1, 0, 0, 0, 0]
+    for i in range(2):
+        logged = decoded(table[f"/env/{i}/frame"])
+        np.testing.assert_array_equal(logged, np.concatenate([restarted[i][None], window[i]]))
+        assert not np.array_equal(restarted[i], firsts[i])
+        gripper = scalars(table[f"/env/{i}/action/droid_lerobot/gripper"])[1:5]
+        np.testing.assert_array_equal(gripper, actions[i, :, 9].astype(np.float64))
+    assert not np.array_equal(window[0], window[1])  # different seeds: a mixed-up entity would show
+
+
+def test_bad_arguments_are_refused_before_anything_is_logged():
+    env = gym.make("worldstep/PushSim-v0")
+    with pytest.raises(TypeError, match="env=.*allowed: a gymnasium.Env"):
+        RerunLogger("not an env")
+    with pytest.raises(TypeError, match="recording=.*rerun.RecordingStream"):
+        RerunLogger(env, recording="run.rrd")
+    with pytest.raises(ValueError, match="image_format='gif'.*jpeg, png"):
+        RerunLogger(env, image_format="gif")
+    with pytest.raises(ValueError, match="jpeg_quality=0"):
+        RerunLogger(env, jpeg_quality=0)
+    with pytest.raises(TypeError, match="truth=.*gymnasium.Env"):
+        RerunLogger(env, truth=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fps'"):
+        RerunLogger(env, fps=3)
+    with pytest.raises(TypeError, match="observation_space"):
+        RerunLogger(gym.make("CartPole-v1"))
