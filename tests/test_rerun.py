@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import gymnasium as gym
 import numpy as np
@@ -176,3 +184,72 @@ def test_bad_arguments_are_refused_before_anything_is_logged():
         RerunLogger(env, fps=3)
     with pytest.raises(TypeError, match="observation_space"):
         RerunLogger(gym.make("CartPole-v1"))
+
+
+# --- the CLI ----------------------------------------------------------------------------------------
+
+FAST = ["--set", "height=32", "--set", "width=32", "--set", "num_steps=1", "--device", "cpu", "--quiet"]
+
+
+def test_rollout_truth_saves_a_recording_of_both_sides(tmp_path):
+    from worldstep.cli import main
+
+    out, rrd = tmp_path / "run.mp4", tmp_path / "run.rrd"
+    assert main(["rollout", "--env", "worldstep/Pusher-v0", "--policy", "push", "--windows", "2", "--truth",
+                 "--seed", "3", "--out", str(out), "--rerun-save", str(rrd), "--quiet"]) == 0
+    summary = json.loads(out.with_suffix(".json").read_text())
+    table = read_recording(rrd)
+    assert table["frame"] == list(range(9))
+    assert len(decoded(table["/env/frame"])) == len(decoded(table["/env/truth/frame"])) == 9
+    assert scalars(table["/env/truth/psnr_db"])[4::4] == summary["psnr_db"]  # the summary's own figures
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["rollout", "--rerun-save", "{tmp}/run.txt"], "--rerun-save '{tmp}/run.txt' is invalid; allowed: a path ending "
+                                                  "in .rrd"),
+    (["rollout", "--rerun-serve", "70000"], "--rerun-serve 70000 is invalid; allowed: a TCP port in 1..65535"),
+    (["rollout", "--rerun-save", "{tmp}"], "--rerun-save='{tmp}' is invalid: it is a folder"),
+    (["eval", "{tmp}/eps.yaml", "--batched", "--rerun-save", "{tmp}/e.rrd"], "invalid with --ray or --batched"),
+])
+def test_bad_view_flags_are_one_line_errors_before_the_model_loads(flags, message, tmp_path, capsys):
+    from worldstep.cli import main
+
+    (tmp_path / "eps.yaml").write_text("- {seed: 1}\n")
+    argv = [f.format(tmp=tmp_path) for f in flags]
+    assert main([*argv, "--out" if argv[0] == "rollout" else "--out-dir", str(tmp_path / "o.mp4"
+                 if argv[0] == "rollout" else tmp_path / "out"), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and len(err.strip().splitlines()) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_served_web_viewer_answers_over_http_on_loopback(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "worldstep.cli", "rollout", "--windows", "1", "--out", str(tmp_path / "r.mp4"),
+           "--rerun-serve", str(port), *FAST]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("serving the web viewer at") for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, (lines, proc.stderr.read())
+            lines.append(proc.stdout.readline())
+        url = next(line.split(": ", 1)[1].strip() for line in lines if line.startswith("watch it live: "))
+        assert url.startswith(f"http://127.0.0.1:{port}/?url=rerun%2Bhttp%3A%2F%2F127.0.0.1%3A")
+        with urllib.request.urlopen(url, timeout=30) as response:
+            body = response.read().decode()
+        assert response.status == 200 and "Rerun" in body and "<html" in body.lower()
+        proc.send_signal(signal.SIGINT)  # Ctrl-C ends the serving
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
