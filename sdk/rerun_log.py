@@ -7,13 +7,15 @@
 | entity | what | when |
 |---|---|---|
 | ``{root}/frame`` | the model's frame, JPEG (or PNG) | every frame, the first frame at ``frame=0`` |
-| ``{root}/action/{embodiment}/{dim}`` | one scalar series per action dimension | the frame the action drives |
+| ``{root}/action/{embodiment}`` | one scalar series per action dimension, named (``dx``, ``dy``) | the frame the action drives |
 | ``{root}/reward``, ``{root}/success`` | the window's reward and success (0/1) | the window's last frame |
 | ``{root}/kv/pages_in_use`` | KV pages the episode holds | reset and every window's last frame |
-| ``{root}/timings/{denoise_s,commit_s,decode_s,total_s}`` | the window's phase timings | the window's last frame |
+| ``{root}/timings`` | series ``denoise_s``, ``commit_s``, ``decode_s``, ``total_s`` of the window | the window's last frame |
 | ``{root}/truth/frame``, ``{root}/truth/psnr_db`` | the simulator's frame, the window's mean PSNR | as the model's |
 
-Frames are logged encoded (a 480x640 JPEG is tens of KB), so a long rollout does not hold raw frames.
+Frames are logged encoded (a 480x640 JPEG is tens of KB), so a long rollout does not hold raw frames; the
+viewer tells JPEG from PNG by the bytes. Series of one entity are logged in one call: a window costs a handful
+of calls (``worldstep bench view`` measures them against the step).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .fidelity.metrics import psnr
 ImageFormat = Literal["jpeg", "png"]
 IMAGE_FORMATS = ("jpeg", "png")
 PHASES = ("denoise_s", "commit_s", "decode_s")
+TIMING_SERIES = (*PHASES, "total_s")
 
 # Names of the action dimensions of embodiments whose layout is known (else the index names the dimension).
 _POSE10 = ("x", "y", "z", "rot_c0_x", "rot_c0_y", "rot_c0_z", "rot_c1_x", "rot_c1_y", "rot_c1_z", "gripper")
@@ -72,11 +75,12 @@ class RolloutLog:
         self.rr = rerun_module()
         self.recording = recording
         self.root = root
-        self.action_root = f"{root}/action/{embodiment}" if embodiment else f"{root}/action"
+        self.action_path = f"{root}/action/{embodiment}" if embodiment else f"{root}/action"
         self.dim_names = action_dim_names(embodiment, action_width)
+        recording.log(self.action_path, self.rr.SeriesLines(names=list(self.dim_names)), static=True)
+        recording.log(f"{root}/timings", self.rr.SeriesLines(names=list(TIMING_SERIES)), static=True)
         self.image_format: ImageFormat = image_format
         self.jpeg_quality = jpeg_quality
-        self.media_type = "image/jpeg" if image_format == "jpeg" else "image/png"
         self.episode = -1
         self.last_frames: np.ndarray | None = None  # the model's frames of the last reset or window
 
@@ -104,10 +108,8 @@ class RolloutLog:
         if kv is not None:
             self._scalar("kv/pages_in_use", _field(kv, "pages_in_use"))
         if timings is not None:
-            phases = {name: float(_field(timings, name)) for name in PHASES}
-            for name, seconds in phases.items():
-                self._scalar(f"timings/{name}", seconds)
-            self._scalar("timings/total_s", sum(phases.values()))
+            phases = [float(_field(timings, name)) for name in PHASES]
+            self.recording.log(f"{self.root}/timings", self.rr.Scalars([*phases, sum(phases)]))
 
     def truth(self, frames: np.ndarray, window: int | None, frame_start: int) -> float | None:
         """The simulator's frames beside the model's last ones; after a window, its mean PSNR (returned)."""
@@ -130,23 +132,23 @@ class RolloutLog:
             self.recording.set_time("window", sequence=window)
 
     def _indexes(self, indices: Sequence[int], window: int | None) -> list:
-        columns = [self.rr.TimeColumn("episode", sequence=[self.episode] * len(indices)),
-                   self.rr.TimeColumn("frame", sequence=indices)]
+        frame = np.asarray(indices, np.int64)
+        columns = [self.rr.TimeColumn("episode", sequence=np.full_like(frame, self.episode)),
+                   self.rr.TimeColumn("frame", sequence=frame)]
         if window is not None:
-            columns.append(self.rr.TimeColumn("window", sequence=[window] * len(indices)))
+            columns.append(self.rr.TimeColumn("window", sequence=np.full_like(frame, window)))
         return columns
 
     def _frames(self, name: str, frames: np.ndarray, indices: Sequence[int], window: int | None) -> None:
         blobs = [encode_frame(frame, self.image_format, self.jpeg_quality) for frame in frames]
         self.recording.send_columns(
             f"{self.root}/{name}", indexes=self._indexes(indices, window),
-            columns=self.rr.EncodedImage.columns(blob=blobs, media_type=[self.media_type] * len(blobs)))
+            columns=self.rr.EncodedImage.columns(blob=blobs))
 
     def _actions(self, actions: np.ndarray, indices: Sequence[int], window: int) -> None:
-        indexes = self._indexes(indices, window)
-        for dim, name in enumerate(self.dim_names):
-            self.recording.send_columns(f"{self.action_root}/{name}", indexes=indexes,
-                                        columns=self.rr.Scalars.columns(scalars=actions[:, dim]))
+        rows, width = actions.shape
+        self.recording.send_columns(self.action_path, indexes=self._indexes(indices, window),
+                                    columns=self.rr.Scalars.columns(scalars=actions).partition([width] * rows))
 
     def _scalar(self, name: str, value: float) -> None:
         self.recording.log(f"{self.root}/{name}", self.rr.Scalars(value))

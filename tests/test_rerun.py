@@ -28,10 +28,12 @@ def read_recording(path) -> dict[str, list]:
     with rr.server.Server(host="127.0.0.1", datasets={"run": [str(path)]}) as server:
         client = server.client()
         dataset = client.get_dataset("run")
-        table = dataset.reader(index="frame").sort("frame").to_arrow_table()
+        table = dataset.reader(index="frame").sort("frame").to_arrow_table().to_pydict()
+        static = dataset.reader(index=None).to_arrow_table().to_pydict()  # the series' names
     # "/env/frame:EncodedImage:blob" -> "/env/frame", "/env/reward:Scalars:scalars" -> "/env/reward"
-    return {name.split(":")[0] if name.endswith((":blob", ":scalars")) else name: values
-            for name, values in table.to_pydict().items()}
+    columns = {name.split(":")[0] if name.endswith((":blob", ":scalars")) else name: values
+               for name, values in table.items()}
+    return {**columns, **{name: values[0] for name, values in static.items() if name.endswith(":names")}}
 
 
 def decoded(blobs: list) -> np.ndarray:
@@ -40,6 +42,11 @@ def decoded(blobs: list) -> np.ndarray:
 
 def scalars(column: list) -> list[float | None]:
     return [None if cell is None else cell[0] for cell in column]
+
+
+def series(column: list) -> np.ndarray:
+    """The rows of a multi-series Scalars column that hold values, as ``[rows, series]``."""
+    return np.asarray([cell for cell in column if cell is not None])
 
 
 def recording_to(path) -> rr.RecordingStream:
@@ -85,18 +92,20 @@ def test_every_frame_and_the_timeline_read_back_as_the_rollouts(pusher_run):
         info["kv"].pages_in_use for _, info in infos]
     assert scalars(table["/env/reward"])[4::4] == [reward for reward, _ in infos]
     assert scalars(table["/env/success"])[4::4] == [float(info["is_success"]) for _, info in infos]
-    denoise = scalars(table["/env/timings/denoise_s"])[4::4]
-    total = scalars(table["/env/timings/total_s"])[4::4]
-    assert denoise == [info["timings"].denoise_s for _, info in infos]
-    assert total == pytest.approx([info["timings"].total_s for _, info in infos], rel=1e-12)
+    assert table["/env/timings:SeriesLines:names"] == ["denoise_s", "commit_s", "decode_s", "total_s"]
+    timings = series(table["/env/timings"])
+    assert table["/env/timings"][4::4] == [list(row) for row in timings] and len(timings) == 3
+    for row, (_, info) in zip(timings, infos):
+        t = info["timings"]
+        assert list(row[:3]) == [t.denoise_s, t.commit_s, t.decode_s] and row[3] == pytest.approx(t.total_s, rel=1e-12)
 
 
 def test_each_action_dimension_is_a_series_named_from_the_embodiment(pusher_run):
     table, _, actions, _, _ = pusher_run
-    for dim, name in enumerate(("dx", "dy")):  # the pusher embodiment: effector velocity
-        series = scalars(table[f"/env/action/pusher/{name}"])
-        assert series[0] is None  # the first frame has no action
-        np.testing.assert_array_equal(np.asarray(series[1:]), actions[:, dim].astype(np.float64))
+    column = table["/env/action/pusher"]
+    assert column[0] is None  # the first frame has no action
+    np.testing.assert_array_equal(series(column), actions.astype(np.float64))  # one row per frame, [dx, dy]
+    assert table["/env/action/pusher:SeriesLines:names"] == ["dx", "dy"]
 
 
 def test_the_simulators_frames_and_psnr_beside_the_models(pusher_run):
@@ -126,12 +135,11 @@ def test_jpeg_frames_are_the_encoders_bytes_and_stay_close(tmp_path):
     finish(recording)
     table = read_recording(path)
     assert [bytes(blob[0]) for blob in table["/env/frame"]] == [encode_frame(f, "jpeg", 90) for f in frames]
-    assert table["/env/frame:EncodedImage:media_type"] == [["image/jpeg"]] * len(frames)
     # lossy: every decoded frame within 25 dB of the model's (noise frames of the random tiny model, the worst
     # case for JPEG; measured 30.5..32.8 dB)
     assert psnr(decoded(table["/env/frame"]), np.stack(frames)).min() > 25.0
-    # the droid_lerobot embodiment names its 10 dimensions
-    assert "/env/action/droid_lerobot/gripper" in table and "/env/action/droid_lerobot/x" in table
+    assert series(table["/env/action/droid_lerobot"]).shape == (4, 10)  # the droid_lerobot embodiment's width
+    assert table["/env/action/droid_lerobot:SeriesLines:names"][-1] == "gripper"
 
 
 def test_a_480p_frame_is_logged_in_a_fraction_of_its_raw_size():
@@ -163,8 +171,7 @@ def test_the_vector_envs_entities_are_separate(tmp_path):
         logged = decoded(table[f"/env/{i}/frame"])
         np.testing.assert_array_equal(logged, np.concatenate([restarted[i][None], window[i]]))
         assert not np.array_equal(restarted[i], firsts[i])
-        gripper = scalars(table[f"/env/{i}/action/droid_lerobot/gripper"])[1:5]
-        np.testing.assert_array_equal(gripper, actions[i, :, 9].astype(np.float64))
+        np.testing.assert_array_equal(series(table[f"/env/{i}/action/droid_lerobot"]), actions[i].astype(np.float64))
     assert not np.array_equal(window[0], window[1])  # different seeds: a mixed-up entity would show
 
 
@@ -253,3 +260,18 @@ def test_the_served_web_viewer_answers_over_http_on_loopback(tmp_path):
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_bench_view_times_the_loggers_work_beside_the_step():
+    from worldstep.bench.progress import Progress
+    from worldstep.bench.settings import ViewSettings
+    from worldstep.bench.view import run_view
+
+    result = run_view(ViewSettings(windows=3, warmup=0), Progress("view", quiet=True))
+    f = result.results
+    assert len(f["step_ms_all"]) == len(f["log_ms_all"]) == 3 and min(f["log_ms_all"]) > 0
+    assert f["overhead_pct"] == pytest.approx(100 * f["log_ms"] / f["step_ms"])
+    assert f["frames"] == 1 + 3 * 4 and f["raw_bytes_per_frame"] == 64 * 64 * 3
+    assert 0 < f["rrd_bytes_per_frame"] < f["raw_bytes_per_frame"]  # encoded frames: well under a raw frame
+    with pytest.raises(ValueError, match="--image-format 'gif' is invalid"):
+        run_view(ViewSettings(image_format="gif"), Progress("view", quiet=True))
