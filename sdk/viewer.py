@@ -49,19 +49,23 @@ class Viewer:
 
 
 def open_viewer(*, spawn: bool = False, save: str | os.PathLike | None = None, serve: int | None = None,
-                grpc_port: int = 0, application_id: str = "worldstep") -> Viewer:
+                grpc_port: int | None = None, application_id: str = "worldstep") -> Viewer:
     """A recording streaming to every sink asked for: ``spawn`` a native viewer (or connect to one already
     listening on ``VIEWER_PORT``), ``save`` an ``.rrd`` file, ``serve`` the web viewer on this HTTP port.
 
-    The served gRPC stream (``grpc_port``, 0: any free port) binds to loopback only; open it over SSH with a
-    port forward of both ports. The web viewer's HTTP server is Rerun's own and binds to every interface.
+    The served data stream (gRPC, on ``grpc_port``, default ``serve + 1``; 0: any free port) binds to loopback
+    only; from another machine, forward both ports over SSH (``ssh -L 9090:127.0.0.1:9090 -L
+    9091:127.0.0.1:9091 host``) and open the printed URL. The web viewer's HTTP server (the page and the wasm
+    viewer, no data) is Rerun's own, which binds to every interface.
     """
     if not isinstance(spawn, bool):
         raise TypeError(f"spawn={spawn!r} is invalid; allowed: a bool")
     if serve is not None and (not is_int(serve) or not 0 < serve < 65536):
         raise ValueError(f"--rerun-serve {serve!r} is invalid; allowed: a TCP port in 1..65535")
-    if not is_int(grpc_port) or not 0 <= grpc_port < 65536:
-        raise ValueError(f"grpc_port={grpc_port!r} is invalid; allowed: 0 (any free port) or a TCP port")
+    if serve is not None and grpc_port is None:
+        grpc_port = serve + 1 if serve < 65535 else 0
+    if grpc_port is not None and (not is_int(grpc_port) or not 0 <= grpc_port < 65536):
+        raise ValueError(f"grpc_port={grpc_port!r} is invalid; allowed: None, 0 (any free port) or a TCP port")
     save_path = None if save is None else Path(save)
     if save_path is not None and save_path.suffix != ".rrd":
         raise ValueError(f"--rerun-save {str(save)!r} is invalid; allowed: a path ending in .rrd")

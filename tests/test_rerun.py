@@ -248,7 +248,7 @@ def test_the_served_web_viewer_answers_over_http_on_loopback(tmp_path):
             assert time.monotonic() < deadline and proc.poll() is None, (lines, proc.stderr.read())
             lines.append(proc.stdout.readline())
         url = next(line.split(": ", 1)[1].strip() for line in lines if line.startswith("watch it live: "))
-        assert url.startswith(f"http://127.0.0.1:{port}/?url=rerun%2Bhttp%3A%2F%2F127.0.0.1%3A")
+        assert url == f"http://127.0.0.1:{port}/?url=rerun%2Bhttp%3A%2F%2F127.0.0.1%3A{port + 1}%2Fproxy"
         with urllib.request.urlopen(url, timeout=30) as response:
             body = response.read().decode()
         assert response.status == 200 and "Rerun" in body and "<html" in body.lower()
