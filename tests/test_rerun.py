@@ -135,9 +135,9 @@ def test_jpeg_frames_are_the_encoders_bytes_and_stay_close(tmp_path):
     finish(recording)
     table = read_recording(path)
     assert [bytes(blob[0]) for blob in table["/env/frame"]] == [encode_frame(f, "jpeg", 90) for f in frames]
-    # lossy: every decoded frame within 25 dB of the model's (noise frames of the random tiny model, the worst
-    # case for JPEG; measured 30.5..32.8 dB)
-    assert psnr(decoded(table["/env/frame"]), np.stack(frames)).min() > 25.0
+    # lossy: every decoded frame above 24 dB PSNR against the model's (the random tiny model's noise frames, a
+    # hard case for JPEG; measured 26.3..29.2 dB over seeds 0..2)
+    assert psnr(decoded(table["/env/frame"]), np.stack(frames)).min() > 24.0
     assert series(table["/env/action/droid_lerobot"]).shape == (4, 10)  # the droid_lerobot embodiment's width
     assert table["/env/action/droid_lerobot:SeriesLines:names"][-1] == "gripper"
 
@@ -245,7 +245,8 @@ def test_the_served_web_viewer_answers_over_http_on_loopback(tmp_path):
         lines = []
         deadline = time.monotonic() + 300
         while not any(line.startswith("serving the web viewer at") for line in lines):
-            assert time.monotonic() < deadline and proc.poll() is None, (lines, proc.stderr.read())
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail(f"the rollout did not start serving: {lines} {proc.stderr.read()}")
             lines.append(proc.stdout.readline())
         url = next(line.split(": ", 1)[1].strip() for line in lines if line.startswith("watch it live: "))
         assert url == f"http://127.0.0.1:{port}/?url=rerun%2Bhttp%3A%2F%2F127.0.0.1%3A{port + 1}%2Fproxy"

@@ -268,14 +268,14 @@ def _open_loop_targets(open_loop: dict[str, Any]) -> dict[str, Any]:
 
 def _targets(open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
              planning: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets that the sections run can judge (`met`: the point value meets it)."""
+    """The fidelity targets that the sections run can judge (`met`: the point value meets it)."""
     out = {}
     if policies is not None:
         out.update(_policy_targets(policies))
     if open_loop is not None:
         out.update(_open_loop_targets(open_loop))
     for observe, key, target in (("model", "planning_lift_model_loop", "> 0 with ci95 low > 0"),
-                                 ("simulator", "planning_lift_mpc_on_simulator", "reported (not an issue target)")):
+                                 ("simulator", "planning_lift_mpc_on_simulator", "reported, no target")):
         if observe in planning:
             lift = planning[observe]["lift"]
             out[key] = {**lift, "target": target, "met": bool(lift["value"] > 0 and lift["ci95"][0] > 0)}
