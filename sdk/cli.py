@@ -36,7 +36,7 @@ from .cli_checks import (
     success_judge,
     success_name,
 )
-from .cli_view import add_view_flags, logged, open_from_args
+from .cli_view import add_view_flags, closing_on_error, logged, open_from_args
 from .cli_view import finish as finish_view
 from .registration import WORLD_MODEL_IDS
 
@@ -171,7 +171,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         return _rollout_truth(args, model, config, policy, summary)
     record = RunRecord(summary, "--summary", **_run_info(args, model, config))
     viewer = open_from_args(args)
-    with record.guard(f"no video written ({args.out} unchanged)"):
+    with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         env = logged(make_env(config, success_fn=success), viewer)
         try:
             if policy is None:
@@ -212,7 +212,7 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
                          "by the simulator's pixel judge)")
     record = RunRecord(summary, "--summary", **_run_info(args, model, config), simulator=config.env.simulator)
     viewer = open_from_args(args)
-    with record.guard(f"no video written ({args.out} unchanged)"):
+    with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         # the comparison runs every window: success is judged on both sides by rollout_with_truth, not by the env
         model_env = make_env(config, success_fn="none")
         env = logged(model_env, viewer)
@@ -261,7 +261,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     record = RunRecord(summary, "--summary", **_run_info(args, model, config), proposal=args.proposal,
                        candidates=args.candidates, observe=args.observe)
     viewer = open_from_args(args)
-    with record.guard(f"no video written ({args.out} unchanged)"):
+    with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         env = make_env(config)
         try:
             planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates, objective)
@@ -325,19 +325,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         check_replay_length(policy, longest, args.policy)
     run = {**_run_info(args, model, config), "episodes_file": args.episodes}
     viewer = open_from_args(args)
-    if viewer is not None:  # evaluate steps this env, logged, episode after episode
-        target = logged(make_env(target, max_windows=longest, success_fn=success), viewer)
-        success = None
+    logged_env = None
     try:
-        report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
-                          batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
-                          progress=not args.quiet, run_info=run, **ray)
+        with closing_on_error(viewer):
+            if viewer is not None:  # evaluate steps this env, logged, episode after episode
+                target = logged_env = logged(make_env(target, max_windows=longest, success_fn=success), viewer)
+                success = None
+            report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
+                              batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
+                              progress=not args.quiet, run_info=run, **ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
                              '("status": "interrupted")') from None
     finally:
-        if viewer is not None:
-            target.close()
+        if logged_env is not None:
+            logged_env.close()
     failed = sum(e.status == "failed" for e in report.episodes)
     print(f"{len(report.episodes)} episodes: success rate {report.success_rate:.2f}, "
           f"mean return {report.mean_return:g}" + (f", {failed} failed" if failed else "")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .viewer import DEFAULT_WEB_PORT, Viewer
@@ -52,3 +54,14 @@ def finish(viewer: Viewer | None) -> None:
     if viewer.web_url is not None:
         viewer.wait(f"serving the web viewer at {viewer.web_url}; Ctrl-C to stop")
     viewer.close()
+
+
+@contextmanager
+def closing_on_error(viewer: Viewer | None) -> Iterator[None]:
+    """Close the viewer's sinks (file, servers) when the run fails; on success ``finish`` completes it."""
+    try:
+        yield
+    except BaseException:
+        if viewer is not None:
+            viewer.close()
+        raise

@@ -276,3 +276,40 @@ def test_bench_view_times_the_loggers_work_beside_the_step():
     assert 0 < f["rrd_bytes_per_frame"] < f["raw_bytes_per_frame"]  # encoded frames: well under a raw frame
     with pytest.raises(ValueError, match="--image-format 'gif' is invalid"):
         run_view(ViewSettings(image_format="gif"), Progress("view", quiet=True))
+
+
+def test_a_failed_run_closes_the_viewers_sinks(tmp_path):
+    from worldstep.cli_view import closing_on_error
+    from worldstep.viewer import open_viewer
+
+    web, stream = free_port(), free_port()
+    viewer = open_viewer(save=tmp_path / "failed.rrd", serve=web, grpc_port=stream)
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("127.0.0.1", stream))  # the data stream holds its port while the run lives
+    viewer.recording.log("env/reward", rr.Scalars(1.0))
+    with pytest.raises(RuntimeError, match="a failing run"), closing_on_error(viewer):
+        raise RuntimeError("a failing run")
+    deadline = time.monotonic() + 10
+    while True:  # the server releases its port shortly after the sink is dropped
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", stream))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"port {stream} still bound after the failed run closed the viewer")
+            time.sleep(0.2)
+    assert (tmp_path / "failed.rrd").stat().st_size > 0
+
+
+def test_eval_logs_episode_after_episode(tmp_path):
+    from worldstep.cli import main
+
+    (tmp_path / "eps.yaml").write_text("- {seed: 20000000, max_windows: 1}\n- {seed: 20000001, max_windows: 1}\n")
+    rrd = tmp_path / "eval.rrd"
+    assert main(["eval", str(tmp_path / "eps.yaml"), "--env", "worldstep/Pusher-v0", "--policy", "push", "--out-dir",
+                 str(tmp_path / "out"), "--no-video", "--quiet", "--rerun-save", str(rrd)]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    table = read_recording(rrd)
+    assert len(report["episodes"]) == 2 and table["frame"] == list(range(5))
+    assert table["episode"] == [1] * 5  # the second episode's frames, at the same frame indices as the first's
