@@ -313,3 +313,13 @@ def test_eval_logs_episode_after_episode(tmp_path):
     table = read_recording(rrd)
     assert len(report["episodes"]) == 2 and table["frame"] == list(range(5))
     assert table["episode"] == [1] * 5  # the second episode's frames, at the same frame indices as the first's
+
+
+def test_plan_logs_the_executed_rollout(tmp_path):
+    from worldstep.cli import main
+
+    rrd = tmp_path / "plan.rrd"
+    assert main(["plan", "--windows", "1", "--candidates", "2", "--seed", "20000000", "--out",
+                 str(tmp_path / "plan.mp4"), "--rerun-save", str(rrd)]) == 0
+    table = read_recording(rrd)
+    assert table["frame"] == list(range(5)) and series(table["/env/action/pusher"]).shape == (4, 2)
