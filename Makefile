@@ -1,6 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv when missing.
 #   make demo      torch + worldstep's core dependencies, then the demo
-#   make test      what the tests import as well (the dev, dist, remote and lerobot extras), then the suite
+#   make test      what the tests import as well (the dev, dist, remote, lerobot and view extras), then the suite
 #   make install   = what `make test` installs
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test lint install clean gpu-kit gpu-kit-dryrun gpu-check edge-check
+.PHONY: demo test lint install clean gpu-kit gpu-kit-dryrun gpu-check edge-check view-check
 
 # torch first, so nothing after it pulls another build. A machine without an NVIDIA driver (no nvidia-smi)
 # takes the CPU build from PyTorch's CPU wheel index; when that index cannot be reached, the plain pin from
@@ -34,7 +34,7 @@ $(VENV)/.core: $(VENV)/.torch pyproject.toml
 
 # everything the tests import (pytest, torchrl, stable-baselines3, ray, websockets, ...)
 $(VENV)/.installed: $(VENV)/.core pyproject.toml Makefile
-	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot]"
+	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot,view]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -42,6 +42,7 @@ install: $(VENV)/.installed
 # the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
 demo: $(VENV)/.core
 	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 20000000 --truth --out rollout.mp4
+	@echo "Watch it live: $(PY) -m pip install -e '.[view]', then add --rerun-serve to the command above and open the URL it prints (a browser; over SSH, forward its two ports), or --rerun for the native viewer; --rerun-save run.rrd keeps a recording."
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
@@ -50,6 +51,11 @@ test: $(VENV)/.installed
 # the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge/cpu.json.
 edge-check: $(VENV)/.installed
 	EDGE_JSON=docs/bench/edge/cpu.json $(PY) -m pytest -q -s -m slow tests/test_edge_size.py
+
+# Debian's Chromium, headless, opens the served web viewer on the demo's rollout and screenshots it into
+# docs/images/rerun_viewer.png (needs `apt-get install -y chromium`; not part of `make test`; about 2 minutes).
+view-check: $(VENV)/.installed
+	$(PY) tests/view_check.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -36,6 +36,8 @@ from .cli_checks import (
     success_judge,
     success_name,
 )
+from .cli_view import add_view_flags, closing_on_error, logged, open_from_args
+from .cli_view import finish as finish_view
 from .registration import WORLD_MODEL_IDS
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
@@ -168,8 +170,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.truth:
         return _rollout_truth(args, model, config, policy, summary)
     record = RunRecord(summary, "--summary", **_run_info(args, model, config))
-    with record.guard(f"no video written ({args.out} unchanged)"):
-        env = make_env(config, success_fn=success)
+    viewer = open_from_args(args)
+    with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
+        env = logged(make_env(config, success_fn=success), viewer)
         try:
             if policy is None:
                 policy = make_policy(args.policy, env.action_space, seed=args.seed)
@@ -182,6 +185,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
+    finish_view(viewer)
     return 0
 
 
@@ -207,17 +211,21 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
         raise ValueError(f"--success {args.success} is invalid with --truth; allowed: sim (both sides are judged "
                          "by the simulator's pixel judge)")
     record = RunRecord(summary, "--summary", **_run_info(args, model, config), simulator=config.env.simulator)
-    with record.guard(f"no video written ({args.out} unchanged)"):
+    viewer = open_from_args(args)
+    with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         # the comparison runs every window: success is judged on both sides by rollout_with_truth, not by the env
-        env = make_env(config, success_fn="none")
+        model_env = make_env(config, success_fn="none")
+        env = logged(model_env, viewer)
         truth = None
         try:
-            truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
+            truth = gym.make(model_env.simulator, chunk_size=model_env.knobs.chunk_size,
+                             disable_env_checker=True).unwrapped
             if policy is None:
                 policy = make_policy(args.policy, env.action_space, seed=args.seed)
                 check_replay_length(policy, args.windows, args.policy)
             result = rollout_with_truth(env, truth, policy, seed=args.seed, max_windows=args.windows,
-                                        video_path=args.out, progress=not args.quiet, on_window=record.window_done)
+                                        video_path=args.out, progress=not args.quiet, on_window=record.window_done,
+                                        on_truth=None if viewer is None else env.log_truth)
         finally:
             env.close()
             if truth is not None:
@@ -227,6 +235,7 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
     print(f"{result.video}: model | {config.env.simulator}, {result.frames} frames in {result.windows} windows, "
           f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
           f"simulator {result.truth_success}; summary {summary_path}")
+    finish_view(viewer)
     return 0
 
 
@@ -251,12 +260,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     summary = _summary_path(args)
     record = RunRecord(summary, "--summary", **_run_info(args, model, config), proposal=args.proposal,
                        candidates=args.candidates, observe=args.observe)
-    with record.guard(f"no video written ({args.out} unchanged)"):
+    viewer = open_from_args(args)
+    with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         env = make_env(config)
         try:
             planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates, objective)
-            result = closed_loop(env, planner, seed=args.seed, max_windows=args.windows, observe=args.observe,
-                                 video_path=args.out)
+            result = closed_loop(logged(env, viewer), planner, seed=args.seed, max_windows=args.windows,
+                                 observe=args.observe, video_path=args.out)
             base = None
             if args.compare:
                 base = closed_loop(env, copy.deepcopy(proposals[args.proposal]), seed=args.seed,
@@ -273,6 +283,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if base is not None:
         line += f"; {args.proposal} alone on the simulator: success {base.sim_success}"
     print(f"{line}; summary {summary_path}")
+    finish_view(viewer)
     return 0
 
 
@@ -283,7 +294,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate
     from .outputs import check_output_path
     from .policies import make_policy
-    from .world import load
+    from .world import load, make_env
 
     path = Path(args.episodes)
     if not path.is_file():
@@ -298,6 +309,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = _early_policy(args, config)
     longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
     check_replay_length(policy, longest, args.policy)
+    if (args.rerun or args.rerun_save or args.rerun_serve is not None) and (args.ray or args.batched):
+        raise ValueError("--rerun, --rerun-save and --rerun-serve are invalid with --ray or --batched; allowed: an "
+                         "eval that steps one episode at a time")
     ray = {"backend": "ray", "ray_address": args.ray_address, "num_workers": args.workers} if args.ray else {}
     if args.ray:  # the actors load the model; the driver needs only its config
         from .distributed import driver_target
@@ -310,17 +324,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
         policy = make_policy(args.policy, shape, seed=args.seed)
         check_replay_length(policy, longest, args.policy)
     run = {**_run_info(args, model, config), "episodes_file": args.episodes}
+    viewer = open_from_args(args)
+    logged_env = None
     try:
-        report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
-                          batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
-                          progress=not args.quiet, run_info=run, **ray)
+        with closing_on_error(viewer):
+            if viewer is not None:  # evaluate steps this env, logged, episode after episode
+                target = logged_env = logged(make_env(target, max_windows=longest, success_fn=success), viewer)
+                success = None
+            report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
+                              batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
+                              progress=not args.quiet, run_info=run, **ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
                              '("status": "interrupted")') from None
+    finally:
+        if logged_env is not None:
+            logged_env.close()
     failed = sum(e.status == "failed" for e in report.episodes)
     print(f"{len(report.episodes)} episodes: success rate {report.success_rate:.2f}, "
           f"mean return {report.mean_return:g}" + (f", {failed} failed" if failed else "")
           + f"; report {out_dir / 'report.json'}")
+    finish_view(viewer)
     return 0
 
 
@@ -489,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="first frame image path (default: the simulator's scene for --seed, else a drawn "
                                    "tabletop scene)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_view_flags(p)
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("eval", help="evaluate a policy on episodes from a YAML file; writes report.json and mp4s")
@@ -507,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')")
     p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
     p.add_argument("--workers", type=_positive_int, default=2, help="Ray actors with --ray (default 2)")
+    add_view_flags(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plan", help="model-predictive planning in a world model (pusher), judged by its simulator")
@@ -526,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
     p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
     p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
+    add_view_flags(p)
     p.set_defaults(func=cmd_plan, policy="planner", success=None)
 
     p = sub.add_parser("info", help="model, device, weights and KV memory plan")

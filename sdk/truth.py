@@ -102,14 +102,16 @@ def _caption(window: int | None, psnr_db: float | None) -> str:
 
 def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: int = 0, max_windows: int = 8,
                        video_path: str | os.PathLike | None = None, scale: int = 4,
-                       progress: bool = False, on_window: Callable[[], Any] | None = None) -> TruthComparison:
+                       progress: bool = False, on_window: Callable[[], Any] | None = None,
+                       on_truth: Callable[[np.ndarray], Any] | None = None) -> TruthComparison:
     """Closed loop on the model (the policy sees the model's frames); the simulator replays each chunk.
 
     The episode runs ``max_windows`` windows or until the model env ends it. ``env`` must reset to the
     simulator's first frame for ``seed`` (a model env made with ``simulator``). Success on both sides is the
     simulator's pixel judge ``success_from_frames`` when it has one (goal from the simulator's first frame).
     The video labels its halves (model | the simulator's id) and shows each window's number and PSNR; it is
-    renamed into place when the episode ends (an exception leaves ``video_path`` as it was).
+    renamed into place when the episode ends (an exception leaves ``video_path`` as it was). ``on_truth`` gets
+    the simulator's first frame after the reset and its frames after each window (e.g. ``RerunLogger.log_truth``).
     """
     if getattr(env.unwrapped, "simulator", None) is None:
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
@@ -124,6 +126,8 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
                          f"frame shape {obs['frames'].shape} (same chunk size and frame size)")
     judge = getattr(truth.unwrapped, "success_from_frames", None)
     first = truth_obs["frames"][0]
+    if on_truth is not None:
+        on_truth(truth_obs["frames"][:1])
     labels = ("model", getattr(getattr(truth, "spec", None), "id", None) or "simulator")
     with video_writer(video_path, frame_fps(env)) as writer, \
             tqdm(total=max_windows, desc="rollout+truth", unit="window", disable=not progress) as bar:
@@ -135,6 +139,8 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
             actions = policy(obs)
             obs, _, terminated, truncated, info = env.step(actions)
             truth_obs, *_ = truth.step(actions)
+            if on_truth is not None:
+                on_truth(truth_obs["frames"])
             result.windows += 1
             result.frames += len(obs["frames"])
             result.psnr_db.append(float(psnr(obs["frames"], truth_obs["frames"]).mean()))

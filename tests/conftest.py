@@ -6,12 +6,13 @@ import importlib.util
 
 import pytest
 
-# what `make test` installs beyond the core (pyproject's dev, dist, remote and lerobot extras)
-TEST_EXTRAS = ("hypothesis", "torchrl", "stable_baselines3", "ray", "websockets", "msgpack", "pyarrow")
+# what `make test` installs beyond the core (pyproject's dev, dist, remote, lerobot and view extras)
+TEST_EXTRAS = ("hypothesis", "torchrl", "stable_baselines3", "ray", "websockets", "msgpack", "pyarrow", "rerun",
+               "datafusion")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     missing = [name for name in TEST_EXTRAS if importlib.util.find_spec(name) is None]
     if missing:
         raise pytest.UsageError(f"the test extras are not installed (missing: {', '.join(missing)}); run `make "
-                                "test`, or `pip install -e '.[dev,dist,remote,lerobot]'` in this venv")
+                                "test`, or `pip install -e '.[dev,dist,remote,lerobot,view]'` in this venv")

@@ -76,7 +76,7 @@ def test_demo_installs_the_core_and_test_the_extras(tmp_path):
 
     demo, test = planned("demo"), planned("test")
     assert "pip install -q -e .\n" in demo and "[dev" not in demo and "worldstep rollout" in demo
-    assert 'pip install -q -e ".[dev,dist,remote,lerobot]"' in test and "pytest" in test
+    assert 'pip install -q -e ".[dev,dist,remote,lerobot,view]"' in test and "pytest" in test
 
 
 def test_dev_extra_pins_the_rl_clients():

@@ -1,4 +1,4 @@
-"""`worldstep bench <rollout|decode|vector|soak|gpu|profile> [--json PATH] [size flags]`.
+"""`worldstep bench <rollout|decode|vector|soak|gpu|profile|view> [--json PATH] [size flags]`.
 
 Flags are generated from the settings dataclasses (one flag per field, `--num-steps 2`, lists as
 `--sizes 1,2,4`), so the CLI holds no bench logic. Tables go to stdout, progress to stderr.
@@ -20,6 +20,7 @@ from .settings import (
     RolloutSettings,
     SoakSettings,
     VectorSettings,
+    ViewSettings,
 )
 
 _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:function", help)
@@ -31,6 +32,7 @@ _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:fun
     "soak": (SoakSettings, "soak:run_soak", "KV pages and RSS over a long bounded-context rollout"),
     "gpu": (GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
     "profile": (ProfileSettings, "profiling:run_profile", "where a window's time goes (torch.profiler, cProfile)"),
+    "view": (ViewSettings, "view:run_view", "RerunLogger's overhead per env step (needs the view extra)"),
 }
 
 

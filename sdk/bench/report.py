@@ -91,12 +91,20 @@ def _gpu_rows(doc: Doc, table: Table) -> None:
                   f"{format_cell(run['real_time_factor'])}{mfu}", "–")
 
 
+def _view_rows(doc: Doc, table: Table) -> None:
+    f, settings = doc["results"], doc["settings"]
+    table.add(f"live view: RerunLogger's work per step / the step ({settings['env']}, {settings['image_format']}; "
+              "in CPU time)",
+              f"{f['overhead_pct']:.1f}% ({f['overhead_cpu_pct']:.1f}%)", "<= 5%")
+
+
 _HEADLINES: dict[str, Callable[[Doc, Table], None]] = {
     "rollout": _rollout_rows, "vector": _vector_rows, "soak": _soak_rows, "decode": _decode_rows, "gpu": _gpu_rows,
+    "view": _view_rows,
 }
 
 
-ORDER = ["rollout", "decode", "vector", "soak", "profile", "gpu"]  # the order documents are shown in
+ORDER = ["rollout", "decode", "vector", "soak", "view", "profile", "gpu"]  # the order documents are shown in
 HEADLINE = ("<!-- bench-headline:begin (python -m worldstep.bench.report docs/bench/*.json --update README.md) -->",
             "<!-- bench-headline:end -->")
 TABLES = ("<!-- bench-tables:begin (python -m worldstep.bench.report docs/bench/*.json --update "

@@ -93,3 +93,12 @@ class ProfileSettings:
     context_frames: int = _help("committed latent frames kept in context", default=4)
     top: int = _help("operators and functions listed per architecture", default=10)
     cache_dir: str | None = _help("checkpoint cache", default=None)
+
+
+@dataclass
+class ViewSettings:
+    env: str = _help("gymnasium id of the env whose steps are logged", default="worldstep/Pusher-v0")
+    windows: int = _help("measured windows (one episode)", default=12)
+    warmup: int = _help("windows run first and not measured", default=2)
+    seed: int = _help("reset seed", default=0)
+    image_format: str = _help("jpeg or png", default="jpeg")

@@ -1,0 +1,67 @@
+"""The CLI's live-view flags (``--rerun``, ``--rerun-save``, ``--rerun-serve``) for rollout, eval and plan."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .viewer import DEFAULT_WEB_PORT, Viewer
+
+
+def add_view_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("live view (Rerun; pip install 'worldstep[view]')")
+    group.add_argument("--rerun", action="store_true",
+                       help="stream the rollout to a Rerun viewer: connects to the one running, else spawns one")
+    group.add_argument("--rerun-save", metavar="PATH.rrd", help="write a Rerun recording (open it with `rerun PATH`)")
+    group.add_argument("--rerun-serve", metavar="PORT", nargs="?", type=int, const=DEFAULT_WEB_PORT,
+                       help=f"serve Rerun's web viewer on PORT (default {DEFAULT_WEB_PORT}) and print its URL; it "
+                            "keeps serving after the run until Ctrl-C")
+
+
+def open_from_args(args: argparse.Namespace) -> Viewer | None:
+    """The viewer the flags ask for (checked, and printed when served), or None without any."""
+    if not (args.rerun or args.rerun_save or args.rerun_serve is not None):
+        return None
+    from .outputs import check_output_path
+    from .viewer import open_viewer
+
+    if args.rerun_save is not None:
+        check_output_path(args.rerun_save, "--rerun-save")
+    viewer = open_viewer(spawn=args.rerun, save=args.rerun_save, serve=args.rerun_serve)
+    if viewer.web_url is not None:
+        print(f"watch it live: {viewer.web_url}", flush=True)
+    return viewer
+
+
+def logged(env: Any, viewer: Viewer | None) -> Any:
+    """``env`` logged into the viewer's recording (``env`` itself without a viewer)."""
+    if viewer is None:
+        return env
+    from .wrappers import RerunLogger
+
+    return RerunLogger(env, viewer.recording)
+
+
+def finish(viewer: Viewer | None) -> None:
+    """Complete the recording; a served viewer keeps serving until Ctrl-C."""
+    if viewer is None:
+        return
+    viewer.recording.flush()
+    if viewer.save_path is not None:
+        print(f"recording {viewer.save_path} (open it with: rerun {viewer.save_path})", flush=True)
+    if viewer.web_url is not None:
+        viewer.wait(f"serving the web viewer at {viewer.web_url}; Ctrl-C to stop")
+    viewer.close()
+
+
+@contextmanager
+def closing_on_error(viewer: Viewer | None) -> Iterator[None]:
+    """Close the viewer's sinks (file, servers) when the run fails; on success ``finish`` completes it."""
+    try:
+        yield
+    except BaseException:
+        if viewer is not None:
+            viewer.close()
+        raise
