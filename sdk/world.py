@@ -218,13 +218,26 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
     ``kwargs``: ``render_mode``, ``reward_fn``, ``success_fn``, ``image`` (an ``(H, W, 3)`` uint8 array or a
     path), ``fps`` and ``action_normalizer`` (see ``WorldModelEnv``), and any config key (``max_windows=4``,
     ``prompt=...``, ``embodiment="droid_lerobot"``, ``domain_id=8``, ``num_steps=2``, ...).
+    ``cameras=("exterior", "wrist")`` (with ``camera_layout``, default ``"row"``, and ``view_point`` defaulting to
+    ``"concat_view"``) wraps it in ``MultiCameraObservation``; ``robot_state=True`` in ``RobotStateObservation``
+    (docs/observations.md).
     The env is returned without gymnasium's wrappers; ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds them.
     """
-    from worldstep.envs import WorldModelEnv
+    from worldstep.envs import MultiCameraObservation, RobotStateObservation, WorldModelEnv
 
-    runtime, overrides = _split_env_kwargs(dict(kwargs))
+    kwargs = dict(kwargs)
+    cameras, layout = kwargs.pop("cameras", None), kwargs.pop("camera_layout", "row")
+    robot_state = kwargs.pop("robot_state", False)
+    if not isinstance(robot_state, bool):
+        raise ValueError(f"robot_state={robot_state!r} is invalid; allowed: True or False")
+    if cameras is not None:
+        kwargs.setdefault("view_point", "concat_view")  # the caption frames several cameras
+    runtime, overrides = _split_env_kwargs(kwargs)
     world = load(model, **overrides)
-    return WorldModelEnv(world.model, world.knobs, **_env_kwargs(world, runtime))
+    env = WorldModelEnv(world.model, world.knobs, **_env_kwargs(world, runtime))
+    if robot_state:
+        env = RobotStateObservation(env)
+    return env if cameras is None else MultiCameraObservation(env, cameras, layout)
 
 
 def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", num_envs: int = 1,
