@@ -47,3 +47,15 @@ def relative(position0: np.ndarray, rotation0: np.ndarray, position1: np.ndarray
              rotation1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The delta ``D = T0^-1 @ T1`` that ``compose`` turns ``T0`` into ``T1`` with."""
     return rotation0.T @ (position1 - position0), rotation0.T @ rotation1
+
+
+def matrix_to_euler_xyz(matrix: np.ndarray) -> np.ndarray:
+    """``(3, 3)`` -> extrinsic ``xyz`` Euler angles (radians), ``R = Rz(c) Ry(b) Rx(a)``: scipy's
+    ``as_euler("xyz")``, the form of DROID's ``cartesian_position``. At gimbal lock (``|b| = pi/2``) ``c = 0``."""
+    m = np.asarray(matrix, np.float64)
+    b = np.arcsin(np.clip(-m[2, 0], -1.0, 1.0))
+    if abs(m[2, 0]) < 1.0 - 1e-9:
+        a, c = np.arctan2(m[2, 1], m[2, 2]), np.arctan2(m[1, 0], m[0, 0])
+    else:  # only a - c (or a + c) is determined
+        a, c = np.arctan2(-m[1, 2], m[1, 1]), 0.0
+    return np.array([a, b, c])
