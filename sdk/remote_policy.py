@@ -411,14 +411,15 @@ class RemotePolicy:
 
     def _query(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         start = time.perf_counter()
-        reply = self.client.infer(self._request(obs))
+        reply = self.client.infer(self.request(obs))
         self.last_latency_s = time.perf_counter() - start
         if self.action_key not in reply:
             raise RemotePolicyProtocolError(self.endpoint, f"reply has no {self.action_key!r} key "
                                                            f"(keys: {sorted(map(str, reply))})")
         return self._check_actions(reply[self.action_key])
 
-    def _request(self, obs: dict[str, np.ndarray]) -> dict[str, Any]:
+    def request(self, obs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The observation dict sent to the server for ``obs`` (``static_obs`` plus every ``obs_keys`` field)."""
         request = dict(self.static_obs)
         for key, field in self.obs_keys.items():
             request[key] = field.read(obs, self.prompt, self.image_size)
