@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 # what `make test` installs beyond the core (pyproject's dev, dist, remote and lerobot extras)
-TEST_EXTRAS = ("hypothesis", "torchrl", "stable_baselines3", "ray", "websockets", "msgpack", "pyarrow")
+TEST_EXTRAS = ("hypothesis", "torchrl", "stable_baselines3", "ray", "websockets", "msgpack", "pyarrow", "scipy")
 
 
 def pytest_configure(config: pytest.Config) -> None:
