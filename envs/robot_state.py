@@ -31,8 +31,9 @@ class RobotStateObservation(gym.Wrapper):
       a rotation matrix (the 6-D rotation of a state is exact, never drifting); the gripper (a grasp state)
       and any other column are taken as commanded.
 
-    ``reset(options={"state": ...})`` sets the initial state (``(width,)``, finite, a valid 6-D rotation; a
-    ``ValueError`` naming ``options['state']`` otherwise, before the env does any work); without it the
+    ``reset(options={"state": ...})`` sets the initial state (``(width,)``, finite, a valid 6-D rotation, which
+    is re-orthonormalised; a ``ValueError`` naming ``options['state']`` otherwise, before the env does any work);
+    without it the
     state starts at ``initial_state``, by default the origin with the identity rotation and gripper 0. A
     window that ran out of KV pages executed no actions and leaves the state as it was.
 

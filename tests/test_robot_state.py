@@ -163,3 +163,16 @@ def test_absolute_convention_state_is_the_last_action(world):  # noqa: F811
     obs, *_ = env.step(actions)
     assert np.array_equal(obs["state"], actions)
     env.close()
+
+
+def test_injected_violation_without_the_check_a_bad_state_reaches_the_env(world, monkeypatch):  # noqa: F811
+    """The refusal above is the wrapper's check: with it bypassed, the env is reset before anything fails."""
+    env = make(world)
+    calls = []
+    monkeypatch.setattr(env.env, "reset", lambda **kw: calls.append(kw) or ({}, {}))
+    monkeypatch.setattr(env, "_check_state", lambda value, field: np.asarray(value, np.float64))
+    with pytest.raises(Exception):  # noqa: B017 - whatever fails, it fails after the env was reset
+        env.reset(seed=0, options={"state": np.zeros(9)})
+    assert len(calls) == 1
+    monkeypatch.undo()
+    env.close()
