@@ -176,3 +176,19 @@ def test_injected_violation_without_the_check_a_bad_state_reaches_the_env(world,
     assert len(calls) == 1
     monkeypatch.undo()
     env.close()
+
+
+def test_a_checkpoint_declares_its_embodiments_convention_in_worldstep_json():
+    from worldstep.engine.models.cosmos3.embodiment import embodiment_from_json, embodiment_to_json
+
+    entry = {"name": "arm", "domain_id": 3, "raw_width": 10, "convention": {
+        "kind": "absolute", "position": [0, 3], "rotation": [3, 9], "gripper": 9, "source": "our lab's logger"}}
+    arm = embodiment_from_json(entry)
+    assert arm.convention.kind is ActionKind.ABSOLUTE and arm.convention.rotation_kind is RotationKind.ROT6D
+    assert embodiment_from_json(embodiment_to_json(arm)) == arm
+    assert embodiment_from_json({k: v for k, v in entry.items() if k != "convention"}).convention is None  # unknown
+    for bad, match in [({"kind": "absolute"}, "'source' required"), ({"kind": "sideways", "source": "x"}, "sideways"),
+                       ({"kind": "delta", "source": "x", "position": [0, 2]}, "3 columns"),
+                       ({"kind": "absolute", "source": "x", "gripper": 12}, r"disjoint columns in \[0, 10\)")]:
+        with pytest.raises(ValueError, match=f"embodiment 'arm': convention=.*{match}"):
+            embodiment_from_json({**entry, "convention": bad})

@@ -20,8 +20,10 @@ Facts and their sources:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 _LAYOUT_SOURCE = ("diffusers pipeline_cosmos3_omni.py, comment on _EMBODIMENT_TO_RAW_ACTION_DIM: 9D effector pose "
                   "(3D translation + 6D rotation, Zhou et al. 2019) + 1D gripper")
@@ -72,6 +74,43 @@ class ActionConvention:
             raise ValueError(f"the layout (position {self.position}, rotation {self.rotation}, gripper "
                              f"{self.gripper}) is invalid for width {self.width}; allowed: disjoint columns in "
                              f"[0, {self.width})")
+
+
+_JSON_KEYS = ("kind", "position", "rotation", "rotation_kind", "gripper", "source")
+
+
+def convention_from_json(entry: Any, width: int, field: str) -> ActionConvention:
+    """An `ActionConvention` from a `worldstep.json` embodiment's ``convention`` object (unknown keys refused)."""
+    if not isinstance(entry, Mapping) or not {"kind", "source"} <= set(entry) or set(entry) - set(_JSON_KEYS):
+        raise ValueError(f"{field}={entry!r} is invalid; allowed: an object with keys {list(_JSON_KEYS)} ('kind' and "
+                         "'source' required)")
+    try:
+        return ActionConvention(
+            entry["kind"], width, _span(entry.get("position")), _span(entry.get("rotation")),
+            entry.get("rotation_kind", RotationKind.ROT6D.value if entry.get("rotation") is not None else None),
+            entry.get("gripper"), str(entry["source"]))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{field}={dict(entry)!r} is invalid: {err}") from None
+
+
+def convention_to_json(convention: ActionConvention) -> dict[str, Any]:
+    """The inverse of `convention_from_json`."""
+    entry: dict[str, Any] = {"kind": convention.kind.value, "source": convention.source}
+    for key in ("position", "rotation", "gripper"):
+        value = getattr(convention, key)
+        if value is not None:
+            entry[key] = list(value) if isinstance(value, tuple) else value
+    if convention.rotation_kind is not None:
+        entry["rotation_kind"] = convention.rotation_kind.value
+    return entry
+
+
+def _span(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(type(v) is int for v in value)):
+        raise ValueError(f"{value!r} is not a [start, stop] pair of ints")
+    return int(value[0]), int(value[1])
 
 
 def pose_gripper_delta(source: str = f"{_LAYOUT_SOURCE}; {_DELTA_SOURCE}") -> ActionConvention:

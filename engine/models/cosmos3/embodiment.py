@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 
 from ...checks import check_int
-from .action_convention import ActionConvention
+from .action_convention import ActionConvention, convention_from_json, convention_to_json
 
 
 class NormalizationKind(str, Enum):
@@ -107,7 +107,7 @@ def _enum(kind: type[Enum], value: Any, field: str) -> Any:
         raise ValueError(f"{field}={value!r} is invalid; allowed: {[m.value for m in kind]}") from None
 
 
-_JSON_KEYS = {"name", "domain_id", "raw_width", "fps", "view_point", "normalization"}
+_JSON_KEYS = {"name", "domain_id", "raw_width", "fps", "view_point", "normalization", "convention"}
 
 
 def embodiment_from_json(entry: Any) -> Embodiment:
@@ -125,6 +125,9 @@ def embodiment_from_json(entry: Any) -> Embodiment:
         name=entry["name"], domain_id=entry["domain_id"], raw_width=entry["raw_width"],
         default_fps=entry.get("fps"), default_view_point=entry.get("view_point", "ego_view"),
         normalization=entry.get("normalization"), source=EmbodimentSource.CHECKPOINT,
+        convention=None if entry.get("convention") is None else convention_from_json(
+            entry["convention"], check_int(f"embodiment {entry['name']!r}: raw_width", entry["raw_width"], 1),
+            f"worldstep.json: embodiment {entry['name']!r}: convention"),
     )
 
 
@@ -136,4 +139,6 @@ def embodiment_to_json(embodiment: Embodiment) -> dict[str, Any]:
         entry["fps"] = embodiment.default_fps
     if embodiment.normalization is not None:
         entry["normalization"] = embodiment.normalization.value
+    if embodiment.convention is not None:
+        entry["convention"] = convention_to_json(embodiment.convention)
     return entry
