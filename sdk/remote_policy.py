@@ -266,6 +266,9 @@ class ObsField:
             frames = np.asarray(_obs_entry(obs, "frames" if self.camera is None else self.camera, self))
             return frames if self.source is ObsSource.FRAMES else _resize(frames[-1], image_size)
         row = np.asarray(_obs_entry(obs, "state", self), np.float64)[-1]
+        if self.columns is not None and self.columns[1] > len(row):
+            raise ValueError(f"source {str(self)!r} is invalid for a state {len(row)} wide; allowed: columns within "
+                             f"[0, {len(row)})")
         row = row if self.columns is None else row[self.columns[0]:self.columns[1]]
         if self.source is ObsSource.STATE:
             return row.astype(np.float32)

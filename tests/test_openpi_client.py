@@ -64,6 +64,8 @@ def test_droid_request_holds_both_cameras_and_the_state():
         policy.request({k: v for k, v in obs.items() if k != "state"})
     with pytest.raises(ValueError, match="source 'image:wrist' needs obs\\['wrist'\\]"):
         policy.request({k: v for k, v in obs.items() if k != "wrist"})
+    with pytest.raises(ValueError, match=r"source 'state\[9:10\]' is invalid for a state 9 wide"):
+        policy.request({**obs, "state": obs["state"][:, :9]})
 
 
 def test_openpi_client_sends_the_droid_request_through_worldstep_server(openpi_python, tmp_path):

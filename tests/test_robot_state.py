@@ -16,7 +16,7 @@ from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
 from worldstep.envs import RobotStateObservation
 from worldstep.envs.pose import compose, matrix_to_rot6d, relative, rot6d_to_matrix
 
-seeds = st.integers(0, 2**32 - 1)
+seeds = st.integers(0, 2**32 - 2)  # numpy seeds < 2**32; one test also uses seed + 1
 
 
 def rotations(seed: int, n: int) -> Rotation:
