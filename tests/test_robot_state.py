@@ -192,3 +192,19 @@ def test_a_checkpoint_declares_its_embodiments_convention_in_worldstep_json():
                        ({"kind": "absolute", "source": "x", "gripper": 12}, r"disjoint columns in \[0, 10\)")]:
         with pytest.raises(ValueError, match=f"embodiment 'arm': convention=.*{match}"):
             embodiment_from_json({**entry, "convention": bad})
+
+
+def test_fork_env_continues_the_cameras_and_the_state(world):  # noqa: F811
+    from worldstep.envs import fork_env
+
+    env = worldstep.make_env(world, embodiment="droid_lerobot", robot_state=True, cameras=("exterior", "wrist"))
+    env.reset(seed=0)
+    a = np.tile(np.float32([0.1, 0, 0, 1, 0, 0, 0, 1, 0, 0.5]), (env.action_space.shape[0], 1))
+    env.step(a)
+    fork = fork_env(env)
+    (mine, *_), (theirs, *_) = env.step(a), fork.step(a)
+    assert set(mine) == set(theirs) == {"exterior", "wrist", "state"}
+    assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    assert np.allclose(mine["state"][-1, :3], [0.8, 0, 0])  # 8 frames of 0.1 forward, not reset by the fork
+    fork.close()
+    env.close()
