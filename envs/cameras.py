@@ -97,8 +97,9 @@ class CameraGrid:
         """A ValueError naming the camera when ``views`` lacks one, has an unknown one, or a view is not
         ``(..., h, w, 3)`` uint8 with this camera's ``h x w`` and one leading shape for all."""
         if not isinstance(views, Mapping):
-            raise ValueError(f"{field}={views!r} is invalid; allowed: a dict camera -> (H, W, 3) uint8 image for "
-                             f"cameras {list(self.cameras)}")
+            got = f"of shape {views.shape}" if isinstance(views, np.ndarray) else f"of type {type(views).__name__}"
+            raise ValueError(f"{field} {got} is invalid; allowed: a dict camera -> (h, w, 3) uint8 view for cameras "
+                             f"{list(self.cameras)}")
         unknown = [name for name in views if name not in self.cameras]
         if unknown:
             raise ValueError(f"{field}[{unknown[0]!r}] is invalid: no such camera; allowed: {list(self.cameras)}")

@@ -61,6 +61,12 @@ def test_bad_views_are_refused_naming_the_camera(views, match):
         CameraGrid(("exterior", "wrist"), "row", 8, 8).compose(views)
 
 
+def test_one_image_for_several_cameras_is_refused_naming_the_cameras():
+    with pytest.raises(ValueError, match=r"views of shape \(8, 8, 3\) is invalid; allowed: a dict camera -> \(h, w, 3\) "
+                                         r"uint8 view for cameras \['exterior', 'wrist'\]"):
+        CameraGrid(("exterior", "wrist"), "row", 8, 8).compose(np.zeros((8, 8, 3), np.uint8))
+
+
 @pytest.mark.parametrize("cameras", ["exterior", (), ("a", "a"), ("frames",), ("state", "x"), ("two words",)])
 def test_bad_camera_names_are_refused(cameras):
     with pytest.raises(ValueError, match="cameras"):
