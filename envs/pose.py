@@ -53,7 +53,7 @@ def matrix_to_euler_xyz(matrix: np.ndarray) -> np.ndarray:
     """``(3, 3)`` -> extrinsic ``xyz`` Euler angles (radians), ``R = Rz(c) Ry(b) Rx(a)``: scipy's
     ``as_euler("xyz")``, the form of DROID's ``cartesian_position``. At gimbal lock (``|b| = pi/2``) ``c = 0``."""
     m = np.asarray(matrix, np.float64)
-    b = np.arcsin(np.clip(-m[2, 0], -1.0, 1.0))
+    b = np.arctan2(-m[2, 0], np.hypot(m[0, 0], m[1, 0]))  # accurate near +-pi/2, where arcsin is not
     if abs(m[2, 0]) < 1.0 - 1e-9:
         a, c = np.arctan2(m[2, 1], m[2, 2]), np.arctan2(m[1, 0], m[0, 0])
     else:  # only a - c (or a + c) is determined

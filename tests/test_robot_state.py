@@ -70,6 +70,20 @@ def test_relative_inverts_compose(seed):
     assert np.allclose(p, p1, atol=1e-12) and np.allclose(r, r1, atol=1e-12)
 
 
+@settings(max_examples=50, deadline=None)
+@given(seed=seeds)
+def test_euler_xyz_matches_scipy(seed):
+    """DROID's cartesian_position form: scipy's extrinsic "xyz" Euler angles (the RemotePolicy DROID mapping)."""
+    from worldstep.envs.pose import matrix_to_euler_xyz
+
+    rots = rotations(seed, 8)
+    mine = np.stack([matrix_to_euler_xyz(m) for m in rots.as_matrix()])
+    assert np.allclose(mine, rots.as_euler("xyz"), atol=1e-9)
+    # at gimbal lock only the rotation, not the angles, is determined: compare the rotations
+    locked = Rotation.from_euler("xyz", [0.3, np.pi / 2, -0.2]).as_matrix()
+    assert np.allclose(Rotation.from_euler("xyz", matrix_to_euler_xyz(locked)).as_matrix(), locked, atol=1e-9)
+
+
 def test_degenerate_rotation_is_refused():
     with pytest.raises(ValueError, match="zero or parallel"):
         rot6d_to_matrix(np.array([1.0, 0, 0, 2.0, 0, 0]))
