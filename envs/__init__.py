@@ -1,7 +1,8 @@
 """worldstep.envs: the gymnasium surface of worldstep.
 
 ``WorldModelEnv`` (one rollout per env), ``WorldModelVectorEnv`` (N rollouts batched through one model),
-``Episode`` (what both step), the ``RecordRollout`` wrapper and the ground-truth simulator ``PushSimEnv``.
+``Episode`` (what both step), the ``RecordRollout``, ``MultiCameraObservation`` and ``RobotStateObservation``
+wrappers and the ground-truth simulator ``PushSimEnv``.
 The ids are registered by ``worldstep.registration``. The classes import the engine (torch, diffusers) on
 first use, so ``import worldstep`` stays fast.
 """
@@ -17,6 +18,10 @@ _LAZY = {
     "RecordRollout": ".wrappers",
     "ImageObservation": ".wrappers",
     "fork_env": ".wrappers",
+    "CameraGrid": ".cameras",
+    "CameraLayout": ".cameras",
+    "MultiCameraObservation": ".camera_observation",
+    "RobotStateObservation": ".robot_state",
     "PushSimEnv": ".push_sim",
     "Mp4Writer": ".video",
     "frame_fps": ".video",

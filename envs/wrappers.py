@@ -11,6 +11,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .camera_observation import MultiCameraObservation
+from .robot_state import RobotStateObservation
 from .video import Mp4Writer, frame_fps
 
 
@@ -114,13 +116,15 @@ class ImageObservation(gym.ObservationWrapper):
 
 
 # Wrappers whose state is plain values, so a shallow copy continues the same episode (what gym.make adds,
-# plus the observation wrapper above). Wrappers that own files or buffers (RecordRollout, RecordVideo) cannot
-# be forked: two envs would write one video.
+# plus the observation wrappers; the robot state's arrays are replaced, never written in place, on every step).
+# Wrappers that own files or buffers (RecordRollout, RecordVideo) cannot be forked: two envs would write one video.
 FORKABLE_WRAPPERS = (
     gym.wrappers.TimeLimit,
     gym.wrappers.OrderEnforcing,
     gym.wrappers.PassiveEnvChecker,
     ImageObservation,
+    MultiCameraObservation,
+    RobotStateObservation,
 )
 
 

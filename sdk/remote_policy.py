@@ -16,19 +16,24 @@ We implement the ~60-line client here instead of depending on ``openpi-client``:
 from __future__ import annotations
 
 import inspect
+import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 from worldstep.engine.checks import check_int
+from worldstep.envs.pose import matrix_to_euler_xyz, rot6d_to_matrix
 
 from .policies import chunk_shape
 
 __all__ = [
+    "DROID_OBS_KEYS",
     "ActionMode",
+    "ObsField",
     "ObsSource",
     "PolicyClient",
     "RemotePolicy",
@@ -206,14 +211,82 @@ def _positive(name: str, value: float) -> float:
 
 
 class ObsSource(str, Enum):
-    """What a server observation key is filled from."""
+    """What a server observation key is filled from (see :class:`ObsField` for the camera and column forms)."""
 
     FRAMES = "frames"
-    """the window's frames, ``(chunk_size, H, W, 3)`` uint8"""
+    """the window's frames, ``(chunk_size, H, W, 3)`` uint8 (``frames:<camera>``: that camera's)"""
     IMAGE = "image"
-    """the latest frame, ``(H, W, 3)`` uint8 (resized to ``image_size`` when given)"""
+    """the latest frame, ``(H, W, 3)`` uint8 (resized to ``image_size`` when given; ``image:<camera>``: that
+    camera's)"""
     PROMPT = "prompt"
     """the policy's ``prompt`` string"""
+    STATE = "state"
+    """the latest row of ``obs["state"]`` (``RobotStateObservation``), float32 (``state[a:b]``: columns a..b-1)"""
+    POSE_EULER = "pose_euler"
+    """``pose_euler[a:b]``: 9 state columns (position 3, 6-D rotation 6) as position + extrinsic ``xyz`` Euler
+    angles in radians, float32 (6,): DROID's ``cartesian_position`` form (scipy ``as_euler("xyz")``, as in
+    DROID's ``droid/misc/transformations.py``)"""
+
+
+_FIELD = re.compile(r"^(?P<source>[a-z_]+)(?::(?P<camera>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<a>\d+):(?P<b>\d+)\])?$")
+
+
+@dataclass(frozen=True)
+class ObsField:
+    """One server key's source: ``"image"``, ``"image:wrist"``, ``"frames:exterior"``, ``"prompt"``, ``"state"``,
+    ``"state[9:10]"`` or ``"pose_euler[0:9]"`` (strings convert with :meth:`parse`)."""
+
+    source: ObsSource
+    camera: str | None = None  # FRAMES and IMAGE: a camera of a MultiCameraObservation (None: obs["frames"])
+    columns: tuple[int, int] | None = None  # STATE (None: every column) and POSE_EULER (required, 9 wide)
+
+    @classmethod
+    def parse(cls, value: str | ObsSource | ObsField, key: str) -> ObsField:
+        if isinstance(value, ObsField):
+            return value
+        allowed = (f"one of {[s.value for s in ObsSource]}, 'image:<camera>', 'frames:<camera>', 'state[a:b]' or "
+                   "'pose_euler[a:a+9]'")
+        match = _FIELD.match(value.value if isinstance(value, ObsSource) else value) if isinstance(value, str) else None
+        source = next((s for s in ObsSource if match and s.value == match["source"]), None)
+        columns = None if not match or match["a"] is None else (int(match["a"]), int(match["b"]))
+        camera = None if not match else match["camera"]
+        ok = source is not None and (
+            (camera is None or source in (ObsSource.FRAMES, ObsSource.IMAGE))
+            and (columns is None or (source in (ObsSource.STATE, ObsSource.POSE_EULER) and columns[1] > columns[0]))
+            and (source is not ObsSource.POSE_EULER or (columns is not None and columns[1] - columns[0] == 9)))
+        if not ok:
+            raise ValueError(f"obs_keys[{key!r}]={value!r} is invalid; allowed: {allowed}")
+        return cls(source, camera, columns)
+
+    def read(self, obs: Mapping[str, Any], prompt: str | None, image_size: tuple[int, int] | None) -> Any:
+        """This field's value in a worldstep observation."""
+        if self.source is ObsSource.PROMPT:
+            return prompt
+        if self.source in (ObsSource.FRAMES, ObsSource.IMAGE):
+            frames = np.asarray(_obs_entry(obs, "frames" if self.camera is None else self.camera, self))
+            return frames if self.source is ObsSource.FRAMES else _resize(frames[-1], image_size)
+        row = np.asarray(_obs_entry(obs, "state", self), np.float64)[-1]
+        if self.columns is not None and self.columns[1] > len(row):
+            raise ValueError(f"source {str(self)!r} is invalid for a state {len(row)} wide; allowed: columns within "
+                             f"[0, {len(row)})")
+        row = row if self.columns is None else row[self.columns[0]:self.columns[1]]
+        if self.source is ObsSource.STATE:
+            return row.astype(np.float32)
+        euler = matrix_to_euler_xyz(rot6d_to_matrix(row[3:9], f"obs['state'] columns {self.columns}"))
+        return np.concatenate([row[:3], euler]).astype(np.float32)
+
+    def __str__(self) -> str:
+        if self.camera is not None:
+            return f"{self.source.value}:{self.camera}"
+        return self.source.value if self.columns is None else f"{self.source.value}[{self.columns[0]}:{self.columns[1]}]"
+
+
+def _obs_entry(obs: Mapping[str, Any], key: str, field: ObsField) -> Any:
+    if key not in obs:
+        hint = (" (wrap the env in RobotStateObservation: make_env(..., robot_state=True))" if key == "state"
+                else " (a MultiCameraObservation names its cameras: make_env(..., cameras=(...)))")
+        raise ValueError(f"source {str(field)!r} needs obs[{key!r}]; the observation has {sorted(obs)}{hint}")
+    return obs[key]
 
 
 class ActionMode(str, Enum):
@@ -232,6 +305,21 @@ class ActionMode(str, Enum):
 
 DEFAULT_OBS_KEYS = {"observation/image": "image", "prompt": "prompt"}
 
+DROID_OBS_KEYS = {
+    "observation/exterior_image_1_left": "image:exterior",
+    "observation/wrist_image_left": "image:wrist",
+    "observation/cartesian_position": "pose_euler[0:9]",
+    "observation/gripper_position": "state[9:10]",
+    "prompt": "prompt",
+}
+"""openpi's DROID observation keys (``examples/droid/main.py``, ``DroidInputs``) filled from an env made with
+``cameras=("exterior", "wrist")``, ``robot_state=True`` and ``embodiment="droid_lerobot"``: the two cameras'
+latest frames, the commanded end-effector pose as DROID's ``cartesian_position`` (position + ``xyz`` Euler), the
+commanded gripper and the prompt. openpi's DROID policies also read ``observation/joint_position`` (7 joint
+angles), which a world model's commanded end-effector state cannot give: send it with ``static_obs`` if the
+policy needs it. openpi's own client resizes with padding to 224x224; pass ``image_size=(224, 224)`` for a plain
+resize."""
+
 
 class RemotePolicy:
     """A :class:`~worldstep.policies.Policy` whose actions come from an openpi-protocol websocket server.
@@ -239,10 +327,11 @@ class RemotePolicy:
     Args:
         endpoint: ``ws://host:port`` (or ``host:port``) of the server.
         action_space: the env's action space, or ``(chunk_size, action_width)``.
-        obs_keys: server key -> :class:`ObsSource` (``"frames"``, ``"image"``, ``"prompt"``); default
-            ``{"observation/image": "image", "prompt": "prompt"}``.
+        obs_keys: server key -> :class:`ObsField` (``"frames"``, ``"image"``, ``"prompt"``, ``"state"``, per camera
+            ``"image:wrist"``, state columns ``"state[9:10]"``, ``"pose_euler[0:9]"``); default
+            ``{"observation/image": "image", "prompt": "prompt"}``; :data:`DROID_OBS_KEYS` for openpi's DROID.
         prompt: the text sent for the ``prompt`` source (required when a key maps to it).
-        static_obs: constant extra keys sent with every request (e.g. a zero ``observation/state``).
+        static_obs: constant extra keys sent with every request (what the env cannot give, e.g. joint angles).
         image_size: ``(height, width)`` the ``image`` source is resized to (None: as generated).
         action_key: reply key holding the action chunk.
         action_mode: see :class:`ActionMode` (default ``exact``).
@@ -256,16 +345,16 @@ class RemotePolicy:
     """
 
     def __init__(self, endpoint: str, action_space: spaces.Box | tuple[int, int], *,
-                 obs_keys: Mapping[str, str | ObsSource] | None = None, prompt: str | None = None,
+                 obs_keys: Mapping[str, str | ObsSource | ObsField] | None = None, prompt: str | None = None,
                  static_obs: Mapping[str, Any] | None = None, image_size: tuple[int, int] | None = None,
                  action_key: str = "actions", action_mode: str | ActionMode = ActionMode.EXACT,
                  clip: bool = False, timeout_s: float = 30.0, connect_timeout_s: float = 10.0,
                  api_key: str | None = None, max_queries_per_window: int = 8) -> None:
         self.shape = chunk_shape(action_space)
         self.obs_keys = _check_obs_keys(DEFAULT_OBS_KEYS if obs_keys is None else obs_keys)
-        if ObsSource.PROMPT in self.obs_keys.values() and not (isinstance(prompt, str) and prompt.strip()):
-            raise ValueError(f"prompt={prompt!r} is invalid; obs_keys maps "
-                             f"{[k for k, v in self.obs_keys.items() if v is ObsSource.PROMPT]} to 'prompt', "
+        prompt_keys = [k for k, v in self.obs_keys.items() if v.source is ObsSource.PROMPT]
+        if prompt_keys and not (isinstance(prompt, str) and prompt.strip()):
+            raise ValueError(f"prompt={prompt!r} is invalid; obs_keys maps {prompt_keys} to 'prompt', "
                              "so a non-empty string is required")
         self.prompt = prompt
         self.static_obs = dict(static_obs or {})
@@ -325,23 +414,18 @@ class RemotePolicy:
 
     def _query(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         start = time.perf_counter()
-        reply = self.client.infer(self._request(obs))
+        reply = self.client.infer(self.request(obs))
         self.last_latency_s = time.perf_counter() - start
         if self.action_key not in reply:
             raise RemotePolicyProtocolError(self.endpoint, f"reply has no {self.action_key!r} key "
                                                            f"(keys: {sorted(map(str, reply))})")
         return self._check_actions(reply[self.action_key])
 
-    def _request(self, obs: dict[str, np.ndarray]) -> dict[str, Any]:
-        frames = np.asarray(obs["frames"])
+    def request(self, obs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The observation dict sent to the server for ``obs`` (``static_obs`` plus every ``obs_keys`` field)."""
         request = dict(self.static_obs)
-        for key, source in self.obs_keys.items():
-            if source is ObsSource.FRAMES:
-                request[key] = frames
-            elif source is ObsSource.IMAGE:
-                request[key] = _resize(frames[-1], self.image_size)
-            else:
-                request[key] = self.prompt
+        for key, field in self.obs_keys.items():
+            request[key] = field.read(obs, self.prompt, self.image_size)
         return request
 
     def _check_actions(self, value: Any) -> np.ndarray:
@@ -387,10 +471,10 @@ class RemotePolicy:
 
     def __repr__(self) -> str:
         return (f"RemotePolicy({self.endpoint!r}, shape={self.shape}, action_mode={self.action_mode.value!r}, "
-                f"obs_keys={ {k: v.value for k, v in self.obs_keys.items()} })")
+                f"obs_keys={ {k: str(v) for k, v in self.obs_keys.items()} })")
 
 
-def _check_obs_keys(obs_keys: Mapping[str, str | ObsSource]) -> dict[str, ObsSource]:
+def _check_obs_keys(obs_keys: Mapping[str, str | ObsSource | ObsField]) -> dict[str, ObsField]:
     if not isinstance(obs_keys, Mapping) or not obs_keys:
         raise ValueError(f"obs_keys={obs_keys!r} is invalid; allowed: a non-empty mapping server key -> one of "
                          f"{[s.value for s in ObsSource]}")
@@ -398,11 +482,7 @@ def _check_obs_keys(obs_keys: Mapping[str, str | ObsSource]) -> dict[str, ObsSou
     for key, source in obs_keys.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"obs_keys key {key!r} is invalid; allowed: a non-empty string")
-        try:
-            out[key] = ObsSource(source)
-        except ValueError:
-            raise ValueError(f"obs_keys[{key!r}]={source!r} is invalid; allowed: one of "
-                             f"{[s.value for s in ObsSource]}") from None
+        out[key] = ObsField.parse(source, key)
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,13 +219,31 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
     ``kwargs``: ``render_mode``, ``reward_fn``, ``success_fn``, ``image`` (an ``(H, W, 3)`` uint8 array or a
     path), ``fps`` and ``action_normalizer`` (see ``WorldModelEnv``), and any config key (``max_windows=4``,
     ``prompt=...``, ``embodiment="droid_lerobot"``, ``domain_id=8``, ``num_steps=2``, ...).
+    ``cameras=("exterior", "wrist")`` (with ``camera_layout``, default ``"row"``, ``view_point`` defaulting to
+    ``"concat_view"``, and ``image`` a dict of first views) wraps it in ``MultiCameraObservation``; ``robot_state=True`` in ``RobotStateObservation``
+    (docs/observations.md).
     The env is returned without gymnasium's wrappers; ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds them.
     """
-    from worldstep.envs import WorldModelEnv
+    from worldstep.envs import MultiCameraObservation, RobotStateObservation, WorldModelEnv
 
-    runtime, overrides = _split_env_kwargs(dict(kwargs))
+    kwargs = dict(kwargs)
+    cameras, layout = kwargs.pop("cameras", None), kwargs.pop("camera_layout", None)
+    robot_state = kwargs.pop("robot_state", False)
+    if not isinstance(robot_state, bool):
+        raise ValueError(f"robot_state={robot_state!r} is invalid; allowed: True or False")
+    if cameras is None and layout is not None:
+        raise ValueError(f"camera_layout={layout!r} is invalid without cameras; allowed: cameras=(...) with it")
+    views = kwargs.pop("image") if cameras is not None and isinstance(kwargs.get("image"), Mapping) else None
+    if cameras is not None:
+        kwargs.setdefault("view_point", "concat_view")  # the caption frames several cameras
+    runtime, overrides = _split_env_kwargs(kwargs)
     world = load(model, **overrides)
-    return WorldModelEnv(world.model, world.knobs, **_env_kwargs(world, runtime))
+    env = WorldModelEnv(world.model, world.knobs, **_env_kwargs(world, runtime))
+    if robot_state:
+        env = RobotStateObservation(env)
+    if cameras is None:
+        return env
+    return MultiCameraObservation(env, cameras, "row" if layout is None else layout, images=views)
 
 
 def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", num_envs: int = 1,

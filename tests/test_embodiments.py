@@ -91,7 +91,7 @@ def test_every_name_round_trips():
             assert by_id is REGISTRY.with_domain(emb.domain_id)[0]
         assert embodiment_from_json(embodiment_to_json(emb)) == Embodiment(
             emb.name, emb.domain_id, emb.raw_width, emb.default_fps, emb.default_view_point, emb.normalization,
-            EmbodimentSource.CHECKPOINT)
+            EmbodimentSource.CHECKPOINT, emb.convention)  # the convention round-trips too
     assert REGISTRY.by_domain_id(8).name == "droid_lerobot"  # diffusers' first name for id 8
     assert REGISTRY.by_domain_id(15).name == "agibotworld"
 

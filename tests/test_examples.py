@@ -37,6 +37,7 @@ TINY_RUNS = {
     "closed_loop_sim.py": ["--model", "tiny", "--windows", "2", "--out", "{tmp}/closed.mp4", *TINY],
     "best_of_n.py": ["--model", "tiny", "--windows", "1", "--candidates", "2", "--out", "{tmp}/best.mp4", *TINY],
     "remote_policy_eval.py": ["--serve-demo", "--episodes", "1", "--windows", "1", "--out", "{tmp}", *TINY],
+    "droid_two_cameras.py": ["--windows", "2", "--out", "{tmp}/droid.mp4", *TINY],
     "engine_demo.py": ["--windows", "12"],
     # the planner needs a model that resets to its simulator's scene: the pusher model at one denoise step, at
     # the simulator's frame size (the machinery; test_planning checks what it decides)

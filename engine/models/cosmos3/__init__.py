@@ -12,6 +12,7 @@ from .architecture import FAMILY_SWITCHES, Cosmos3Architecture, PipelineOptions
 from .knobs import RolloutKnobs
 
 _LAZY = {
+    "ActionConvention": ".action_convention",
     "ActionNormalizer": ".action_normalizer",
     "ActionRangeWarning": ".action_normalizer",
     "ActionStats": ".action_stats",

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from ...checks import check_int
+from .action_convention import ActionConvention, convention_from_json, convention_to_json
 
 
 class NormalizationKind(str, Enum):
@@ -57,7 +58,9 @@ class Embodiment:
 
     `default_fps` is the rate its actions were recorded at in training (None: unpublished), the fps
     of the temporal RoPE and of recorded videos; `default_view_point` frames the caption;
-    `normalization` says how its actions were scaled in training (None: unpublished).
+    `normalization` says how its actions were scaled in training (None: unpublished); `convention` says
+    what an action row means (absolute or delta, its layout, the source; None: unknown, and then no robot
+    state is offered, `action_convention.py`).
     """
 
     name: str
@@ -67,6 +70,7 @@ class Embodiment:
     default_view_point: str = "ego_view"
     normalization: NormalizationKind | None = None
     source: EmbodimentSource = EmbodimentSource.DIFFUSERS
+    convention: ActionConvention | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -87,6 +91,10 @@ class Embodiment:
                            else _enum(NormalizationKind, self.normalization, f"embodiment {self.name!r}: "
                                       "normalization"))
         object.__setattr__(self, "source", _enum(EmbodimentSource, self.source, f"embodiment {self.name!r}: source"))
+        if self.convention is not None and (not isinstance(self.convention, ActionConvention)
+                                            or self.convention.width != self.raw_width):
+            raise ValueError(f"embodiment {self.name!r}: convention={self.convention!r} is invalid; allowed: None "
+                             f"or an ActionConvention of width {self.raw_width}")
 
     def describe(self) -> str:
         return f"{self.name!r} (domain {self.domain_id}, {self.raw_width}-wide actions)"
@@ -99,7 +107,7 @@ def _enum(kind: type[Enum], value: Any, field: str) -> Any:
         raise ValueError(f"{field}={value!r} is invalid; allowed: {[m.value for m in kind]}") from None
 
 
-_JSON_KEYS = {"name", "domain_id", "raw_width", "fps", "view_point", "normalization"}
+_JSON_KEYS = {"name", "domain_id", "raw_width", "fps", "view_point", "normalization", "convention"}
 
 
 def embodiment_from_json(entry: Any) -> Embodiment:
@@ -117,6 +125,9 @@ def embodiment_from_json(entry: Any) -> Embodiment:
         name=entry["name"], domain_id=entry["domain_id"], raw_width=entry["raw_width"],
         default_fps=entry.get("fps"), default_view_point=entry.get("view_point", "ego_view"),
         normalization=entry.get("normalization"), source=EmbodimentSource.CHECKPOINT,
+        convention=None if entry.get("convention") is None else convention_from_json(
+            entry["convention"], check_int(f"embodiment {entry['name']!r}: raw_width", entry["raw_width"], 1),
+            f"worldstep.json: embodiment {entry['name']!r}: convention"),
     )
 
 
@@ -128,4 +139,6 @@ def embodiment_to_json(embodiment: Embodiment) -> dict[str, Any]:
         entry["fps"] = embodiment.default_fps
     if embodiment.normalization is not None:
         entry["normalization"] = embodiment.normalization.value
+    if embodiment.convention is not None:
+        entry["convention"] = convention_to_json(embodiment.convention)
     return entry

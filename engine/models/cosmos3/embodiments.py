@@ -10,7 +10,8 @@ defines them, plus what its tables leave out (each with its source) and a checkp
 * extras: the training-only domains of cosmos-framework's `utils/domain_utils.py` that diffusers does not
   list, and the `libero` family, whose width depends on the dataset's rotation space
   (`libero_pose_utils.LIBERO_ACTION_DIMS`: 3d -> 7, 6d -> 10, 9d -> 13);
-* a checkpoint's own embodiments, from the `embodiments` list of its `worldstep.json`.
+* a checkpoint's own embodiments, from the `embodiments` list of its `worldstep.json`;
+* action conventions (absolute or delta, layout, source): `action_convention.CONVENTIONS`; unknown elsewhere.
 
 Lookups go by name, or by a domain id whose embodiments share one width. Every refusal is a `ValueError`
 naming the embodiment, its width and the allowed names, raised before any model work.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...checks import check_int
+from .action_convention import CONVENTIONS
 from .embodiment import (
     Embodiment,
     EmbodimentSource,
@@ -87,7 +89,8 @@ def diffusers_embodiments() -> tuple[Embodiment, ...]:
         if name not in widths:
             continue
         fps, view, norm = TRAINING_DEFAULTS.get(name, (None, "ego_view", None))
-        out.append(Embodiment(name, domain_id, widths[name], fps, view, norm, EmbodimentSource.DIFFUSERS))
+        out.append(Embodiment(name, domain_id, widths[name], fps, view, norm, EmbodimentSource.DIFFUSERS,
+                              CONVENTIONS.get(name)))
     return tuple(out)
 
 
