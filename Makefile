@@ -37,15 +37,24 @@ $(VENV)/.installed: $(VENV)/.core pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev,dist,remote,lerobot,view]"
 	touch $@
 
-install: $(VENV)/.installed
+# openpi's own client library in a venv of its own (it pins numpy<2; worldstep runs numpy 2), so a test can check
+# that what RemotePolicy sends is what openpi's client speaks (tests/test_openpi_client.py). openpi-client 0.1.2
+# imports typing_extensions without declaring it.
+OPENPI_VENV ?= .venv-openpi
+$(OPENPI_VENV)/.installed:
+	test -x $(OPENPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENPI_VENV)
+	$(OPENPI_VENV)/bin/python -m pip install -q "openpi-client==0.1.2" typing_extensions
+	touch $@
+
+install: $(VENV)/.installed $(OPENPI_VENV)/.installed
 
 # the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
 demo: $(VENV)/.core
 	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 20000000 --truth --out rollout.mp4
 	@echo "Watch it live: $(PY) -m pip install -e '.[view]', then add --rerun-serve to the command above and open the URL it prints (a browser; over SSH, forward its two ports), or --rerun for the native viewer; --rerun-save run.rrd keeps a recording."
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+test: $(VENV)/.installed $(OPENPI_VENV)/.installed
+	WORLDSTEP_OPENPI_PYTHON=$(abspath $(OPENPI_VENV))/bin/python $(PY) -m pytest -q tests
 
 # Cosmos3-Edge at full size on CPU (issue 15): pipeline parity, kv rollout vs the dense oracle, memory plan vs
 # the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge/cpu.json.

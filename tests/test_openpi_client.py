@@ -2,9 +2,8 @@
 openpi-client's msgpack_numpy, sent by its WebsocketClientPolicy through worldstep's PolicyServer.
 
 openpi-client pins numpy<2 and worldstep runs on numpy 2, so the client runs in its own environment, named
-by ``WORLDSTEP_OPENPI_PYTHON`` (default ``/tmp/openpi-client-venv/bin/python``); set it up with
-``python -m venv /tmp/openpi-client-venv && /tmp/openpi-client-venv/bin/pip install openpi-client typing_extensions``
-(openpi-client 0.1.2 on PyPI imports typing_extensions without declaring it).
+by ``WORLDSTEP_OPENPI_PYTHON`` (default: the repository's ``.venv-openpi``, which ``make test`` builds;
+openpi-client 0.1.2 on PyPI imports typing_extensions without declaring it).
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ import pytest
 from worldstep.policy_server import PolicyServer
 from worldstep.remote_policy import DROID_OBS_KEYS, RemotePolicy, packb, unpackb
 
-OPENPI_PYTHON = Path(os.environ.get("WORLDSTEP_OPENPI_PYTHON", "/tmp/openpi-client-venv/bin/python"))
+OPENPI_PYTHON = Path(os.environ.get("WORLDSTEP_OPENPI_PYTHON",
+                                    Path(__file__).resolve().parents[1] / ".venv-openpi" / "bin" / "python"))
 
 CLIENT = """
 import sys
@@ -35,9 +35,9 @@ open(sys.argv[3], "wb").write(msgpack_numpy.packb({"reply": reply, "metadata": p
 
 @pytest.fixture(scope="module")
 def openpi_python():
-    if not OPENPI_PYTHON.is_file():
-        pytest.skip(f"openpi-client's own environment {OPENPI_PYTHON} is missing: python -m venv "
-                    f"{OPENPI_PYTHON.parent.parent} && {OPENPI_PYTHON.parent}/pip install openpi-client typing_extensions")
+    if not OPENPI_PYTHON.is_file():  # part of the test install, never skipped
+        pytest.fail(f"openpi-client's own environment {OPENPI_PYTHON} is missing: run `make install` (it builds "
+                    ".venv-openpi), or set WORLDSTEP_OPENPI_PYTHON to a python with openpi-client installed")
     return OPENPI_PYTHON
 
 
