@@ -16,9 +16,10 @@ import torch
 
 from ...kv import StreamKey, StreamLabel
 from ...vae import DecodeStream
-from ...windowing import WindowPlan, WindowSchedule
+from ...windowing import WindowPlan
 from .conditioning import Conditioning
 from .first_frame import SessionFrame
+from .geometry import LEAD_FRAMES, LatentWindows
 from .knobs import RolloutKnobs
 
 
@@ -35,13 +36,9 @@ def new_session_id() -> str:
         return f"s{next(_ids)}"
 
 
-def window_schedule(knobs: RolloutKnobs) -> WindowSchedule:
-    """The open-ended latent-frame schedule of a session: the clean first frame leads, each window generates
-    ``latents_per_window`` frames; chained windows re-pin their predecessor's last frame, kv windows attend to
-    the committed ones (kept ``context_frames`` deep)."""
-    overlap = 1 if knobs.window_mode == "chained" else 0
-    return WindowSchedule(None, knobs.latents_per_window, context_units=knobs.context_frames,
-                          overlap_units=overlap, lead_units=1)
+def window_schedule(knobs: RolloutKnobs) -> LatentWindows:
+    """The open-ended latent-frame windows of a session (`geometry.LatentWindows`)."""
+    return LatentWindows.of(knobs)
 
 
 @dataclass(eq=False)
@@ -77,7 +74,7 @@ class RolloutSession:
     first_latent: torch.Tensor
     decode_stream: DecodeStream | None
     first_frame: np.ndarray | None
-    schedule: WindowSchedule
+    schedule: LatentWindows
     window_index: int = 0
     last_latents: torch.Tensor | None = None
     closed: bool = False
@@ -103,9 +100,8 @@ class RolloutSession:
 
     def action_span(self) -> tuple[int, int]:
         """Absolute indices of the next window's actions: one per pixel frame it generates."""
-        plan, lead = self.plan, self.schedule.lead_units
-        per_frame = self.knobs.chunk_size // self.knobs.latents_per_window
-        return (plan.new_start - lead) * per_frame, (plan.end - lead) * per_frame
+        plan, per_frame = self.plan, self.knobs.chunk_size // self.knobs.latents_per_window
+        return (plan.commit_start - LEAD_FRAMES) * per_frame, (plan.end - LEAD_FRAMES) * per_frame
 
     def frame_span(self) -> tuple[int, int]:
         """Pixel frames ``[start, end)`` of the next window (frame 0 is the first image)."""
