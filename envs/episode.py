@@ -210,7 +210,7 @@ def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field
     """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
     first window."""
     needed = model.min_pages(prompt, knobs, conditioning, frame)
-    pool = model.kv.table.allocator.num_pages
+    pool = model.kv.num_pages
     if needed > pool:
         raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "
                          f">= {needed} (the prompt, first frame and first window of one episode, "

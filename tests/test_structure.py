@@ -129,7 +129,7 @@ def test_records_hold_no_reference_up_to_their_owner(tmp_path):
     arch = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())["model"]["architecture"]
     model = Cosmos3WorldModel.from_pretrained(build_checkpoint(tmp_path / "tiny", arch), device="cpu",
                                               height=32, width=32)
-    owners = (model, model.kv, model.kv.table, model.decoder, model.scheduler, model.window)
+    owners = (model, model.kv, model.kv.table, model.decoder, model.scheduler, model.runner)
     with model.session(np.zeros((32, 32, 3), np.uint8), "go", 0, knobs=RolloutKnobs(num_steps=1)) as session:
         model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
         for record in (session, session.decode_stream):

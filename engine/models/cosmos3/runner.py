@@ -48,16 +48,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
-@torch.no_grad()
-def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`text_kv` for inference (no autograd graph)."""
-    return text_kv(transformer, input_ids)
-
-
 def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the understanding pathway over a prompt; return the K/V generation queries see.
 
-    Differentiable, so training uses the same code as the rollout (`prefill_text` wraps it in no_grad).
+    Differentiable, so training uses the same code as the rollout.
 
     Args:
         input_ids: `[L]` token ids.
@@ -83,6 +77,12 @@ def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
         hidden = hidden + attn.to_out(out.transpose(0, 1).flatten(-2))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return torch.stack(keys), torch.stack(values)
+
+
+@torch.no_grad()
+def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`text_kv` for inference (no autograd graph): a session's prompt prefill."""
+    return text_kv(transformer, input_ids)
 
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -125,7 +125,6 @@ def gen_layers(
     return GenOutput(hidden, torch.stack(keys), torch.stack(values))
 
 
-@torch.no_grad()
 def gen_forward(
     transformer,
     hidden: torch.Tensor,

@@ -24,7 +24,14 @@ from .knobs import RolloutKnobs
 
 
 class SessionClosedError(RuntimeError):
-    """The session was closed (possibly from another thread) before or while a window ran."""
+    """The session was closed (possibly from another thread) before or while a window ran.
+
+    ``committed``: windows of the step had already committed (the model then closes the step's sessions).
+    """
+
+    def __init__(self, message: str, *, committed: bool = False) -> None:
+        super().__init__(message)
+        self.committed = committed
 
 
 _ids = itertools.count()
@@ -98,15 +105,27 @@ class RolloutSession:
         """The next window's latent frames: ``[start, end)``, the first ``cond_units`` clean."""
         return self.schedule.window(self.window_index)
 
-    def action_span(self) -> tuple[int, int]:
-        """Absolute indices of the next window's actions: one per pixel frame it generates."""
-        plan, per_frame = self.plan, self.knobs.chunk_size // self.knobs.latents_per_window
+    def action_span(self, plan: WindowPlan) -> tuple[int, int]:
+        """Absolute indices of the window's actions: one per pixel frame it generates."""
+        per_frame = self.knobs.chunk_size // self.knobs.latents_per_window
         return (plan.commit_start - LEAD_FRAMES) * per_frame, (plan.end - LEAD_FRAMES) * per_frame
 
-    def frame_span(self) -> tuple[int, int]:
-        """Pixel frames ``[start, end)`` of the next window (frame 0 is the first image)."""
-        start, end = self.action_span()
+    def frame_span(self, plan: WindowPlan) -> tuple[int, int]:
+        """Pixel frames ``[start, end)`` of the window (frame 0 is the first image)."""
+        start, end = self.action_span(plan)
         return 1 + start, 1 + end
+
+    def commit_tokens(self, plan: WindowPlan) -> int:
+        """Tokens the window's commit appends to each stream: vision and actions in kv mode, none chained."""
+        if self.knobs.window_mode != "kv":
+            return 0
+        return plan.units * self.spec.tokens_per_frame + self.knobs.chunk_size
+
+    def group_key(self, plan: WindowPlan) -> tuple:
+        """Sessions with equal keys run one window together: same timesteps, same window shape."""
+        knobs, spec = self.knobs, self.spec
+        return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, plan.units, plan.cond_units,
+                spec.latent_height, spec.latent_width, spec.patch_grid)
 
     def check_open(self) -> None:
         if self.closed or self.abort.is_set():
