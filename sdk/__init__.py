@@ -8,24 +8,33 @@ obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 ```
 """
 
+from __future__ import annotations
+
+import importlib
 from importlib import metadata as _metadata
 
-from .config import (
-    CacheConfig,
-    ConfigError,
-    DecoderOptions,
-    EnvConfig,
-    ModelConfig,
-    RolloutKnobs,
-    WorldstepConfig,
-    load_config,
-)
-from .episodes import EpisodeConfig
-from .evaluate import evaluate
-from .registration import register_envs
-from .world import World, load, make_env
+from .registration import register_when_gymnasium_loads
 
-register_envs()
+# Exported on first use, so that ``import worldstep.engine...`` (which runs this file first) loads neither
+# gymnasium nor the envs; the structure test resolves this table like any import.
+_EXPORTS = {
+    "CacheConfig": ".config",
+    "ConfigError": ".config",
+    "DecoderOptions": ".config",
+    "EnvConfig": ".config",
+    "ModelConfig": ".config",
+    "RolloutKnobs": ".config",
+    "WorldstepConfig": ".config",
+    "load_config": ".config",
+    "EpisodeConfig": ".episodes",
+    "evaluate": ".evaluate",
+    "register_envs": ".registration",
+    "World": ".world",
+    "load": ".world",
+    "make_env": ".world",
+}
+
+register_when_gymnasium_loads()
 
 try:
     __version__ = _metadata.version("worldstep")
@@ -47,3 +56,9 @@ __all__ = [
     "load_config",
     "make_env",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
