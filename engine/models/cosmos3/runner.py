@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +87,7 @@ def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-"""`attend(q, k, v, layer) -> out`: q `[..., N, H, D]`, k/v `[..., N, Hkv, D]` (fresh tokens) -> `[..., N, H, D]`."""
+"""`attend(q, k, v, layer=i) -> out`: q `[..., N, H, D]`, k/v `[..., N, Hkv, D]` (fresh tokens) -> `[..., N, H, D]`."""
 
 
 def gen_layers(
@@ -116,7 +117,7 @@ def gen_layers(
         if collect_kv:
             keys.append(k)
             values.append(v)
-        out = attend(q, k, v, index)  # [.., N, H, D]
+        out = attend(q, k, v, layer=index)  # [.., N, H, D]
         hidden = hidden + attn.to_add_out(out.flatten(-2))
         hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
     hidden = transformer.norm_moe_gen(hidden)
@@ -141,8 +142,7 @@ def gen_forward(
         batch: each row's committed context and its number of fresh tokens.
         collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
     """
-    return gen_layers(transformer, hidden, cos, sin, lambda q, k, v, layer: paged_attention(q, k, v, batch, layer),
-                      collect_kv)
+    return gen_layers(transformer, hidden, cos, sin, partial(paged_attention, batch=batch), collect_kv)
 
 
 def masked_attention(text_k: torch.Tensor, text_v: torch.Tensor, mask: torch.Tensor) -> Attend:

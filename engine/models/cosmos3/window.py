@@ -152,13 +152,10 @@ def _scheduler(ctx: WindowContext, session: RolloutSession):
 
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     scheduler = _scheduler(ctx, jobs[0].session)
-    if ctx.cuda_graphs:
-        forward = GraphedSteps(ctx.transformer, cos, sin, batch)
-    else:
-        def forward(hidden: torch.Tensor) -> torch.Tensor:
-            return gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
+    graphed = GraphedSteps(ctx.transformer, cos, sin, batch) if ctx.cuda_graphs else None
     for t, step in zip(scheduler.timesteps, scheduler.timesteps.tolist()):  # host floats: no sync per step
-        out = forward(_hidden(ctx, jobs, step))
+        hidden = _hidden(ctx, jobs, step)
+        out = graphed(hidden) if graphed is not None else gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
         offset, velocity = 0, []
         for job in jobs:
             rows = []
