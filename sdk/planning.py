@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
+from worldstep.engine.checks import check_int
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
 from worldstep.envs.video import frame_fps, video_writer
 
@@ -80,8 +81,7 @@ class ModelPredictivePlanner:
                  objective: BlockToGoal | None = None) -> None:
         if not callable(getattr(env.unwrapped, "fork", None)):
             raise TypeError(f"env={env!r} is invalid; allowed: a worldstep world-model env (it must fork)")
-        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1:
-            raise ValueError(f"candidates={candidates!r} is invalid; allowed: an int >= 1")
+        check_int("candidates", candidates, 1)
         if not (callable(proposal) and callable(getattr(proposal, "reset", None))):
             raise TypeError(f"proposal={proposal!r} is invalid; allowed: a Policy (reset and __call__)")
         self.env, self.proposal, self.candidates = env, proposal, candidates
@@ -147,8 +147,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     if getattr(env.unwrapped, "simulator", None) is None:
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
                          "(config env.simulator, e.g. worldstep/Pusher-v0)")
-    if not isinstance(max_windows, int) or isinstance(max_windows, bool) or max_windows < 1:
-        raise ValueError(f"max_windows={max_windows!r} is invalid; allowed: an int >= 1")
+    check_int("max_windows", max_windows, 1)
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r} is invalid; allowed: one of {OBSERVE}")
     from .truth import side_by_side

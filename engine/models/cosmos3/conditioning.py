@@ -13,10 +13,9 @@ Two ways in, both checked before any model work:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from ...checks import check_int, is_int
+from ...checks import check_fps, check_int, is_int
 from .embodiment import Embodiment
 from .embodiments import EmbodimentRegistry
 from .knobs import RolloutKnobs
@@ -34,13 +33,6 @@ class Conditioning:
     fps: float
     view_point: str
     embodiment: Embodiment | None = None
-
-
-def check_fps(field: str, fps: object) -> float:
-    """A positive finite number as float; a ValueError naming ``field`` otherwise."""
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
-        raise ValueError(f"{field}={fps!r} is invalid; allowed: a number > 0")
-    return float(fps)
 
 
 def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: RolloutKnobs, *,
@@ -74,7 +66,12 @@ def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: R
     else:
         raise ValueError(f"embodiment={embodiment!r} is invalid; allowed: one of {sorted(registry.names)}, a "
                          "domain id, or None")
-    found = registry.resolve(name, domain_id=domain_id, width=action_width, num_domains=spec.num_domains,
-                             action_dim=spec.action_dim)
+    found = registry.resolve(name, domain_id=domain_id, num_domains=spec.num_domains, action_dim=spec.action_dim)
+    if action_width is not None and (not is_int(action_width) or action_width != found.raw_width):
+        same = sorted(e.name for e in registry if e.raw_width == action_width)
+        hint = f"; {action_width}-wide embodiments: {same}" if same else ""
+        raise ValueError(f"action_width={action_width!r} is invalid: actions {action_width!r} wide do not fit "
+                         f"embodiment {found.describe()}: it takes exactly {found.raw_width}{hint}; allowed: "
+                         f"action_width={found.raw_width} or None; allowed names: {sorted(registry.names)}")
     return Conditioning(found.domain_id, found.raw_width, fps or found.default_fps or spec.fps,
                         knobs.view_point or found.default_view_point, found)
