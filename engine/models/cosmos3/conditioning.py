@@ -75,3 +75,37 @@ def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: R
                          f"action_width={found.raw_width} or None; allowed names: {sorted(registry.names)}")
     return Conditioning(found.domain_id, found.raw_width, fps or found.default_fps or spec.fps,
                         knobs.view_point or found.default_view_point, found)
+
+
+def env_embodiment(registry: EmbodimentRegistry, spec: ModelSpec | None, embodiment: str | int | None,
+                   domain_id: int | None) -> tuple[str | int, int | None]:
+    """The embodiment an env resolves (an env always has one), as ``(embodiment, domain_id)``: a bare domain id
+    stands for its embodiment, as in the pipeline; given neither, the checkpoint's only embodiment that fits
+    its action head (``spec``; None: the registry's only one), else a ValueError naming the choices."""
+    if embodiment is not None:
+        return embodiment, domain_id
+    if domain_id is not None:
+        return domain_id, None
+    fitting = [e.name for e in registry] if spec is None else [
+        e.name for e in registry.within(spec.num_domains) if e.raw_width <= spec.action_dim]
+    if len(fitting) != 1:
+        raise ValueError(f"embodiment=None and domain_id=None: give one; allowed names: {sorted(fitting)}")
+    return fitting[0], None
+
+
+def resolve_env_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: RolloutKnobs, *,
+                             embodiment: str | int | None = None, domain_id: int | None = None,
+                             action_width: int | None = None, fps: float | None = None) -> Conditioning:
+    """`resolve_conditioning` of the embodiment an env resolves (`env_embodiment`): the one definition the
+    env, the vector env and the sdk ask."""
+    embodiment, domain_id = env_embodiment(registry, spec, embodiment, domain_id)
+    return resolve_conditioning(registry, spec, knobs, embodiment=embodiment, domain_id=domain_id,
+                                action_width=action_width, fps=fps)
+
+
+def embodiment_width(registry: EmbodimentRegistry, embodiment: str | int | None, domain_id: int | None) -> int:
+    """The raw action width of the embodiment an env resolves, from a registry alone (no model loaded)."""
+    embodiment, domain_id = env_embodiment(registry, None, embodiment, domain_id)
+    if is_int(embodiment):
+        return registry.resolve(domain_id=int(embodiment)).raw_width
+    return registry.resolve(embodiment, domain_id=domain_id).raw_width

@@ -17,7 +17,7 @@ from ...kv import PagedKVCache, StreamKey, StreamLabel
 from ...lanes import DecodeLane
 from ...scheduler import Scheduler, StepBatch
 from ...vae import DecoderOptions, WarmWanDecoder
-from .conditioning import Conditioning, resolve_conditioning
+from .conditioning import Conditioning, resolve_conditioning, resolve_env_conditioning
 from .embodiments import folder_registry
 from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
 from .graphs import check_cuda_graphs
@@ -141,11 +141,12 @@ class Cosmos3WorldModel:
         finally:
             self.close(session)
 
-    def conditioning(self, knobs: RolloutKnobs | None = None, **given) -> Conditioning:
+    def conditioning(self, knobs: RolloutKnobs | None = None, *, env_rule: bool = False, **given) -> Conditioning:
         """The checked conditioning of a session opened with ``given`` (``embodiment``, ``domain_id``,
-        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names."""
-        knobs = knobs if knobs is not None else RolloutKnobs()
-        return resolve_conditioning(self.embodiments, self.spec, knobs, **given)
+        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names.
+        ``env_rule``: an env's (`conditioning.env_embodiment`: a domain id stands for its embodiment)."""
+        resolve = resolve_env_conditioning if env_rule else resolve_conditioning
+        return resolve(self.embodiments, self.spec, knobs if knobs is not None else RolloutKnobs(), **given)
 
     def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None, conditioning: Conditioning | None = None,
                   frame: SessionFrame | None = None) -> int:
