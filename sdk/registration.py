@@ -18,7 +18,7 @@ naming every place they looked.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 
 WORLD_MODEL_IDS = {
@@ -57,19 +57,23 @@ def register_when_gymnasium_loads() -> None:
 
 
 class _AfterGymnasiumImport(importlib.abc.MetaPathFinder):
-    """A one-shot import hook: runs `register_envs` once the ``gymnasium`` package has been executed."""
+    """An import hook that runs `register_envs` once the ``gymnasium`` package has been executed, then leaves.
+
+    It stays until gymnasium is loaded, not merely looked up (``importlib.util.find_spec("gymnasium")``, which
+    torchrl and others call, finds without loading)."""
 
     def find_spec(self, name, path, target=None):
         if name != "gymnasium":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
         execute = spec.loader.exec_module
 
         def exec_module(module) -> None:
             execute(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             register_envs()
 
         spec.loader.exec_module = exec_module

@@ -62,22 +62,26 @@ class WindowRunner:
         done: list[_GroupRun] = []
         sessions = [w.session for w in batch.windows]
         rng_states = [s.generator.get_state() for s in sessions]
+        committed = False
         try:
             for group in batch.groups:
-                done.append(self._run_group(group, decode))
+                clock = PhaseClock(self.ctx.device)
+                clock.mark("start")
+                out = run_window(self.ctx, group, clock)
+                committed = True
+                done.append(self._decode_group(group, out, clock, decode))
             self.lane.join()
             return self._fetch(done)
         except SessionClosedError as e:
-            if not done:  # nothing committed: the untouched sessions can simply step again
+            if not committed:  # nothing committed: the untouched sessions can simply step again
                 for s, state in zip(sessions, rng_states):
                     s.generator.set_state(state)
                 raise
             raise SessionClosedError(str(e), committed=True) from e
 
-    def _run_group(self, group: tuple[ScheduledWindow[RolloutSession], ...], decode: bool) -> _GroupRun:
-        clock = PhaseClock(self.ctx.device)
-        clock.mark("start")
-        out = run_window(self.ctx, group, clock)
+    def _decode_group(self, group: tuple[ScheduledWindow[RolloutSession], ...], out: list[torch.Tensor],
+                      clock: PhaseClock, decode: bool) -> _GroupRun:
+        """Queue the group's decode on the lane, after its denoise and commit."""
         frames: list[torch.Tensor | None] = [None] * len(group)
         todo = [i for i, w in enumerate(group) if decode and w.session.decode_stream is not None]
         with self.lane.after_current_work() as stream:
