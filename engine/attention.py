@@ -113,9 +113,10 @@ class PagedAttentionBatch:
             raise ValueError("tables must hold PageTable snapshots from cache.page_table()")
         for i, n in enumerate(self.q_lens):
             check_int(f"q_lens[{i}]", n, 1)
-        self.backend = resolve_backend(
-            self.backend, self.cache.device, dtype=self.cache.kv.dtype, head_dim=self.cache.head_dim
-        )
+        if not isinstance(self.backend, AttentionBackendName):  # a model hands its resolved backend
+            self.backend = resolve_backend(
+                self.backend, self.cache.device, dtype=self.cache.kv.dtype, head_dim=self.cache.head_dim
+            )
 
     @property
     def num_tokens(self) -> int:
@@ -188,7 +189,7 @@ def _stream_kv(
     entry = batch._gathered.get((table.key, layer))
     needed = table.seq_len + k_new.shape[0]
     if entry is not None and entry.epoch == table.prefix_epoch and entry.k.shape[0] >= needed:
-        batch.cache.table.check_current(table)
+        batch.cache.check_current(table)
     else:
         if entry is None or entry.k.shape[0] < needed:
             shape = (needed, *k_new.shape[1:])  # [S+n, Hkv, D]
@@ -215,7 +216,7 @@ def flashinfer_attention(
     import flashinfer  # lazily: CUDA only
 
     for table in batch.tables:
-        batch.cache.table.check_current(table)
+        batch.cache.check_current(table)
     if batch.kernels is None:  # a batch made outside a model plans with kernels of its own
         batch.kernels = FlashinferKernels(batch.cache.device)
     cache = batch.cache

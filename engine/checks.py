@@ -8,6 +8,7 @@ assert takes the whole CUDA context with it), so ids, actions, images and prompt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,14 @@ def check_int(field: str, value: Any, low: int, high: int | None = None) -> int:
     if not is_int(value) or value < low or (high is not None and value >= high):
         raise ValueError(f"{field}={value!r} is invalid; allowed: {allowed}")
     return int(value)
+
+
+def check_fps(field: str, fps: Any) -> float:
+    """A positive finite number (frames or actions per second), returned as a float."""
+    if isinstance(fps, (bool, np.bool_)) or not isinstance(fps, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(fps) or fps <= 0:
+        raise ValueError(f"{field}={fps!r} is invalid; allowed: a number > 0")
+    return float(fps)
 
 
 def check_prompt(field: str, value: Any, *, allow_empty: bool = False) -> str:

@@ -1,68 +1,145 @@
-"""What runs next: admission of sessions' windows into the page pool, and the groups that run together.
+"""What runs next: the live sessions, admission of their windows into the page pool, and the groups that run.
 
-Admission makes room for a window before any work starts: offloaded sessions come back first, and when
-the pool is short and a CPU pool is configured, idle sessions (least recently stepped first) are parked
-there; otherwise `KVPoolExhausted` is raised with nothing changed. Grouping puts sessions that can share
-one batched window together. Sessions are named by id; this module knows pages, not models.
+`Scheduler.schedule(sessions, actions)` is the first of a step's three calls (then the model's runner, then
+its postprocess). It resolves each session's next window once, makes room for the windows' commits before
+any work starts (offloaded sessions come back first; when the pool is short and a CPU pool is configured,
+idle sessions, least recently stepped first, are parked there; otherwise `KVPoolExhausted` is raised with
+nothing changed) and groups the sessions that can share one batched window. This module knows pages and
+window plans, not models: a session is anything `Schedulable`.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
-from worldstep.engine.kv import KVPoolExhausted, PagedKVCache
-
-T = TypeVar("T")
-
-
-def group(items: Sequence[T], key: Callable[[T], Hashable]) -> list[list[int]]:
-    """Indices of ``items`` grouped by ``key``, groups and members in first-seen order."""
-    groups: dict[Hashable, list[int]] = {}
-    for i, item in enumerate(items):
-        groups.setdefault(key(item), []).append(i)
-    return list(groups.values())
+from worldstep.engine.kv import KVPoolExhausted, PagedKVCache, StreamKey
+from worldstep.engine.windowing import WindowPlan
 
 
-class Scheduler:
-    """Admits windows into ``cache``'s page pool, offloading idle sessions least recently used first."""
+class Schedulable(Protocol):
+    """What the scheduler reads of a session."""
 
-    def __init__(self, cache: PagedKVCache) -> None:
+    session_id: str
+
+    @property
+    def plan(self) -> WindowPlan: ...
+
+    def stream_keys(self) -> list[StreamKey]: ...
+
+    def commit_tokens(self, plan: WindowPlan) -> int:
+        """Tokens the window's commit appends to each stream (0: the window commits nothing)."""
+        ...
+
+    def group_key(self, plan: WindowPlan) -> Hashable:
+        """Sessions with equal keys can run one batched window."""
+        ...
+
+
+S = TypeVar("S", bound=Schedulable)
+
+
+@dataclass(frozen=True)
+class ScheduledWindow(Generic[S]):
+    """One session's window in a step: where it sits in the step, its actions and its plan, resolved once."""
+
+    index: int
+    session: S
+    actions: Any
+    plan: WindowPlan
+
+
+@dataclass(frozen=True)
+class StepBatch(Generic[S]):
+    """A step's windows in groups that each run as one batched window, in running order."""
+
+    groups: tuple[tuple[ScheduledWindow[S], ...], ...]
+
+    @property
+    def windows(self) -> list[ScheduledWindow[S]]:
+        """Every window of the step, in the order the sessions were given."""
+        return sorted((w for g in self.groups for w in g), key=lambda w: w.index)
+
+
+class Scheduler(Generic[S]):
+    """The live sessions over ``cache``'s page pool; admits windows, offloading idle sessions LRU first."""
+
+    def __init__(self, cache: PagedKVCache, *, split_groups: bool = False) -> None:
+        """``split_groups``: run a group of two or more as two halves (one's decode overlaps the other's denoise)."""
         self.cache = cache
+        self.split_groups = split_groups
+        self._live: dict[str, S] = {}
         self._last_used: dict[str, int] = {}  # live session id -> clock tick of its last step
         self._clock = itertools.count(1)
         self._lock = threading.Lock()
 
-    def track(self, session_id: str) -> None:
+    # the live set
+
+    def add(self, session: S) -> None:
         """A new live session, counted as just used."""
         with self._lock:
-            self._last_used[session_id] = next(self._clock)
+            self._live[session.session_id] = session
+            self._last_used[session.session_id] = next(self._clock)
 
-    def forget(self, session_id: str) -> None:
+    def remove(self, session_id: str) -> None:
         with self._lock:
+            self._live.pop(session_id, None)
             self._last_used.pop(session_id, None)
+
+    def sessions(self) -> list[S]:
+        with self._lock:
+            return list(self._live.values())
 
     @property
     def live_sessions(self) -> int:
         with self._lock:
-            return len(self._last_used)
+            return len(self._live)
 
-    def held_pages(self, session_id: str) -> int:
-        """Device pages the session's streams need (when offloaded: to come back)."""
-        table = self.cache.table
-        keys = self.cache.offload.parked().get(session_id) or table.stream_keys(session_id)
-        return sum(table.pages_for(self.cache.page_table(key).seq_len) for key in keys)
+    # one step
+
+    def schedule(self, sessions: Sequence[S], actions: Sequence[Any]) -> StepBatch[S]:
+        """Each session's next window, admitted into the pool, in groups that run together."""
+        windows = [ScheduledWindow(i, s, a, s.plan) for i, (s, a) in enumerate(zip(sessions, actions, strict=True))]
+        self.admit([s.session_id for s in sessions], self.pages_to_commit(windows))
+        groups: dict[Hashable, list[ScheduledWindow[S]]] = {}
+        for w in windows:
+            groups.setdefault(w.session.group_key(w.plan), []).append(w)
+        parts = []
+        for members in groups.values():
+            half = len(members) // 2
+            parts.extend([members[:half], members[half:]] if self.split_groups and half else [members])
+        return StepBatch(tuple(tuple(p) for p in parts))
+
+    # admission maths
+
+    def pages_to_open(self, stream_tokens: Iterable[int]) -> int:
+        """Pages new streams of these many tokens take."""
+        return sum(self.cache.pages_for(n) for n in stream_tokens)
+
+    def pages_to_commit(self, windows: Iterable[ScheduledWindow[S]]) -> int:
+        """Pages the windows' commits may take: their tokens per stream, plus one copied tail page each."""
+        needed = 0
+        for w in windows:
+            tokens = w.session.commit_tokens(w.plan)
+            if tokens:
+                for key in w.session.stream_keys():
+                    seq = self.cache.page_table(key).seq_len
+                    needed += self.cache.pages_for(seq + tokens) - self.cache.pages_for(seq) + 1
+        return needed
+
+    # admission
 
     def can_admit(self, pages: int, keep: Iterable[str] = ()) -> bool:
         """Whether ``pages`` device pages can be made free, offloading idle sessions not in ``keep``."""
-        free = self.cache.table.num_free_pages
+        free = self.cache.num_free_pages
         if pages <= free:
             return True
-        cpu_room = self.cache.offload.num_free_pages
+        cpu_room = self.cache.num_free_cpu_pages
         for session_id in self._idle(set(keep)):
-            held = self.held_pages(session_id)
+            held = self.cache.held_pages(session_id)
             if held <= cpu_room:
                 free, cpu_room = free + held, cpu_room - held
                 if pages <= free:
@@ -73,11 +150,10 @@ class Scheduler:
         """Bring the sessions back if offloaded and make ``pages`` more device pages free for their window,
         or raise `KVPoolExhausted`. Counts the sessions as used now."""
         keep = set(session_ids)
-        offload = self.cache.offload
         for session_id in session_ids:
-            if self.cache.table.is_offloaded(session_id):
-                self.make_room(self.held_pages(session_id), keep)
-                offload.reload(session_id)
+            if self.cache.is_offloaded(session_id):
+                self.make_room(self.cache.held_pages(session_id), keep)
+                self.cache.reload_session(session_id)
         self.make_room(pages, keep)
         with self._lock:
             for session_id in session_ids:
@@ -85,19 +161,18 @@ class Scheduler:
 
     def make_room(self, pages: int, keep: Iterable[str] = ()) -> None:
         """Offload idle sessions not in ``keep`` until ``pages`` device pages are free, or raise."""
-        table = self.cache.table
-        if pages <= table.num_free_pages:
+        if pages <= self.cache.num_free_pages:
             return
         for session_id in self._idle(set(keep)):
-            moved = not table.is_offloaded(session_id) and self.cache.offload.offload(session_id)
-            if moved and pages <= table.num_free_pages:
+            moved = not self.cache.is_offloaded(session_id) and self.cache.offload_session(session_id)
+            if moved and pages <= self.cache.num_free_pages:
                 return
-        raise KVPoolExhausted(pages, table.num_free_pages)
+        raise KVPoolExhausted(pages, self.cache.num_free_pages)
 
     def _idle(self, keep: set[str]) -> list[str]:
         """Live sessions not in ``keep``, least recently used first (none when there is no CPU pool)."""
-        if self.cache.offload.allocator.num_pages == 0:
+        if self.cache.num_cpu_pages == 0:
             return []
         with self._lock:
             ordered = sorted(self._last_used.items(), key=lambda item: item[1])
-        return [sid for sid, _ in ordered if sid not in keep and not self.cache.table.is_offloaded(sid)]
+        return [sid for sid, _ in ordered if sid not in keep and not self.cache.is_offloaded(sid)]

@@ -34,26 +34,24 @@ class RetentionPolicy:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """One window's slice of the rollout, in absolute units.
+    """One window's slice of a windowed generation, in absolute units.
 
-    The leading ``cond_units`` are clean conditioning (the lead units of the first window, the re-pinned
-    overlap of a later one); ``new_start:end`` is what the window generates. ``commit_start:end`` is what
-    a commit pass appends to the cache: the first window commits its lead units too, a later window's
-    overlap was committed by its predecessor.
+    The leading ``cond_units`` re-pin the tail of the previous window as clean conditioning (the overlap; 0
+    for the first window and when there is no overlap). ``commit_start:commit_end`` is the span this window
+    newly generates, the span a kv-mode commit appends to the cache (the overlap was committed before).
     """
 
     index: int
     start: int
     end: int
     cond_units: int
-    commit_start: int
 
     @property
     def units(self) -> int:
         return self.end - self.start
 
     @property
-    def new_start(self) -> int:
+    def commit_start(self) -> int:
         return self.start + self.cond_units
 
     @property
@@ -63,56 +61,54 @@ class WindowPlan:
 
 @dataclass(frozen=True)
 class WindowSchedule:
-    """Window arithmetic for one rollout.
+    """Window arithmetic for one request.
 
-    ``lead_units`` clean units are given before anything is generated (a first frame); every window then
-    generates ``window_units`` new units (the last may be short), so the first window covers
-    ``[0, lead_units + window_units)`` and window ``i > 0`` generates ``[lead + i*W, lead + (i+1)*W)``
-    behind ``overlap_units`` clean units re-pinned from its predecessor's tail. Commit spans partition
-    ``[0, total_units)``; ``total_units=None`` is open-ended. ``context_units`` bounds the committed
-    history kept after each commit (0 keeps everything); a nonzero one must cover the overlap, or a
-    release would free units the next window conditions on.
+    ``total_units`` are generated in windows of ``window_units`` advancing by ``window_units - overlap_units``;
+    the final window may be short, and every unit is generated exactly once (commit spans partition
+    ``[0, total)``). ``total_units=None`` is open-ended. ``context_units`` bounds the committed history kept
+    after each commit (0 keeps everything); a nonzero one must cover the overlap, or a release would free
+    units the next window conditions on.
     """
 
     total_units: int | None
     window_units: int
     context_units: int = 0
     overlap_units: int = 0
-    lead_units: int = 0
 
     def __post_init__(self) -> None:
+        if self.total_units is not None:
+            check_int("total_units", self.total_units, 1)
         check_int("window_units", self.window_units, 1)
         check_int("context_units", self.context_units, 0)
         check_int("overlap_units", self.overlap_units, 0)
-        check_int("lead_units", self.lead_units, 0)
-        if self.total_units is not None:
-            check_int("total_units", self.total_units, self.lead_units + 1)
-        first = self.lead_units + self.window_units
-        if self.overlap_units > first:
-            raise ValueError(f"overlap_units={self.overlap_units} is invalid; allowed: an int <= lead_units + "
-                             f"window_units = {first} (the first window, whose tail the second re-pins)")
+        if self.overlap_units >= self.window_units:
+            raise ValueError(f"overlap_units={self.overlap_units} is invalid; allowed: an int < window_units="
+                             f"{self.window_units} (a window must generate something)")
         if 0 < self.context_units < self.overlap_units:
             raise ValueError(f"context_units={self.context_units} is invalid; allowed: 0 (keep everything) or "
                              f">= overlap_units={self.overlap_units} (a smaller context frees units inside the "
                              "next window)")
 
     @property
+    def stride(self) -> int:
+        """Units between the starts of two windows."""
+        return self.window_units - self.overlap_units
+
+    @property
     def num_windows(self) -> int | None:
         """Windows needed to generate every unit; None for an open-ended schedule."""
         if self.total_units is None:
             return None
-        return -(-(self.total_units - self.lead_units) // self.window_units)
+        beyond_first = max(0, self.total_units - self.window_units)
+        return 1 + -(-beyond_first // self.stride)
 
     def window(self, index: int) -> WindowPlan:
         self._check_index(index)
-        lead, w = self.lead_units, self.window_units
-        end = lead + (index + 1) * w
+        start = index * self.stride
+        end = start + self.window_units
         if self.total_units is not None:
             end = min(end, self.total_units)
-        if index == 0:
-            return WindowPlan(0, 0, end, lead, commit_start=0)
-        new_start = lead + index * w
-        return WindowPlan(index, new_start - self.overlap_units, end, self.overlap_units, commit_start=new_start)
+        return WindowPlan(index, start, end, self.overlap_units if index else 0)
 
     def windows(self) -> Iterator[WindowPlan]:
         """Every window in order; endless when the schedule is open-ended."""

@@ -90,16 +90,6 @@ class EpisodeRules:
         return bool(self.success_fn(frames)) if self.success_fn is not None else False
 
 
-def default_embodiment(model: Cosmos3WorldModel) -> str:
-    """The embodiment of an env given neither ``embodiment`` nor ``domain_id``: the checkpoint's only one that
-    fits its action head (the shipped ``pusher`` registers exactly one); a ``ValueError`` naming the choices."""
-    spec = model.spec
-    fitting = [e.name for e in model.embodiments.within(spec.num_domains) if e.raw_width <= spec.action_dim]
-    if len(fitting) != 1:
-        raise ValueError(f"embodiment=None and domain_id=None: give one; allowed names: {sorted(fitting)}")
-    return fitting[0]
-
-
 @dataclass(frozen=True)
 class ResetRequest:
     """A reset's checked options: ``image`` None means the scene is drawn (or the simulator's)."""
@@ -210,7 +200,7 @@ def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field
     """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
     first window."""
     needed = model.min_pages(prompt, knobs, conditioning, frame)
-    pool = model.kv.table.allocator.num_pages
+    pool = model.kv.num_pages
     if needed > pool:
         raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "
                          f">= {needed} (the prompt, first frame and first window of one episode, "

@@ -13,6 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from worldstep.engine.checks import check_int
 
 SIZE = 64  # frame height = width in pixels
 EFFECTOR = 8.0  # effector side (px)
@@ -254,7 +255,7 @@ class PushSimEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24}
 
     def __init__(self, chunk_size: int = 4, render_mode: str | None = None) -> None:
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 4 or chunk_size % 4:
+        if check_int("chunk_size", chunk_size, 4) % 4:
             raise ValueError(f"chunk_size={chunk_size!r} is invalid; allowed: an int multiple of 4, >= 4")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")

@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+from worldstep.engine.checks import check_fps
 
 CODECS = ("libx264", "mpeg4")
 
@@ -53,8 +54,7 @@ class Mp4Writer:
     def __init__(self, path: str | os.PathLike, fps: float, codec: str | None = None, crf: int = 18) -> None:
         import av
 
-        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0:
-            raise ValueError(f"fps={fps!r} is invalid; allowed: a number > 0")
+        check_fps("fps", fps)
         self.path = Path(path)
         if self.path.is_dir():
             raise ValueError(f"video path {str(self.path)!r} is invalid: it is a folder; allowed: a file path")

@@ -26,7 +26,6 @@ from worldstep.envs.episode import (
     Episode,
     EpisodeRules,
     check_pool,
-    default_embodiment,
     first_frame,
     reset_request,
 )
@@ -171,14 +170,11 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
-        if embodiment is None:
-            # a domain id stands for its embodiment, as in the pipeline: it must name one, of one exact width
-            embodiment = default_embodiment(model) if domain_id is None else domain_id
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
-        # ValueError naming the embodiment, its width and the allowed names
-        cond = model.conditioning(knobs, embodiment=embodiment, domain_id=domain_id, action_width=action_width,
-                                  fps=fps)
+        # a domain id stands for its embodiment; ValueError naming the embodiment, its width and the allowed names
+        cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
+                                  action_width=action_width, fps=fps)
         self.domain_id, self.conditioning = cond.domain_id, cond
         normalizer = _check_normalizer(action_normalizer, cond.action_width)
         size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference

@@ -83,7 +83,7 @@ if __name__ == "__main__":
                 actions = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
                 cand_obs, _, _, _, info = candidate.step(actions)
                 results.append((score(cand_obs["frames"]), k, candidate, cand_obs))
-            pages = env.model.kv.table.num_used_pages
+            pages = env.model.kv.num_used_pages
             best_score, best_k, best, obs = max(results, key=lambda r: r[0])
 
             # continue from the best; close the rest (and the pre-fork rollout)

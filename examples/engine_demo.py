@@ -70,9 +70,9 @@ if __name__ == "__main__":
     policy = schedule.retention(args.tokens_per_unit, args.prefix_tokens)
 
     # prompt: prefilled once, protected for the whole rollout
-    cache.table.create_stream(key)
+    cache.create_stream(key)
     cache.append(key, *random_kv(args, args.prefix_tokens, gen))
-    cache.table.protect_prefix(key, args.prefix_tokens)
+    cache.protect_prefix(key, args.prefix_tokens)
 
     # rollout
     for plan in itertools.islice(schedule.windows(), args.windows):
@@ -83,12 +83,12 @@ if __name__ == "__main__":
             q = torch.randn(n, args.num_heads, args.head_dim, generator=gen)  # [n, H, D]
             paged_attention(q, k_new[layer], v_new[layer], batch, layer)  # [n, H, D], feeds the next layer in a model
         cache.append(key, k_new, v_new)  # commit
-        released = cache.table.apply_retention(key, policy)
+        released = cache.apply_retention(key, policy)
         table = cache.page_table(key)
         print(
             f"window {plan.index:3d}  units [{plan.start:4d}, {plan.end:4d})  seq_len {table.seq_len:4d}  "
-            f"released {released:3d} (total {table.released_tokens:5d})  pages_in_use {cache.table.pages_in_use('demo'):3d}"
+            f"released {released:3d} (total {table.released_tokens:5d})  pages_in_use {cache.pages_in_use('demo'):3d}"
         )
 
     cache.remove_session("demo")
-    assert cache.table.num_used_pages == 0
+    assert cache.num_used_pages == 0

@@ -8,24 +8,34 @@ obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 ```
 """
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 from importlib import metadata as _metadata
 
-from .config import (
-    CacheConfig,
-    ConfigError,
-    DecoderOptions,
-    EnvConfig,
-    ModelConfig,
-    RolloutKnobs,
-    WorldstepConfig,
-    load_config,
-)
-from .episodes import EpisodeConfig
-from .evaluate import evaluate
-from .registration import register_envs
-from .world import World, load, make_env
+from .registration import register_when_gymnasium_loads
 
-register_envs()
+# Exported on first use, so that ``import worldstep.engine...`` (which runs this file first) loads neither
+# gymnasium nor the envs; the structure test resolves this table like any import.
+_EXPORTS = {
+    "CacheConfig": ".config",
+    "ConfigError": ".config",
+    "DecoderOptions": ".config",
+    "EnvConfig": ".config",
+    "ModelConfig": ".config",
+    "RolloutKnobs": ".config",
+    "WorldstepConfig": ".config",
+    "load_config": ".config",
+    "EpisodeConfig": ".episodes",
+    "register_envs": ".registration",
+    "World": ".world",
+    "load": ".world",
+    "make_env": ".world",
+}
+
+register_when_gymnasium_loads()
 
 try:
     __version__ = _metadata.version("worldstep")
@@ -47,3 +57,25 @@ __all__ = [
     "load_config",
     "make_env",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """``worldstep.evaluate`` is both a submodule and the function it exports: the function keeps the name,
+    whichever loads the submodule first (the import system's binding of the submodule is ignored)."""
+
+    @property
+    def evaluate(self):
+        return importlib.import_module(".evaluate", __name__).evaluate
+
+    @evaluate.setter
+    def evaluate(self, module) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

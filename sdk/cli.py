@@ -479,8 +479,8 @@ def _add_passthrough(sub: argparse._SubParsersAction, name: str, help_text: str)
     sub.add_parser(name, help=help_text, add_help=False)
 
 
-def _run_module(module: str, argv: list[str]) -> int:
-    importlib.import_module(module).main(argv)
+def _run_module(name: str, argv: list[str]) -> int:
+    importlib.import_module(PASSTHROUGH[name]).main(argv)
     return 0
 
 
@@ -593,7 +593,7 @@ USER_ERRORS = (ValueError, TypeError, FileNotFoundError, IsADirectoryError, NotA
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in PASSTHROUGH:
-        return _run_module(PASSTHROUGH[argv[0]], argv[1:])
+        return _run_module(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
+from worldstep.engine.checks import check_int
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
 from worldstep.envs.video import frame_fps, video_writer
 
@@ -79,8 +80,8 @@ class ModelPredictivePlanner:
     plus ``vanish_weight`` x the share of imagined windows whose block the detector cannot find, plus
     ``disagreement_weight`` x the spread (px, mean distance to their centre) of the forks' final block
     positions: a future the model cannot agree on is not one to bet on. The goal is the one seen in the
-    episode's first frame unless ``goal`` (x, y) is given. ``last_costs`` and ``last_candidates`` (each candidate's chunks) hold the
-    latest window's.
+    episode's first frame unless ``goal`` (x, y) is given. ``last_costs`` and ``last_candidates``
+    (each candidate's chunks) hold the latest window's.
     """
 
     def __init__(self, env: gym.Env, proposal: Policy, candidates: int = 8, objective: BlockToGoal | None = None,
@@ -89,8 +90,7 @@ class ModelPredictivePlanner:
         if not callable(getattr(env.unwrapped, "fork", None)):
             raise TypeError(f"env={env!r} is invalid; allowed: a worldstep world-model env (it must fork)")
         for name, value in (("candidates", candidates), ("horizon", horizon), ("forks", forks)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= 1")
+            check_int(name, value, 1)
         for name, value in (("vanish_weight", vanish_weight), ("disagreement_weight", disagreement_weight)):
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value!r} is invalid; allowed: a finite number >= 0")
@@ -202,10 +202,10 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     if getattr(env.unwrapped, "simulator", None) is None:
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
                          "(config env.simulator, e.g. worldstep/Pusher-v0)")
-    for name, value in (("max_windows", max_windows), ("confirm_windows", confirm_windows),
-                        ("anchor_every", 1 if anchor_every is None else anchor_every)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid; allowed: an int >= 1")
+    check_int("max_windows", max_windows, 1)
+    check_int("confirm_windows", confirm_windows, 1)
+    if anchor_every is not None:
+        check_int("anchor_every", anchor_every, 1)
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r} is invalid; allowed: one of {OBSERVE}")
     if anchor_every is not None and observe != "model":

@@ -17,7 +17,9 @@ naming every place they looked.
 
 from __future__ import annotations
 
-from gymnasium.envs.registration import register, registry
+import importlib.abc
+import importlib.machinery
+import sys
 
 WORLD_MODEL_IDS = {
     "worldstep/Tiny-v0": "tiny",
@@ -30,6 +32,8 @@ SIMULATOR_IDS = {"worldstep/PushSim-v0": "worldstep.envs.push_sim:PushSimEnv"}
 
 def register_envs() -> None:
     """Register every worldstep id once (safe to call again)."""
+    from gymnasium.envs.registration import register, registry
+
     from .config import shipped_env_section
 
     for env_id, config in WORLD_MODEL_IDS.items():
@@ -40,3 +44,37 @@ def register_envs() -> None:
     for env_id, entry_point in SIMULATOR_IDS.items():
         if env_id not in registry:
             register(id=env_id, entry_point=entry_point, max_episode_steps=16, kwargs={"chunk_size": 4})
+
+
+def register_when_gymnasium_loads() -> None:
+    """Register now when gymnasium is loaded, else right after it is: ``import worldstep`` (which every
+    ``import worldstep.engine...`` runs first) loads no gymnasium, and ``gym.make("worldstep/...")`` still finds
+    the ids in either import order."""
+    if "gymnasium" in sys.modules:
+        register_envs()
+    elif not any(isinstance(f, _AfterGymnasiumImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterGymnasiumImport())
+
+
+class _AfterGymnasiumImport(importlib.abc.MetaPathFinder):
+    """An import hook that runs `register_envs` once the ``gymnasium`` package has been executed, then leaves.
+
+    It stays until gymnasium is loaded, not merely looked up (``importlib.util.find_spec("gymnasium")``, which
+    torchrl and others call, finds without loading)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "gymnasium":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            execute(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            register_envs()
+
+        spec.loader.exec_module = exec_module
+        return spec

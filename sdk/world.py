@@ -47,15 +47,8 @@ class World:
     def action_shape(self) -> tuple[int, int]:
         """``(chunk_size, action_width)`` of this world's envs."""
         env = self.config.env
-        if env.embodiment is None and env.domain_id is None:
-            from worldstep.envs.episode import default_embodiment
-
-            embodiment, domain_id = default_embodiment(self.model), None
-        else:  # a domain id stands for its embodiment (WorldModelEnv)
-            embodiment = env.domain_id if env.embodiment is None else env.embodiment
-            domain_id = None if env.embodiment is None else env.domain_id
-        cond = self.model.conditioning(self.knobs, embodiment=embodiment, domain_id=domain_id,
-                                       action_width=env.action_width)
+        cond = self.model.conditioning(self.knobs, env_rule=True, embodiment=env.embodiment,
+                                       domain_id=env.domain_id, action_width=env.action_width)
         return self.config.rollout.chunk_size, cond.action_width
 
     def __deepcopy__(self, memo: dict) -> World:

@@ -296,7 +296,7 @@ def test_gen_flops_match_torch_flop_counter(cache):
     model.step([session], [action_chunks(1, arch)[0]])  # committed context behind the prompt
     tables = [model.kv.page_table(key) for key in session.stream_keys()]
     q_lens = [30, 20]
-    batch = PagedAttentionBatch(model.kv, tables, q_lens, model.window.backend)
+    batch = PagedAttentionBatch(model.kv, tables, q_lens, model.backend)
     config = model.transformer.config
     hidden = torch.randn(sum(q_lens), config.hidden_size)
     cos, sin = torch.randn(sum(q_lens), config.head_dim), torch.randn(sum(q_lens), config.head_dim)

@@ -19,7 +19,7 @@ import torch
 import yaml
 from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
-from worldstep.engine.models.cosmos3.stepping import parts_of
+from worldstep.engine.scheduler import Scheduler
 
 IMAGE = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
 
@@ -57,7 +57,7 @@ def test_flashinfer_path_equals_sdpa_with_one_plan_per_layout_and_wrappers_made_
     assert counts["wrappers"] == 2  # one ragged + one paged wrapper for the model's whole life
     # one plan per window: every denoise step, every layer and the commit pass share it (the commit's own
     # append comes after its attention); the next window's pages differ, so it plans again
-    assert model.window.kernels.plans == 4 and counts["plans"] == 4 * 2  # ragged + paged
+    assert model.runner.ctx.kernels.plans == 4 and counts["plans"] == 4 * 2  # ragged + paged
     layers = model.transformer.config.num_hidden_layers
     assert counts["runs"] >= 4 * (3 + 1) * layers  # every step of every layer ran on a reused plan
     assert model.kv.table.num_used_pages == 0
@@ -80,7 +80,7 @@ def test_rows_without_context_are_planned_apart(checkpoint, monkeypatch):
 def test_a_step_in_halves_gives_the_frames_of_the_whole_step(checkpoint):
     whole = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=False)
     halves = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=True)
-    assert halves.lane.stream is None  # on a CPU the decode lane is the calling thread
+    assert halves.runner.lane.stream is None  # on a CPU the decode lane is the calling thread
     a, b = _rollout(whole, windows=3, sessions=4), _rollout(halves, windows=3, sessions=4)
     for step_a, step_b in zip(a, b):
         for x, y in zip(step_a, step_b):
@@ -97,8 +97,14 @@ def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
     sessions = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(5)]
     other = model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=2, decode=False))
     everyone = [*sessions, other]
-    assert parts_of(everyone, overlap=False) == [[0, 1, 2, 3, 4], [5]]
-    assert parts_of(everyone, overlap=True) == [[0, 1], [2, 3, 4], [5]]  # a lone session is not split
+    actions = [np.zeros((4, model.spec.action_dim), np.float32)] * len(everyone)
+
+    def parts_of(split: bool) -> list[list[int]]:
+        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions)
+        return [[w.index for w in group] for group in batch.groups]
+
+    assert parts_of(split=False) == [[0, 1, 2, 3, 4], [5]]
+    assert parts_of(split=True) == [[0, 1], [2, 3, 4], [5]]  # a lone session is not split
     model.close_all()
 
 

@@ -1,106 +1,131 @@
-"""The shape of the code: no import cycle, no private imports across modules, dependencies one way, engine files
-under 300 lines, and records that hold no reference up to their owner."""
+"""The shape of the code: no import cycle (lazy imports included), no dynamic import the test cannot read, no
+private name reached across modules, dependencies one way, a standalone engine, engine files under 300 lines,
+and records that hold no reference up to their owner. Every rule is also run over a synthetic package that
+breaks it, so the test is shown to fail."""
 
 from __future__ import annotations
 
-import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
+from structure_rules import Tree, cycles, graph, violations
 
 ROOT = Path(__file__).parent.parent
 PACKAGES = {"sdk": "worldstep", "envs": "worldstep.envs", "engine": "worldstep.engine"}
-
-
-def _modules() -> dict[str, Path]:
-    """Every worldstep module by its import name."""
-    out = {}
-    for folder, prefix in PACKAGES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join([prefix, *parts])] = path
-    return out
-
-
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str]]]:
-    """(imported worldstep module, names taken from it) for every import in the module, lazy ones included."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found += [(a.name, []) for a in node.names if a.name.startswith("worldstep")]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if not target.startswith("worldstep"):
-                continue
-            names = [a.name for a in node.names]
-            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
-            found += [(m, []) for m in submodules]
-            found.append((target, [n for n in names if f"{target}.{n}" not in modules]))
-    return [(m, n) for m, n in found if m in modules]
+# Modules that import what the user or a table of module:function strings names: the CLI's --success hook
+# (user code) and the bench dispatcher (its `_BENCHES` table; test_bench runs every entry).
+USER_CODE_IMPORTERS = frozenset({"worldstep.cli_checks", "worldstep.bench.cli"})
+TREE = Tree(ROOT, PACKAGES, USER_CODE_IMPORTERS)
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {name: {m for m, _ in _imports(name, path, modules) if m != name} for name, path in modules.items()}
+    return graph(TREE)
 
 
 def test_the_module_walk_sees_the_whole_package():
-    modules = _modules()
     assert {"worldstep", "worldstep.world", "worldstep.envs.episode", "worldstep.engine.kv.table",
-            "worldstep.engine.models.cosmos3.model"} <= set(modules)
-    assert "worldstep.engine.kv" in _graph()["worldstep.engine.models.cosmos3.session"]
+            "worldstep.engine.models.cosmos3.model"} <= set(TREE.modules)
+    g = _graph()
+    assert "worldstep.engine.kv" in g["worldstep.engine.models.cosmos3.session"]
+    # lazy exports count as imports: the tables are resolved
+    assert "worldstep.engine.models.cosmos3.model" in g["worldstep.engine.models.cosmos3"]
+    assert "worldstep.world" in g["worldstep"] and "worldstep.envs.episode" in g["worldstep.envs"]
 
 
-def test_no_import_cycle_among_worldstep_modules():
-    graph = _graph()
-    cycles, index, low, stack, on_stack, counter = [], {}, {}, [], set(), [0]
-
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    assert not cycles, f"import cycles: {cycles}"
+@pytest.mark.parametrize("rule", ["cycles", "private imports", "dynamic imports",
+                                  "private attributes through a module", "finalizers bound to their owner"])
+def test_the_package_keeps_the_rule(rule):
+    found = violations(TREE)[rule]
+    assert not found, f"{rule}: {found}"
 
 
-def test_no_module_imports_a_private_name_from_another():
-    modules = _modules()
-    offenders = [f"{name} imports {target}.{n}" for name, path in modules.items()
-                 for target, names in _imports(name, path, modules) for n in names
-                 if target != name and n.startswith("_") and not n.startswith("__")]
-    assert not offenders, offenders
+def test_importing_the_engine_loads_neither_gymnasium_nor_the_envs():
+    code = ("import sys, worldstep.engine.kv.allocator, worldstep.engine.models.cosmos3.model\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'gymnasium' or m.startswith('worldstep.envs')]\n"
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    both_orders = ("import gymnasium as gym, worldstep; assert 'worldstep/Tiny-v0' in gym.registry\n"
+                   "import importlib, sys\n")
+    subprocess.run([sys.executable, "-c", both_orders], check=True)
+    late = "import worldstep, gymnasium as gym; assert 'worldstep/Tiny-v0' in gym.registry"
+    subprocess.run([sys.executable, "-c", late], check=True)
+
+
+# --- the rules, shown to fail on injected violations ------------------------------------------------------
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Tree:
+    for rel, text in files.items():
+        path = tmp_path / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return Tree(tmp_path, {"pkg": "pkg"})
+
+
+CLEAN = {
+    "__init__.py": """
+        import importlib
+        _LAZY = {"Table": ".table"}
+        def __getattr__(name):
+            return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    """,
+    "table.py": """
+        class Table:
+            def keys(self):
+                return self._keys()
+            def _keys(self):
+                return []
+    """,
+    "user.py": """
+        import weakref
+        from pkg import table
+        class Decoder:
+            def open(self, stream, ledger):
+                stream.release = weakref.finalize(stream, ledger.discard, 1)
+                return table.Table().keys()
+    """,
+}
+
+
+def test_a_clean_synthetic_package_passes(tmp_path):
+    tree = _package(tmp_path, CLEAN)
+    assert all(not v for v in violations(tree).values()), violations(tree)
+    assert graph(tree)["pkg"] == {"pkg.table"}  # the lazy table resolved
+
+
+@pytest.mark.parametrize(("rule", "files"), [
+    ("cycles", {"table.py": "from pkg import Table as _T  # through the lazy table, back to pkg.table\n"}),
+    ("dynamic imports", {"user.py": "import importlib\ndef load(name):\n    return importlib.import_module(name)\n"}),
+    ("private attributes through a module", {"user.py": "from pkg import table\nkeys = table.Table._keys\n"}),
+    ("private imports", {"user.py": "from pkg.table import _helper\n"}),
+    ("finalizers bound to their owner", {"user.py": """
+        import weakref
+        class Decoder:
+            def open(self, stream):
+                stream.release = weakref.finalize(stream, self._release_slot, 1)
+            def _release_slot(self, i):
+                pass
+    """}),
+])
+def test_each_rule_fails_on_an_injected_violation(tmp_path, rule, files):
+    tree = _package(tmp_path, {**CLEAN, **files})
+    found = violations(tree)
+    assert found[rule], f"{rule} not caught: {found}"
+    assert all(not v for k, v in found.items() if k != rule and k != "private imports"), found
+
+
+def test_a_cycle_through_a_lazy_table_is_seen(tmp_path):
+    tree = _package(tmp_path, {**CLEAN, "table.py": "import pkg\nclass Table:\n    pass\n"})
+    assert cycles(graph(tree)) == [["pkg", "pkg.table"]]
 
 
 def test_dependencies_point_one_way():
-    graph = _graph()
+    g = _graph()
 
     def layer(module: str) -> str:
         if module.startswith("worldstep.engine"):
@@ -108,11 +133,11 @@ def test_dependencies_point_one_way():
         return "envs" if module.startswith("worldstep.envs") else "sdk"
 
     order = {"engine": 0, "envs": 1, "sdk": 2}
-    upward = [f"{a} -> {b}" for a, targets in graph.items() for b in targets if order[layer(b)] > order[layer(a)]]
+    upward = [f"{a} -> {b}" for a, targets in g.items() for b in targets if order[layer(b)] > order[layer(a)]]
     assert not upward, upward
-    core = [m for m in graph if m.startswith(("worldstep.engine.kv", "worldstep.engine.windowing",
+    core = [m for m in g if m.startswith(("worldstep.engine.kv", "worldstep.engine.windowing",
                                                  "worldstep.engine.scheduler"))]
-    model_code = [f"{m} -> {t}" for m in core for t in graph[m] if ".models" in t or ".vae" in t]
+    model_code = [f"{m} -> {t}" for m in core for t in g[m] if ".models" in t or ".vae" in t]
     assert not model_code, model_code
 
 
@@ -129,10 +154,37 @@ def test_records_hold_no_reference_up_to_their_owner(tmp_path):
     arch = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())["model"]["architecture"]
     model = Cosmos3WorldModel.from_pretrained(build_checkpoint(tmp_path / "tiny", arch), device="cpu",
                                               height=32, width=32)
-    owners = (model, model.kv, model.kv.table, model.decoder, model.scheduler, model.window)
+    owners = (model, model.kv, model.kv.table, model.decoder, model.scheduler, model.runner)
     with model.session(np.zeros((32, 32, 3), np.uint8), "go", 0, knobs=RolloutKnobs(num_steps=1)) as session:
         model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
         for record in (session, session.decode_stream):
             held = list(vars(record).values())
             assert not any(value is owner for value in held for owner in owners), type(record).__name__
             assert not any(callable(getattr(record, verb, None)) for verb in ("step", "close", "fork", "decode"))
+        finalizer = session.decode_stream.slot_release  # a warm stream gives its slot back when collected
+        assert finalizer is not None and finalizer.alive
+        _, func, args, kwargs = finalizer.peek()
+        reached = [getattr(func, "__self__", None), *args, *kwargs.values()]
+        assert not any(value is owner for value in reached for owner in owners), finalizer
+
+
+def _cache_internals_outside_kv(tree: Tree) -> list[str]:
+    """``<cache>.table`` / ``<cache>.offload`` read outside engine/kv (the cache is the only API over them)."""
+    import ast
+
+    found = []
+    for name, path in tree.modules.items():
+        if name.startswith("worldstep.engine.kv"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in {"table", "offload"}:
+                owner = ast.unparse(node.value)
+                if owner.endswith(("kv", "cache")):
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_nobody_outside_engine_kv_reads_the_cache_table_or_offload(tmp_path):
+    assert not _cache_internals_outside_kv(TREE), _cache_internals_outside_kv(TREE)
+    broken = _package(tmp_path, {**CLEAN, "user.py": "def pages(model):\n    return model.kv.table.num_free_pages\n"})
+    assert _cache_internals_outside_kv(broken) == ["pkg.user:2: model.kv.table"]

@@ -18,11 +18,49 @@ from worldstep.engine.windowing import RetentionPolicy, WindowPlan, WindowSchedu
 @st.composite
 def schedules(draw, open_ended=False):
     window = draw(st.integers(1, 12))
-    lead = draw(st.integers(0, 3))
-    overlap = draw(st.integers(0, lead + window))
+    overlap = draw(st.integers(0, window - 1))
     context = draw(st.one_of(st.just(0), st.integers(max(overlap, 1), 30)))
-    total = None if open_ended else draw(st.integers(lead + 1, 80))
-    return WindowSchedule(total, window, context_units=context, overlap_units=overlap, lead_units=lead)
+    total = None if open_ended else draw(st.integers(1, 80))
+    return WindowSchedule(total, window, context_units=context, overlap_units=overlap)
+
+
+# The reference module doc's sentences, as worked examples.
+
+
+def test_windows_of_window_units_advance_by_window_minus_overlap():
+    """"total_units are generated in windows of window_units advancing by window_units - overlap_units"."""
+    s = WindowSchedule(total_units=10, window_units=4, overlap_units=2)
+    assert [(p.start, p.end) for p in s.windows()] == [(0, 4), (2, 6), (4, 8), (6, 10)]
+    assert {p.units for p in s.windows()} == {4}  # windows of window_units, not window + overlap
+
+
+def test_the_final_window_may_be_short():
+    """"the final window may be short"."""
+    s = WindowSchedule(total_units=11, window_units=4, overlap_units=1)
+    assert [(p.start, p.end) for p in s.windows()] == [(0, 4), (3, 7), (6, 10), (9, 11)]
+    assert WindowSchedule(total_units=3, window_units=4).window(0) == WindowPlan(0, 0, 3, 0)
+
+
+def test_cond_units_re_pin_the_previous_tail_and_commit_spans_generate_each_unit_once():
+    """"The leading cond_units of the window re-pin the tail of the previous window as clean conditioning (0
+    when there is no overlap)"; "commit_start:commit_end is the span this window newly generates"."""
+    s = WindowSchedule(total_units=10, window_units=4, overlap_units=2)
+    assert [(p.cond_units, p.commit_start, p.commit_end) for p in s.windows()] == [
+        (0, 0, 4), (2, 4, 6), (2, 6, 8), (2, 8, 10)]
+    assert [p.cond_units for p in WindowSchedule(10, 4).windows()] == [0, 0, 0]
+
+
+def test_overlap_equal_to_the_window_is_refused():
+    with pytest.raises(ValueError, match="overlap_units=4"):
+        WindowSchedule(total_units=10, window_units=4, overlap_units=4)
+
+
+def test_released_end_is_everything_older_than_the_context_behind_the_frontier():
+    """"released_end(index): everything older than context_units behind the commit frontier. 0 when context is
+    unbounded"."""
+    s = WindowSchedule(total_units=10, window_units=4, overlap_units=2, context_units=3)
+    assert [s.released_end(i) for i in range(s.num_windows)] == [1, 3, 5, 7]
+    assert [WindowSchedule(10, 4).released_end(i) for i in range(3)] == [0, 0, 0]
 
 
 @settings(max_examples=150, deadline=None)
@@ -31,15 +69,15 @@ def test_commit_spans_tile_the_sequence_exactly(s):
     plans = list(s.windows())
     assert len(plans) == s.num_windows
     assert [p.index for p in plans] == list(range(s.num_windows))
-    assert plans[0].commit_start == 0 and plans[0].cond_units == s.lead_units  # the lead is committed with it
+    assert plans[0].commit_start == 0 and plans[0].cond_units == 0
+    covered = [u for p in plans for u in range(p.commit_start, p.commit_end)]
+    assert covered == list(range(s.total_units))  # every unit generated exactly once, in order
     for prev, nxt in itertools.pairwise(plans):
-        assert nxt.commit_start == prev.commit_end == nxt.new_start  # no gap, no double generation
+        assert nxt.start - prev.start == s.window_units - s.overlap_units
         assert nxt.cond_units == s.overlap_units == prev.end - nxt.start  # the overlap is the tail before
-    assert plans[-1].commit_end == s.total_units
     for p in plans:
-        assert p.new_start < p.end  # every window generates something
-        assert p.end - p.new_start <= s.window_units
-        assert p.end - p.new_start == s.window_units or p is plans[-1]  # only the last may be short
+        assert p.commit_start < p.end  # every window generates something
+        assert p.units == s.window_units or p is plans[-1]  # only the last may be short
 
 
 @settings(max_examples=150, deadline=None)
@@ -57,11 +95,11 @@ def test_release_never_reaches_the_next_window(s):
 
 
 def test_reference_review_case_is_rejected():
-    # released_end(0) would be 3 while window 1 starts at 2: unit 2 freed under window 1
+    # released_end(0) would be 3 while window 1 starts at 1: unit 1..2 freed under window 1
     with pytest.raises(ValueError, match="context_units"):
-        WindowSchedule(total_units=10, window_units=2, overlap_units=2, context_units=1, lead_units=2)
-    ok = WindowSchedule(total_units=10, window_units=2, overlap_units=2, context_units=2, lead_units=2)
-    assert ok.released_end(0) == ok.window(1).start == 2
+        WindowSchedule(total_units=10, window_units=4, overlap_units=3, context_units=1)
+    ok = WindowSchedule(total_units=10, window_units=4, overlap_units=3, context_units=3)
+    assert ok.released_end(0) == ok.window(1).start == 1
 
 
 @pytest.mark.parametrize(
@@ -70,8 +108,7 @@ def test_reference_review_case_is_rejected():
         ({"total_units": 10, "window_units": 0}, "window_units"),
         ({"total_units": 10, "window_units": 4, "overlap_units": -1}, "overlap_units"),
         ({"total_units": 10, "window_units": 4, "overlap_units": 5}, "overlap_units"),
-        ({"total_units": 10, "window_units": 4, "lead_units": -1}, "lead_units"),
-        ({"total_units": 2, "window_units": 4, "lead_units": 2}, "total_units"),
+        ({"total_units": 10, "window_units": 4, "overlap_units": 4}, "overlap_units"),
         ({"total_units": 10, "window_units": 4, "context_units": -1}, "context_units"),
         ({"total_units": 10, "window_units": 4, "overlap_units": 3, "context_units": 2}, "context_units"),
         ({"total_units": 0, "window_units": 4}, "total_units"),
@@ -88,7 +125,7 @@ def test_invalid_knobs_raise_naming_the_knob(kwargs, knob):
 
 def test_index_out_of_range_raises():
     s = WindowSchedule(10, 4)
-    assert s.num_windows == 3 and s.window(2) == WindowPlan(2, 8, 10, 0, commit_start=8)
+    assert s.num_windows == 3 and s.window(2) == WindowPlan(2, 8, 10, 0)
     for bad in (3, -1, True, 1.0):
         with pytest.raises(ValueError, match="index"):
             s.window(bad)
@@ -97,28 +134,30 @@ def test_index_out_of_range_raises():
 
 
 def test_window_plan_properties():
-    s = WindowSchedule(11, 3, overlap_units=1, context_units=3, lead_units=1)
+    s = WindowSchedule(11, 4, overlap_units=1, context_units=3)
     assert [(p.start, p.end, p.commit_start) for p in s.windows()] == [(0, 4, 0), (3, 7, 4), (6, 10, 7), (9, 11, 10)]
     last = s.window(3)
-    assert (last.units, last.new_start, last.commit_start, last.commit_end) == (2, 10, 10, 11)
+    assert (last.units, last.cond_units, last.commit_start, last.commit_end) == (2, 1, 10, 11)
 
 
 @pytest.mark.parametrize("chunk", [4, 8, 16])
 def test_a_sessions_schedule_is_cosmos3_window_geometry(chunk):
     """Frame 0 is the clean lead; kv windows generate chunk/4 latent frames each, attending to the committed
-    ones; chained windows re-pin their predecessor's last frame as clean conditioning."""
+    ones; chained windows re-pin their predecessor's last frame as clean conditioning. Both are a reference
+    schedule: kv windows of n over frames 1.., chained windows of n + 1 overlapping by 1 over frames 0.."""
     n = chunk // 4
     kv = window_schedule(RolloutKnobs(chunk_size=chunk, context_frames=2))
     assert [(p.start, p.end, p.cond_units) for p in itertools.islice(kv.windows(), 3)] == [
         (0, 1 + n, 1), (1 + n, 1 + 2 * n, 0), (1 + 2 * n, 1 + 3 * n, 0)]
-    assert kv.context_units == 2
+    assert kv.context_units == 2 and kv.schedule == WindowSchedule(None, n, context_units=2)
     chained = window_schedule(RolloutKnobs(chunk_size=chunk, window_mode="chained"))
     assert [(p.start, p.end, p.cond_units) for p in itertools.islice(chained.windows(), 3)] == [
         (0, 1 + n, 1), (n, 1 + 2 * n, 1), (2 * n, 1 + 3 * n, 1)]
+    assert chained.schedule == WindowSchedule(None, n + 1, overlap_units=1)
 
 
 def test_open_ended_schedule_runs_for_ever():
-    s = WindowSchedule(None, 3, context_units=6, overlap_units=1, lead_units=1)
+    s = WindowSchedule(None, 4, context_units=6, overlap_units=1)
     assert s.num_windows is None
     first = list(itertools.islice(s.windows(), 100))
     assert [p.index for p in first] == list(range(100))
@@ -132,7 +171,7 @@ def test_open_ended_schedule_runs_for_ever():
 @settings(max_examples=60, deadline=None)
 @given(schedules(open_ended=True))
 def test_open_ended_matches_a_long_finite_schedule(s):
-    finite = WindowSchedule(10_000, s.window_units, s.context_units, s.overlap_units, s.lead_units)
+    finite = WindowSchedule(10_000, s.window_units, s.context_units, s.overlap_units)
     for i in range(20):
         assert s.window(i) == finite.window(i)
         assert s.released_end(i) == finite.released_end(i)

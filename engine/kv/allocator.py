@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable
 
+from worldstep.engine.checks import check_int, is_int
 from worldstep.engine.kv.errors import KVPoolExhausted
 
 
@@ -17,9 +18,7 @@ class PageAllocator:
     """
 
     def __init__(self, num_pages: int, *, name: str = "KV page pool") -> None:
-        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
-            raise ValueError(f"num_pages must be an int >= 0, got {num_pages!r}")
-        self.num_pages = num_pages
+        self.num_pages = check_int("num_pages", num_pages, 0)
         self.name = name
         self.free_page_ids: deque[int] = deque(range(num_pages))
         self.used_page_ids: set[int] = set()
@@ -42,8 +41,7 @@ class PageAllocator:
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free pages (ref count 1 each); all or nothing."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"number of pages to allocate must be an int >= 0, got {n!r}")
+        check_int("n", n, 0)
         if not self.can_allocate(n):
             raise KVPoolExhausted(n, self.num_free, self.name)
         return [self._take(self.free_page_ids.popleft()) for _ in range(n)]
@@ -90,7 +88,7 @@ class PageAllocator:
         self.free_page_ids.append(page_id)
 
     def _check_id(self, page_id: int) -> None:
-        if isinstance(page_id, bool) or not isinstance(page_id, int) or not 0 <= page_id < self.num_pages:
+        if not is_int(page_id) or not 0 <= page_id < self.num_pages:  # ids come in lists: no argument name
             raise ValueError(f"page id must be an int in [0, {self.num_pages}), got {page_id!r}")
 
     def _check_used(self, page_id: int) -> None:

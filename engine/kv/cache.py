@@ -1,18 +1,25 @@
-"""`PagedKVCache`: the one K/V tensor many streams share, written and read through the stream table.
+"""`PagedKVCache`: the one K/V tensor many streams share, and the only API over its table and offload.
 
 Layout: ``kv[layer, page, 0 | 1, slot, kv_head, dim]`` (flashinfer's NHD paged layout per layer). The
 `StreamTable` (``table``) says which pages hold which stream's tokens; `Offload` (``offload``) parks whole
 sessions in host memory. This class does what needs the tensor: appends (atomic, copy-on-write of a tail
-page shared with a fork) and gathers.
+page shared with a fork) and gathers; and it is the one door to the bookkeeping for code outside
+``engine/kv`` (pool counts, streams, prefixes, retention, forks, offload), which never reads ``table`` or
+``offload`` itself.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from worldstep.engine.checks import check_int
 from worldstep.engine.kv.offload import Offload
 from worldstep.engine.kv.stream import PageTable, StreamKey, check_stream_key
 from worldstep.engine.kv.table import StreamTable
+
+if TYPE_CHECKING:
+    from worldstep.engine.windowing import RetentionPolicy
 
 
 class PagedKVCache:
@@ -37,6 +44,73 @@ class PagedKVCache:
     @property
     def page_size(self) -> int:
         return self.table.page_size
+
+    # the pools
+
+    @property
+    def num_pages(self) -> int:
+        return self.table.allocator.num_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.table.num_free_pages
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.table.num_used_pages
+
+    @property
+    def num_cpu_pages(self) -> int:
+        """Host pages for offloaded sessions (0: no CPU pool)."""
+        return self.offload.allocator.num_pages
+
+    @property
+    def num_free_cpu_pages(self) -> int:
+        return self.offload.num_free_pages
+
+    def pages_for(self, tokens: int) -> int:
+        """Pages ``tokens`` tokens of one stream fill."""
+        return self.table.pages_for(tokens)
+
+    def pages_in_use(self, session_id: str) -> int:
+        return self.table.pages_in_use(session_id)
+
+    def held_pages(self, session_id: str) -> int:
+        """Device pages the session's streams need (when offloaded: to come back)."""
+        return sum(self.pages_for(self.page_table(key).seq_len) for key in self.stream_keys(session_id))
+
+    # streams
+
+    def create_stream(self, key: StreamKey) -> None:
+        self.table.create_stream(key)
+
+    def protect_prefix(self, key: StreamKey, n_tokens: int) -> None:
+        self.table.protect_prefix(key, n_tokens)
+
+    def apply_retention(self, key: StreamKey, policy: RetentionPolicy | None) -> int:
+        """Release what ``policy`` says is past the context horizon; returns tokens released."""
+        return self.table.apply_retention(key, policy)
+
+    def fork_session(self, src_session_id: str, dst_session_id: str) -> None:
+        """Every stream of ``src_session_id`` shared (pages by reference) under ``dst_session_id``."""
+        self.table.fork_session(src_session_id, dst_session_id)
+
+    def check_current(self, table: PageTable) -> None:
+        """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
+        self.table.check_current(table)
+
+    # offload
+
+    def is_offloaded(self, session_id: str) -> bool:
+        return self.table.is_offloaded(session_id)
+
+    def offload_session(self, session_id: str) -> bool:
+        """Park the session in the CPU pool; False (nothing freed) when it does not fit there."""
+        return self.offload.offload(session_id)
+
+    def reload_session(self, session_id: str) -> None:
+        """Bring a parked session back onto device pages, or raise `KVPoolExhausted` (it stays parked)."""
+        self.offload.reload(session_id)
 
     def page_table(self, key: StreamKey) -> PageTable:
         """A frozen snapshot of a stream; while its session is offloaded, ``pages`` is empty."""

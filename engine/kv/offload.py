@@ -24,16 +24,14 @@ class Offload:
         layers, _, *page = device_kv.shape
         self.host_kv = torch.zeros(layers, num_pages, *page, dtype=device_kv.dtype,
                                    pin_memory=device_kv.device.type == "cuda")
-        self._parked: dict[str, dict[StreamKey, StreamState]] = {}
 
     @property
     def num_free_pages(self) -> int:
         return self.allocator.num_free
 
     def parked(self) -> dict[str, dict[StreamKey, StreamState]]:
-        """The parked sessions' stream states (snapshots read them; invariant checks count them)."""
-        with self.table.lock:
-            return {sid: dict(states) for sid, states in self._parked.items()}
+        """The parked sessions' stream states (the table keeps them; snapshots and invariant checks read them)."""
+        return self.table.parked()
 
     def offload(self, session_id: str) -> bool:
         """Move a session's pages to the host pool; False (and nothing freed) when they do not fit.
@@ -62,7 +60,6 @@ class Offload:
                 state.pages = []
                 self.allocator.share(state.cpu_pages)
             self.allocator.free(host)  # drop the allocation's own reference
-            self._parked[session_id] = states
             return True
 
     def reload(self, session_id: str) -> None:
@@ -71,7 +68,7 @@ class Offload:
         Raises `KVPoolExhausted` (the session stays parked, intact) when the device pool is short.
         """
         with self.table.lock:
-            states = self._parked.get(session_id)
+            states = self.table.parked().get(session_id)
             if states is None:
                 raise ValueError(f"session {session_id!r} is not offloaded")
             unique = list(dict.fromkeys(p for s in states.values() for p in s.cpu_pages or ()))
@@ -85,21 +82,14 @@ class Offload:
             self.table.allocator.free(device)  # the streams hold their own references now
             for s in states.values():
                 self.allocator.free(s.cpu_pages or ())
-            del self._parked[session_id]
 
     def remove_stream(self, key: StreamKey) -> None:
         """Drop one stream of a parked session (its host pages go back); the last one unparks the session."""
         with self.table.lock:
-            states = self._parked.get(key.session_id, {})
-            if key not in states:
-                raise KeyError(f"no KV stream {key}; create_stream first")
-            self.allocator.free(states.pop(key).cpu_pages or ())
-            self.table.forget_parked(key)
-            if not states:
-                del self._parked[key.session_id]
+            self.allocator.free(self.table.forget_parked(key).cpu_pages or ())
 
     def discard(self, session_id: str) -> None:
         """Forget a parked session (it is being removed): its host pages go back to the pool."""
         with self.table.lock:
-            for s in self._parked.pop(session_id, {}).values():
+            for s in self.table.drop_parked(session_id).values():
                 self.allocator.free(s.cpu_pages or ())

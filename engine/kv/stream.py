@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from worldstep.engine.kv.errors import StaleStreamError
+
 
 class StreamLabel(str, Enum):
     """Which of a session's streams: its conditioned stream, or the unconditioned one of text-only CFG."""
@@ -72,3 +74,18 @@ class StreamState:
     def table(self, key: StreamKey) -> PageTable:
         return PageTable(key, tuple(self.pages), self.seq_len, self.protected_prefix_tokens,
                          self.released_tokens, self.prefix_epoch)
+
+
+def check_snapshot(table: PageTable, state: StreamState | None, parked: bool) -> None:
+    """Raise `StaleStreamError` unless ``table`` still describes ``state`` (None: the stream is gone) exactly."""
+    if parked:
+        raise StaleStreamError(f"KV stream {table.key} is offloaded; reload it first")
+    if state is None:
+        raise StaleStreamError(f"KV stream {table.key} was removed since this page table")
+    if state.released_tokens != table.released_tokens:
+        raise StaleStreamError(
+            f"KV stream {table.key} was compacted: {state.released_tokens} tokens released, "
+            f"the page table saw {table.released_tokens}; take a fresh page_table()")
+    if state.prefix_epoch != table.prefix_epoch:
+        raise StaleStreamError(f"KV stream {table.key} changed (epoch {state.prefix_epoch}, page table "
+                               f"has {table.prefix_epoch}); take a fresh page_table()")

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING
 
 from worldstep.engine.checks import check_int
 from worldstep.engine.kv.allocator import PageAllocator
-from worldstep.engine.kv.errors import StaleStreamError
 from worldstep.engine.kv.plans import AppendPlan
-from worldstep.engine.kv.stream import PageTable, StreamKey, StreamState, check_stream_key
+from worldstep.engine.kv.stream import PageTable, StreamKey, StreamState, check_snapshot, check_stream_key
 
 if TYPE_CHECKING:
     from worldstep.engine.windowing import RetentionPolicy
@@ -31,7 +30,8 @@ class StreamTable:
         self.allocator = PageAllocator(check_int("num_pages", num_pages, 1))
         self.lock = threading.RLock()
         self._streams: dict[StreamKey, StreamState] = {}
-        self._parked: dict[str, set[StreamKey]] = {}  # offloaded sessions' keys: their streams live in the Offload
+        # offloaded sessions' streams (their pages in the Offload's host pool): the one record of parked state
+        self._parked: dict[str, dict[StreamKey, StreamState]] = {}
         self._epoch_clock = itertools.count(1)
 
     # stats
@@ -211,31 +211,31 @@ class StreamTable:
     def check_current(self, table: PageTable) -> None:
         """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
         with self.lock:
-            if table.key.session_id in self._parked:
-                raise StaleStreamError(f"KV stream {table.key} is offloaded; reload it first")
-            state = self._streams.get(table.key)
-            if state is None:
-                raise StaleStreamError(f"KV stream {table.key} was removed since this page table")
-            if state.released_tokens != table.released_tokens:
-                raise StaleStreamError(
-                    f"KV stream {table.key} was compacted: {state.released_tokens} tokens released, "
-                    f"the page table saw {table.released_tokens}; take a fresh page_table()")
-            if state.prefix_epoch != table.prefix_epoch:
-                raise StaleStreamError(f"KV stream {table.key} changed (epoch {state.prefix_epoch}, page table "
-                                       f"has {table.prefix_epoch}); take a fresh page_table()")
+            check_snapshot(table, self._streams.get(table.key), table.key.session_id in self._parked)
 
     # parking (offload.py moves a whole session between the device and the CPU pool)
 
     def is_offloaded(self, session_id: str) -> bool:
         return session_id in self._parked
 
-    def forget_parked(self, key: StreamKey) -> None:
-        """A parked stream was removed while offloaded (the session's last one unparks it)."""
+    def parked(self) -> dict[str, dict[StreamKey, StreamState]]:
+        """The parked sessions' stream states (copies of the mappings; the states themselves)."""
         with self.lock:
-            keys = self._parked.get(key.session_id, set())
-            keys.discard(key)
-            if not keys:
-                self._parked.pop(key.session_id, None)
+            return {sid: dict(states) for sid, states in self._parked.items()}
+
+    def drop_parked(self, session_id: str) -> dict[StreamKey, StreamState]:
+        """Forget a parked session (it is being removed); its states, {} when it was not parked."""
+        return self._parked.pop(session_id, {})  # the caller holds the lock
+
+    def forget_parked(self, key: StreamKey) -> StreamState:
+        """Drop one stream of a parked session and return its state (the session's last one unparks it)."""
+        with self.lock:
+            states = self._parked.get(key.session_id, {})
+            if key not in states:
+                raise KeyError(f"no KV stream {key}; create_stream first")
+            if len(states) == 1:
+                del self._parked[key.session_id]
+            return states.pop(key)
 
     def detach(self, session_id: str) -> dict[StreamKey, StreamState]:
         """Take every stream of a live session out of the table, its device pages freed; the session is
@@ -248,7 +248,7 @@ class StreamTable:
             states = {key: self._streams.pop(key) for key in keys}
             for state in states.values():
                 self.allocator.free(state.pages)
-            self._parked[session_id] = set(states)
+            self._parked[session_id] = states
             return states
 
     def attach(self, session_id: str, states: dict[StreamKey, StreamState]) -> None:

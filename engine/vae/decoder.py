@@ -27,6 +27,7 @@ from .jobs import Output, WindowJob, WindowRunner
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .perf import cudnn_benchmark, decoder_copy
+from .slots import WarmSlots, give_back
 from .stream import DecodeStream, StreamPath
 
 _stream_ids = itertools.count()
@@ -71,8 +72,7 @@ class WarmWanDecoder:
             channels_last=self.options.channels_last,
             patch_size=self.patch_size,
         )
-        self._lock = threading.RLock()  # re-entrant: the collector may release a slot while we hold it
-        self._warm_ids: set[int] = set()
+        self._warm = WarmSlots()
 
     # streams
 
@@ -128,8 +128,7 @@ class WarmWanDecoder:
     @property
     def live_warm_streams(self) -> int:
         """Streams holding a warm slot (counted against `max_warm_streams`)."""
-        with self._lock:
-            return len(self._warm_ids)
+        return len(self._warm)
 
     def cache_bytes(self, stream: DecodeStream) -> int:
         """Bytes of `stream`'s causal-conv cache (0 for stateless or closed streams)."""
@@ -237,18 +236,12 @@ class WarmWanDecoder:
         """Warm when the switch is on and a slot is free; decided once per stream."""
         if not self.options.warm_cache:
             return StreamPath.STATELESS
-        cap = self.options.max_warm_streams
-        with self._lock:
-            if cap and len(self._warm_ids) >= cap:
-                return StreamPath.STATELESS
-            self._warm_ids.add(stream.stream_id)
-        # A stream dropped without close still gives its slot back when collected.
-        stream.slot_release = weakref.finalize(stream, self._release_slot, stream.stream_id)
+        if not self._warm.take(stream.stream_id, self.options.max_warm_streams):
+            return StreamPath.STATELESS
+        # A stream dropped without close still gives its slot back when collected (a plain function over
+        # the ledger: nothing in the stream reaches the decoder).
+        stream.slot_release = weakref.finalize(stream, give_back, self._warm, stream.stream_id)
         return StreamPath.WARM
-
-    def _release_slot(self, stream_id: int) -> None:
-        with self._lock:
-            self._warm_ids.discard(stream_id)
 
     # checks
 

@@ -36,7 +36,7 @@ def _plan(model, arch, knobs, windows: int, text_tokens: int):
     config = load_config(_CONFIG_OF_ARCH.get(arch.name, "tiny")).with_overrides(
         rollout={"chunk_size": knobs.chunk_size, "num_steps": knobs.num_steps,
                  "guidance_scale": float(knobs.guidance_scale), "context_frames": knobs.context_frames},
-        cache={"page_size": model.kv.page_size, "num_pages": model.kv.table.allocator.num_pages},
+        cache={"page_size": model.kv.page_size, "num_pages": model.kv.num_pages},
     )
     return plan(config, windows=windows, text_tokens=text_tokens, text_tokens_measured=True,
                 kv_bytes_per_token=model.kv_bytes_per_token, tokens_per_frame=model.spec.tokens_per_frame)
@@ -55,7 +55,7 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         sessions = open_sessions(model, arch, knobs, count, seed=100)
-        walls, peak_pages = [], model.kv.table.num_used_pages
+        walls, peak_pages = [], model.kv.num_used_pages
         try:
             text_tokens = model.kv_stats(sessions[0]).protected_tokens
             for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
@@ -63,7 +63,7 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
                 model.step(sessions, [actions] * count)
                 if w > 0:
                     walls.append(time.perf_counter() - start)
-                peak_pages = max(peak_pages, model.kv.table.num_used_pages)
+                peak_pages = max(peak_pages, model.kv.num_used_pages)
         finally:
             for s in sessions:
                 model.close(s)
@@ -74,7 +74,7 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
             "sessions": count, "num_steps": knobs.num_steps, "ms_per_batched_step": 1e3 * wall,
             "env_steps_per_s": ratio(count, wall), "video_s_per_s": ratio(count * arch.chunk_size / model.spec.fps, wall),
             "peak_kv_pages": peak_pages, "plan_kv_pages": count * plan.peak_pages_per_episode,
-            "page_bytes": plan.page_bytes, "kv_pages_after_close": model.kv.table.num_used_pages,
+            "page_bytes": plan.page_bytes, "kv_pages_after_close": model.kv.num_used_pages,
             "peak_device_bytes": peak_bytes, "weights_and_pool_bytes": fixed,
             "other_peak_bytes": None if peak_bytes is None else peak_bytes - fixed,
             "plan": plan.to_dict(),

@@ -36,13 +36,13 @@ def run_soak(settings: SoakSettings, progress: Progress) -> BenchResult:
             start = time.perf_counter()
             r = model.step([session], [actions])[0]
             per_window.append({"window": w + 1, "ms": 1e3 * (time.perf_counter() - start), "pages": r.kv.pages_in_use,
-                               "pool_used_pages": model.kv.table.num_used_pages, "rss_mib": rss_bytes() / 2**20})
+                               "pool_used_pages": model.kv.num_used_pages, "rss_mib": rss_bytes() / 2**20})
             if (w + 1) % 50 == 0:
                 progress(f"window {w + 1}/{settings.windows}: {r.kv.pages_in_use} pages, "
                          f"RSS {per_window[-1]['rss_mib']:.0f} MiB")
     finally:
         model.close(session)
-    figures = _figures(settings, arch.chunk_size, per_window, pool_after_close=model.kv.table.num_used_pages)
+    figures = _figures(settings, arch.chunk_size, per_window, pool_after_close=model.kv.num_used_pages)
     result = BenchResult("soak", describe_machine(), settings=vars(settings).copy(), results=figures)
     result.tables.append(_table(figures))
     if figures["rss_growth_pct"] >= TARGET_RSS_GROWTH_PCT or not figures["pages_flat"]:

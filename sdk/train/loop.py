@@ -257,7 +257,7 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-class Progress:
+class PhaseBudget:
     """Where a phase stands: a fixed step count, or wall time against a budget (the CPU is shared, so a
     step-count plan made from a few probe steps is fragile; time-based phases always end on time)."""
 
@@ -293,7 +293,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     opt = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     rng = np.random.default_rng(args.seed + 1)
     noise_gen = torch.Generator().manual_seed(args.seed + 5)
-    prog = Progress(budget_s, args.vae_steps)
+    prog = PhaseBudget(budget_s, args.vae_steps)
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         vae.load_state_dict(st["model"])
@@ -301,7 +301,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
         rng.bit_generator.state = st["rng"]
         if "noise_gen" in st:
             noise_gen.set_state(st["noise_gen"])
-        prog = Progress(st.get("budget_s", budget_s), args.vae_steps, st["step"], st["elapsed"])
+        prog = PhaseBudget(st.get("budget_s", budget_s), args.vae_steps, st["step"], st["elapsed"])
         if st.get("done"):
             vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
             return vae.eval()
@@ -407,7 +407,7 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
     opt = torch.optim.AdamW(tr.parameters(), lr=args.dyn_lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed + 3)
     rng = np.random.default_rng(args.seed + 4)
-    prog = Progress(budget_s, args.dyn_steps)
+    prog = PhaseBudget(budget_s, args.dyn_steps)
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         tr.load_state_dict(st["model"])
@@ -415,7 +415,7 @@ def train_dynamics(args: TrainArgs, latents: torch.Tensor, actions: np.ndarray, 
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
         rng.bit_generator.state = st["rng"]
-        prog = Progress(st.get("budget_s", budget_s), args.dyn_steps, st["step"], st["elapsed"])
+        prog = PhaseBudget(st.get("budget_s", budget_s), args.dyn_steps, st["step"], st["elapsed"])
         if st.get("done"):
             return ema
     action_dim = t_arch["action_dim"]

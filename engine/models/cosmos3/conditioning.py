@@ -13,10 +13,9 @@ Two ways in, both checked before any model work:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from ...checks import check_int, is_int
+from ...checks import check_fps, check_int, is_int
 from .embodiment import Embodiment
 from .embodiments import EmbodimentRegistry
 from .knobs import RolloutKnobs
@@ -34,13 +33,6 @@ class Conditioning:
     fps: float
     view_point: str
     embodiment: Embodiment | None = None
-
-
-def check_fps(field: str, fps: object) -> float:
-    """A positive finite number as float; a ValueError naming ``field`` otherwise."""
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
-        raise ValueError(f"{field}={fps!r} is invalid; allowed: a number > 0")
-    return float(fps)
 
 
 def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: RolloutKnobs, *,
@@ -74,7 +66,46 @@ def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: R
     else:
         raise ValueError(f"embodiment={embodiment!r} is invalid; allowed: one of {sorted(registry.names)}, a "
                          "domain id, or None")
-    found = registry.resolve(name, domain_id=domain_id, width=action_width, num_domains=spec.num_domains,
-                             action_dim=spec.action_dim)
+    found = registry.resolve(name, domain_id=domain_id, num_domains=spec.num_domains, action_dim=spec.action_dim)
+    if action_width is not None and (not is_int(action_width) or action_width != found.raw_width):
+        same = sorted(e.name for e in registry if e.raw_width == action_width)
+        hint = f"; {action_width}-wide embodiments: {same}" if same else ""
+        raise ValueError(f"action_width={action_width!r} is invalid: actions {action_width!r} wide do not fit "
+                         f"embodiment {found.describe()}: it takes exactly {found.raw_width}{hint}; allowed: "
+                         f"action_width={found.raw_width} or None; allowed names: {sorted(registry.names)}")
     return Conditioning(found.domain_id, found.raw_width, fps or found.default_fps or spec.fps,
                         knobs.view_point or found.default_view_point, found)
+
+
+def env_embodiment(registry: EmbodimentRegistry, spec: ModelSpec | None, embodiment: str | int | None,
+                   domain_id: int | None) -> tuple[str | int, int | None]:
+    """The embodiment an env resolves (an env always has one), as ``(embodiment, domain_id)``: a bare domain id
+    stands for its embodiment, as in the pipeline; given neither, the checkpoint's only embodiment that fits
+    its action head (``spec``; None: the registry's only one), else a ValueError naming the choices."""
+    if embodiment is not None:
+        return embodiment, domain_id
+    if domain_id is not None:
+        return domain_id, None
+    fitting = [e.name for e in registry] if spec is None else [
+        e.name for e in registry.within(spec.num_domains) if e.raw_width <= spec.action_dim]
+    if len(fitting) != 1:
+        raise ValueError(f"embodiment=None and domain_id=None: give one; allowed names: {sorted(fitting)}")
+    return fitting[0], None
+
+
+def resolve_env_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: RolloutKnobs, *,
+                             embodiment: str | int | None = None, domain_id: int | None = None,
+                             action_width: int | None = None, fps: float | None = None) -> Conditioning:
+    """`resolve_conditioning` of the embodiment an env resolves (`env_embodiment`): the one definition the
+    env, the vector env and the sdk ask."""
+    embodiment, domain_id = env_embodiment(registry, spec, embodiment, domain_id)
+    return resolve_conditioning(registry, spec, knobs, embodiment=embodiment, domain_id=domain_id,
+                                action_width=action_width, fps=fps)
+
+
+def embodiment_width(registry: EmbodimentRegistry, embodiment: str | int | None, domain_id: int | None) -> int:
+    """The raw action width of the embodiment an env resolves, from a registry alone (no model loaded)."""
+    embodiment, domain_id = env_embodiment(registry, None, embodiment, domain_id)
+    if is_int(embodiment):
+        return registry.resolve(domain_id=int(embodiment)).raw_width
+    return registry.resolve(embodiment, domain_id=domain_id).raw_width

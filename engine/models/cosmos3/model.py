@@ -4,7 +4,6 @@ open, step, fork and close rollout sessions."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -16,9 +15,9 @@ from ...checks import check_actions, check_image, check_prompt
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamKey, StreamLabel
 from ...lanes import DecodeLane
-from ...scheduler import Scheduler
+from ...scheduler import Scheduler, StepBatch
 from ...vae import DecoderOptions, WarmWanDecoder
-from .conditioning import Conditioning, resolve_conditioning
+from .conditioning import Conditioning, resolve_conditioning, resolve_env_conditioning
 from .embodiments import folder_registry
 from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
 from .graphs import check_cuda_graphs
@@ -28,7 +27,7 @@ from .prompt import session_prompt_ids
 from .runner import prefill_text
 from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
 from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult
-from .stepping import run_step, window_result
+from .stepping import WindowOutput, WindowRunner
 from .window import WindowContext
 
 
@@ -58,17 +57,15 @@ class Cosmos3WorldModel:
         self.kv = PagedKVCache(num_layers=config.num_hidden_layers, num_pages=num_pages, page_size=page_size,
                                num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
                                device=device, cpu_offload_pages=cpu_offload_pages)
-        self.scheduler = Scheduler(self.kv)
+        self.overlap_decode = device.type == "cuda" if overlap_decode is None else bool(overlap_decode)
+        self.scheduler: Scheduler[RolloutSession] = Scheduler(self.kv, split_groups=self.overlap_decode)
         self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
         backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
         kernels = FlashinferKernels(device) if backend is AttentionBackendName.FLASHINFER else None
         graphs = check_cuda_graphs(cuda_graphs, device, backend)
-        self.window = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
-                                    components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
-        self.lane = DecodeLane(device)
-        self.overlap_decode = device.type == "cuda" if overlap_decode is None else bool(overlap_decode)
-        self._sessions: dict[str, RolloutSession] = {}
-        self._lock = threading.Lock()
+        ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
+                            components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
+        self.runner = WindowRunner(ctx, self.decoder, DecodeLane(device))
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike, *, device: str | torch.device = "auto",
@@ -85,15 +82,15 @@ class Cosmos3WorldModel:
     @property
     def backend(self) -> AttentionBackendName:
         """The attention backend the model resolved to (``auto`` chose it for this device)."""
-        return self.window.backend
+        return self.runner.ctx.backend
 
     @property
     def live_sessions(self) -> int:
-        return len(self._sessions)
+        return self.scheduler.live_sessions
 
     # --- sessions -----------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @torch.no_grad()  # not inference_mode: a caller may edit the first latent in place
     def open_session(self, image, prompt: str, domain_id: int | None = None, *, embodiment: str | int | None = None,
                      knobs: RolloutKnobs | None = None, generator: torch.Generator | None = None,
                      action_width: int | None = None, action_bounds: tuple[float, float] | None = None,
@@ -144,11 +141,12 @@ class Cosmos3WorldModel:
         finally:
             self.close(session)
 
-    def conditioning(self, knobs: RolloutKnobs | None = None, **given) -> Conditioning:
+    def conditioning(self, knobs: RolloutKnobs | None = None, *, env_rule: bool = False, **given) -> Conditioning:
         """The checked conditioning of a session opened with ``given`` (``embodiment``, ``domain_id``,
-        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names."""
-        knobs = knobs if knobs is not None else RolloutKnobs()
-        return resolve_conditioning(self.embodiments, self.spec, knobs, **given)
+        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names.
+        ``env_rule``: an env's (`conditioning.env_embodiment`: a domain id stands for its embodiment)."""
+        resolve = resolve_env_conditioning if env_rule else resolve_conditioning
+        return resolve(self.embodiments, self.spec, knobs if knobs is not None else RolloutKnobs(), **given)
 
     def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None, conditioning: Conditioning | None = None,
                   frame: SessionFrame | None = None) -> int:
@@ -167,14 +165,15 @@ class Cosmos3WorldModel:
 
     def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs, spec: ModelSpec) -> int:
         first_window = window_schedule(knobs).window(0).units * spec.tokens_per_frame + knobs.chunk_size
-        return sum(self.kv.table.pages_for(len(label_ids) + first_window) for label_ids in ids.values())
+        return self.scheduler.pages_to_open(len(label_ids) + first_window for label_ids in ids.values())
 
     def _prefill(self, key: StreamKey, ids: list[int]) -> None:
-        self.kv.table.create_stream(key)
+        self.kv.create_stream(key)
         keys, values = prefill_text(self.transformer, torch.tensor(ids, dtype=torch.long, device=self.device))
         self.kv.append(key, keys, values)
-        self.kv.table.protect_prefix(key, len(ids))
+        self.kv.protect_prefix(key, len(ids))
 
+    @torch.no_grad()
     def fork(self, session: RolloutSession, generator: torch.Generator | None = None) -> RolloutSession:
         """An independent session continuing from ``session``; committed KV pages are shared, not copied, and
         the RNG continues identically unless ``generator`` is given."""
@@ -191,9 +190,9 @@ class Cosmos3WorldModel:
             first_frame=session.first_frame, schedule=session.schedule, window_index=session.window_index,
             last_latents=session.last_latents)
         try:
-            if self.kv.table.is_offloaded(session.session_id):
+            if self.kv.is_offloaded(session.session_id):
                 self.scheduler.admit([session.session_id], 0)
-            self.kv.table.fork_session(session.session_id, fork.session_id)
+            self.kv.fork_session(session.session_id, fork.session_id)
         except BaseException:
             self._release(fork)
             raise
@@ -208,20 +207,18 @@ class Cosmos3WorldModel:
             self._close_locked(session)
 
     def close_all(self) -> None:
-        for session in list(self._sessions.values()):
+        for session in self.scheduler.sessions():
             self.close(session)
 
     def kv_stats(self, session: RolloutSession) -> KVStats:
         if session.closed:
             return KVStats(pages_in_use=0, protected_tokens=0, released_tokens=0, seq_len=0)
         table = self.kv.page_table(session.stream_keys()[0])
-        return KVStats(self.kv.table.pages_in_use(session.session_id), table.protected_prefix_tokens,
+        return KVStats(self.kv.pages_in_use(session.session_id), table.protected_prefix_tokens,
                        table.released_tokens, table.seq_len)
 
     def _register(self, session: RolloutSession) -> None:
-        with self._lock:
-            self._sessions[session.session_id] = session
-        self.scheduler.track(session.session_id)
+        self.scheduler.add(session)
 
     def _close_locked(self, session: RolloutSession) -> None:
         if not session.closed:
@@ -229,9 +226,7 @@ class Cosmos3WorldModel:
             self._release(session)
 
     def _release(self, session: RolloutSession) -> None:
-        with self._lock:
-            self._sessions.pop(session.session_id, None)
-        self.scheduler.forget(session.session_id)
+        self.scheduler.remove(session.session_id)
         try:
             if session.decode_stream is not None:
                 self.decoder.close_stream(session.decode_stream)
@@ -240,9 +235,30 @@ class Cosmos3WorldModel:
 
     # --- stepping -----------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def step(self, sessions: Sequence[RolloutSession], actions: Sequence, *, decode: bool = True) -> list[WindowResult]:
-        """Step every session one window. Sessions that share steps, shift, mode and window shape run ONE
-        batched forward per denoise step. With ``decode=False`` the frames are left to `decode`."""
+        """Step every session one window: schedule, run, postprocess. Sessions that share steps, shift, mode
+        and window shape run ONE batched forward per denoise step. With ``decode=False`` the frames are left
+        to `decode`."""
+        sessions, checked = list(sessions), self._check_actions(sessions, actions)
+        with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
+            for s in sorted(sessions, key=lambda s: s.session_id):
+                stack.enter_context(s.busy)
+            for s in sessions:
+                s.check_open()  # closed by another thread while we waited
+            batch = self.scheduler.schedule(sessions, checked)
+            try:
+                outputs = self.runner.run(batch, decode)
+            except SessionClosedError as e:
+                if e.committed:  # windows were committed with it: close the step's sessions
+                    self._close_all_locked(sessions)
+                raise
+            except BaseException:  # a failed window never leaves half-committed state behind
+                self._close_all_locked(sessions)
+                raise
+            return self._postprocess(batch, outputs)
+
+    def _check_actions(self, sessions: Sequence[RolloutSession], actions: Sequence) -> list:
         sessions, actions = list(sessions), list(actions)
         if len(sessions) != len(actions) or len({id(s) for s in sessions}) != len(sessions):
             raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
@@ -253,26 +269,20 @@ class Cosmos3WorldModel:
             low, high = s.action_bounds or (None, None)
             field = "actions" if len(sessions) == 1 else f"actions[{i}]"
             checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
-        with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
-            for s in sorted(sessions, key=lambda s: s.session_id):
-                stack.enter_context(s.busy)
-            for s in sessions:
-                s.check_open()  # closed by another thread while we waited
-            self.scheduler.admit([s.session_id for s in sessions], self._pages_to_commit(sessions))
-            before = [s.window_index for s in sessions]
-            try:
-                rows = run_step(self.window, self.decoder, self.lane, sessions, checked, decode=decode,
-                                overlap=self.overlap_decode)
-            except SessionClosedError:
-                if [s.window_index for s in sessions] == before:  # nothing committed: the others may step again
-                    raise
-                self._close_all_locked(sessions)
-                raise
-            except BaseException:  # a failed window never leaves half-committed state behind
-                self._close_all_locked(sessions)
-                raise
-        return [window_result(*row, kv=self.kv_stats(s)) for s, row in zip(sessions, rows)]
+        return checked
 
+    def _postprocess(self, batch: StepBatch[RolloutSession], outputs: list[WindowOutput]) -> list[WindowResult]:
+        """Advance each session past its window (the one place a cursor moves) and report the window."""
+        results = []
+        for w, out in zip(batch.windows, outputs):
+            s = w.session
+            s.last_latents, s.window_index = out.latents, w.plan.index + 1
+            start, end = s.frame_span(w.plan)
+            results.append(WindowResult(w.plan.index, out.host_latents, out.frames, start, end, out.timings,
+                                        self.kv_stats(s)))
+        return results
+
+    @torch.inference_mode()
     def decode(self, session: RolloutSession, result: WindowResult) -> WindowResult:
         """Fill in the frames of a window stepped with ``decode=False`` (windows of a session in order)."""
         start = time.perf_counter()
@@ -280,17 +290,6 @@ class Cosmos3WorldModel:
         t = result.timings
         result.frames, result.timings = frames, PhaseTimings(t.denoise_s, t.commit_s, time.perf_counter() - start)
         return result
-
-    def _pages_to_commit(self, sessions: list[RolloutSession]) -> int:
-        """Pages the window's commit may take: its tokens per stream, plus one copied tail page."""
-        table, needed = self.kv.table, 0
-        for s in sessions:
-            if s.knobs.window_mode == "kv":
-                tokens = s.plan.units * s.spec.tokens_per_frame + s.knobs.chunk_size
-                for key in s.stream_keys():
-                    seq = self.kv.page_table(key).seq_len
-                    needed += table.pages_for(seq + tokens) - table.pages_for(seq) + 1
-        return needed
 
     def _close_all_locked(self, sessions: list[RolloutSession]) -> None:
         for s in sessions:

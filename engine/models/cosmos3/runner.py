@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -48,16 +49,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
-@torch.no_grad()
-def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`text_kv` for inference (no autograd graph)."""
-    return text_kv(transformer, input_ids)
-
-
 def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the understanding pathway over a prompt; return the K/V generation queries see.
 
-    Differentiable, so training uses the same code as the rollout (`prefill_text` wraps it in no_grad).
+    Differentiable, so training uses the same code as the rollout.
 
     Args:
         input_ids: `[L]` token ids.
@@ -85,8 +80,14 @@ def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return torch.stack(keys), torch.stack(values)
 
 
+@torch.no_grad()
+def prefill_text(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`text_kv` for inference (no autograd graph): a session's prompt prefill."""
+    return text_kv(transformer, input_ids)
+
+
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-"""`attend(q, k, v, layer) -> out`: q `[..., N, H, D]`, k/v `[..., N, Hkv, D]` (fresh tokens) -> `[..., N, H, D]`."""
+"""`attend(q, k, v, layer=i) -> out`: q `[..., N, H, D]`, k/v `[..., N, Hkv, D]` (fresh tokens) -> `[..., N, H, D]`."""
 
 
 def gen_layers(
@@ -116,7 +117,7 @@ def gen_layers(
         if collect_kv:
             keys.append(k)
             values.append(v)
-        out = attend(q, k, v, index)  # [.., N, H, D]
+        out = attend(q, k, v, layer=index)  # [.., N, H, D]
         hidden = hidden + attn.to_add_out(out.flatten(-2))
         hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
     hidden = transformer.norm_moe_gen(hidden)
@@ -125,7 +126,6 @@ def gen_layers(
     return GenOutput(hidden, torch.stack(keys), torch.stack(values))
 
 
-@torch.no_grad()
 def gen_forward(
     transformer,
     hidden: torch.Tensor,
@@ -142,8 +142,7 @@ def gen_forward(
         batch: each row's committed context and its number of fresh tokens.
         collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
     """
-    return gen_layers(transformer, hidden, cos, sin, lambda q, k, v, layer: paged_attention(q, k, v, batch, layer),
-                      collect_kv)
+    return gen_layers(transformer, hidden, cos, sin, partial(paged_attention, batch=batch), collect_kv)
 
 
 def masked_attention(text_k: torch.Tensor, text_v: torch.Tensor, mask: torch.Tensor) -> Attend:

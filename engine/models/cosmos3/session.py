@@ -16,14 +16,22 @@ import torch
 
 from ...kv import StreamKey, StreamLabel
 from ...vae import DecodeStream
-from ...windowing import WindowPlan, WindowSchedule
+from ...windowing import WindowPlan
 from .conditioning import Conditioning
 from .first_frame import SessionFrame
+from .geometry import LEAD_FRAMES, LatentWindows
 from .knobs import RolloutKnobs
 
 
 class SessionClosedError(RuntimeError):
-    """The session was closed (possibly from another thread) before or while a window ran."""
+    """The session was closed (possibly from another thread) before or while a window ran.
+
+    ``committed``: windows of the step had already committed (the model then closes the step's sessions).
+    """
+
+    def __init__(self, message: str, *, committed: bool = False) -> None:
+        super().__init__(message)
+        self.committed = committed
 
 
 _ids = itertools.count()
@@ -35,13 +43,9 @@ def new_session_id() -> str:
         return f"s{next(_ids)}"
 
 
-def window_schedule(knobs: RolloutKnobs) -> WindowSchedule:
-    """The open-ended latent-frame schedule of a session: the clean first frame leads, each window generates
-    ``latents_per_window`` frames; chained windows re-pin their predecessor's last frame, kv windows attend to
-    the committed ones (kept ``context_frames`` deep)."""
-    overlap = 1 if knobs.window_mode == "chained" else 0
-    return WindowSchedule(None, knobs.latents_per_window, context_units=knobs.context_frames,
-                          overlap_units=overlap, lead_units=1)
+def window_schedule(knobs: RolloutKnobs) -> LatentWindows:
+    """The open-ended latent-frame windows of a session (`geometry.LatentWindows`)."""
+    return LatentWindows.of(knobs)
 
 
 @dataclass(eq=False)
@@ -77,7 +81,7 @@ class RolloutSession:
     first_latent: torch.Tensor
     decode_stream: DecodeStream | None
     first_frame: np.ndarray | None
-    schedule: WindowSchedule
+    schedule: LatentWindows
     window_index: int = 0
     last_latents: torch.Tensor | None = None
     closed: bool = False
@@ -101,16 +105,27 @@ class RolloutSession:
         """The next window's latent frames: ``[start, end)``, the first ``cond_units`` clean."""
         return self.schedule.window(self.window_index)
 
-    def action_span(self) -> tuple[int, int]:
-        """Absolute indices of the next window's actions: one per pixel frame it generates."""
-        plan, lead = self.plan, self.schedule.lead_units
+    def action_span(self, plan: WindowPlan) -> tuple[int, int]:
+        """Absolute indices of the window's actions: one per pixel frame it generates."""
         per_frame = self.knobs.chunk_size // self.knobs.latents_per_window
-        return (plan.new_start - lead) * per_frame, (plan.end - lead) * per_frame
+        return (plan.commit_start - LEAD_FRAMES) * per_frame, (plan.end - LEAD_FRAMES) * per_frame
 
-    def frame_span(self) -> tuple[int, int]:
-        """Pixel frames ``[start, end)`` of the next window (frame 0 is the first image)."""
-        start, end = self.action_span()
+    def frame_span(self, plan: WindowPlan) -> tuple[int, int]:
+        """Pixel frames ``[start, end)`` of the window (frame 0 is the first image)."""
+        start, end = self.action_span(plan)
         return 1 + start, 1 + end
+
+    def commit_tokens(self, plan: WindowPlan) -> int:
+        """Tokens the window's commit appends to each stream: vision and actions in kv mode, none chained."""
+        if self.knobs.window_mode != "kv":
+            return 0
+        return plan.units * self.spec.tokens_per_frame + self.knobs.chunk_size
+
+    def group_key(self, plan: WindowPlan) -> tuple:
+        """Sessions with equal keys run one window together: same timesteps, same window shape."""
+        knobs, spec = self.knobs, self.spec
+        return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, plan.units, plan.cond_units,
+                spec.latent_height, spec.latent_width, spec.patch_grid)
 
     def check_open(self) -> None:
         if self.closed or self.abort.is_set():

@@ -9,6 +9,7 @@ is elementwise per sample, so each row gets exactly what a scheduler of its own 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ from ...attention import AttentionBackendName, PagedAttentionBatch
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamLabel
 from ...lanes import PhaseClock
+from ...scheduler import ScheduledWindow
+from ...windowing import WindowPlan
 from .graphs import GraphedSteps
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
@@ -44,38 +47,32 @@ class WindowContext:
     cuda_graphs: bool = False  # replay each window's denoise steps from one captured graph (graphs.py)
 
 
-def group_key(session: RolloutSession) -> tuple:
-    """Sessions with equal keys run one window together: same timesteps, same window shape."""
-    plan, knobs, grid = session.plan, session.knobs, session.spec.patch_grid
-    return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, plan.units, plan.cond_units,
-            session.spec.latent_height, session.spec.latent_width, grid)
-
-
 @dataclass
 class _Job:
     """What one session contributes to the window."""
 
     session: RolloutSession
+    plan: WindowPlan  # its window, resolved once by the scheduler
     latents: torch.Tensor  # [C, T, h, w] window tensor, leading `clean` frames fixed
     clean: int  # clean leading frames (conditioning), velocity masked to zero
     action_tokens: torch.Tensor  # [A, hidden]
     num_tokens: int  # vision + action tokens of one row
 
 
-def run_window(ctx: WindowContext, sessions: list[RolloutSession], actions: list[np.ndarray],
+def run_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSession]],
                clock: PhaseClock) -> list[torch.Tensor]:
-    """Denoise (and in kv mode commit) the next window of every session of one group.
+    """Denoise (and in kv mode commit) one scheduled group's windows as one batched window.
 
     Args:
-        sessions: open sessions with equal `group_key`, each admitted into the page pool.
-        actions: per session, ``[chunk, width]`` float32 actions, already checked.
+        group: windows of open sessions with equal `RolloutSession.group_key`, admitted into the page pool;
+            their ``actions`` are ``[chunk, width]`` float32, already checked.
         clock: marked ``denoise_end`` and ``commit_end`` (no wait for the device).
     Returns:
-        per session the window's new latents ``[C, n, h, w]``, float32, on the device.
+        per window its new latents ``[C, n, h, w]``, float32, on the device.
     """
-    if len({group_key(s) for s in sessions}) != 1:
+    if len({w.session.group_key(w.plan) for w in group}) != 1:
         raise ValueError("sessions of one window must share group_key (steps, shift, mode, window shape, grid)")
-    jobs = [_prepare(ctx, s, a) for s, a in zip(sessions, actions)]
+    jobs = [_prepare(ctx, w.session, w.plan, w.actions) for w in group]
     rows = [(job, label) for job in jobs for label in job.session.labels]
     tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.stream_keys()]
     batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend, ctx.kernels)
@@ -84,24 +81,24 @@ def run_window(ctx: WindowContext, sessions: list[RolloutSession], actions: list
 
     _denoise(ctx, jobs, batch, cos, sin)
     clock.mark("denoise_end")
-    if sessions[0].knobs.window_mode == "kv":
+    if jobs[0].session.knobs.window_mode == "kv":
         _commit(ctx, jobs, batch, cos, sin)
     clock.mark("commit_end")
     return [job.latents[:, job.clean:].float() for job in jobs]
 
 
-def _prepare(ctx: WindowContext, session: RolloutSession, actions: np.ndarray) -> _Job:
-    plan, spec = session.plan, session.spec
+def _prepare(ctx: WindowContext, session: RolloutSession, plan: WindowPlan, actions: np.ndarray) -> _Job:
+    spec = session.spec
     shape = (1, spec.latent_channels, plan.units, spec.latent_height, spec.latent_width)
     noise = torch.randn(shape, generator=session.generator, dtype=torch.float32)[0].to(ctx.device)
     clean = plan.cond_units
     if clean:
-        cond = session.first_latent if session.window_index == 0 else session.last_latents[:, -clean:]
+        cond = session.first_latent if plan.index == 0 else session.last_latents[:, -clean:]
         noise[:, :clean] = cond.to(ctx.device)
     padded = torch.zeros(actions.shape[0], spec.action_dim)  # zero-padded to the action head, as the pipeline
     padded[:, : actions.shape[1]] = torch.from_numpy(actions)
     tokens = embed_actions(ctx.transformer, padded.to(ctx.device), session.domain_id)
-    return _Job(session, noise, clean, tokens, plan.units * spec.tokens_per_frame + tokens.shape[0])
+    return _Job(session, plan, noise, clean, tokens, plan.units * spec.tokens_per_frame + tokens.shape[0])
 
 
 def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,9 +106,9 @@ def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torc
     offset = media_offset(session.text_lens[label], config.unified_3d_mrope_temporal_modality_margin)
     timing = dict(offset=offset, fps=session.conditioning.fps, base_fps=float(config.base_fps),
                   temporal_compression=spec.temporal_compression)
-    plan = session.plan
+    plan = job.plan
     vision = vision_positions(plan.start, plan.end, *spec.patch_grid, **timing)
-    acts = action_positions(*session.action_span(), **timing)
+    acts = action_positions(*session.action_span(plan), **timing)
     return rotary(ctx.transformer, torch.cat([vision, acts], dim=1), ctx.dtype)  # [N, D] each
 
 
@@ -155,13 +152,10 @@ def _scheduler(ctx: WindowContext, session: RolloutSession):
 
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     scheduler = _scheduler(ctx, jobs[0].session)
-    if ctx.cuda_graphs:
-        forward = GraphedSteps(ctx.transformer, cos, sin, batch)
-    else:
-        def forward(hidden: torch.Tensor) -> torch.Tensor:
-            return gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
+    graphed = GraphedSteps(ctx.transformer, cos, sin, batch) if ctx.cuda_graphs else None
     for t, step in zip(scheduler.timesteps, scheduler.timesteps.tolist()):  # host floats: no sync per step
-        out = forward(_hidden(ctx, jobs, step))
+        hidden = _hidden(ctx, jobs, step)
+        out = graphed(hidden) if graphed is not None else gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
         offset, velocity = 0, []
         for job in jobs:
             rows = []
@@ -183,7 +177,7 @@ def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, c
 def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     """Append each row's clean-window K/V (no timestep embedding), then release beyond the horizon."""
     for job in jobs:
-        if job.session.window_index == 0:  # the conditioning frame is known exactly
+        if job.plan.index == 0:  # the conditioning frame is known exactly
             job.latents[:, :1] = job.session.first_latent.to(job.latents.device)
     out = gen_forward(ctx.transformer, _hidden(ctx, jobs, None), cos, sin, batch, collect_kv=True)
     offset = 0
@@ -193,5 +187,5 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
             end = offset + job.num_tokens
             ctx.cache.append(key, out.keys[:, offset:end], out.values[:, offset:end])
             policy = session.schedule.retention(session.spec.tokens_per_unit, session.text_lens[key.label])
-            ctx.cache.table.apply_retention(key, policy)
+            ctx.cache.apply_retention(key, policy)
             offset = end
