@@ -23,6 +23,7 @@ from .config import (
 from .episodes import EpisodeConfig
 from .evaluate import evaluate
 from .registration import register_envs
+from .serve.client import RemoteWorldModelEnv
 from .world import World, load, make_env
 
 register_envs()
@@ -39,6 +40,7 @@ __all__ = [
     "EnvConfig",
     "EpisodeConfig",
     "ModelConfig",
+    "RemoteWorldModelEnv",
     "RolloutKnobs",
     "World",
     "WorldstepConfig",
