@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..remote_policy import packb, unpackb
-from .protocol import PROTOCOL_VERSION, ErrorKind, decode_info, decode_space
+from .protocol import OPEN_KEYS, PROTOCOL_VERSION, ErrorKind, decode_info, decode_space
 
 __all__ = [
     "RemoteEnvAuthError",
@@ -175,6 +175,10 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                  render_mode: str | None = None, **env_kwargs: Any) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
+        unknown = sorted(set(env_kwargs) - set(OPEN_KEYS))
+        if unknown:
+            raise TypeError(f"RemoteWorldModelEnv got an unexpected keyword argument {unknown[0]!r}; allowed: url, "
+                            f"token, timeout_s, tls_ca, render_mode, {', '.join(OPEN_KEYS)}")
         self.render_mode = render_mode
         connection = ServeConnection(url, token, timeout_s=timeout_s, tls_ca=tls_ca)
         try:

@@ -37,7 +37,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 * 2**20  # a reset image of 1080p is 6 MiB
 MAX_ACTION_VALUES = 2**16  # a chunk of 64 actions of width 64 is 4096
 OPEN_KEYS = ("max_windows", "prompt", "domain_id", "embodiment", "action_width", "image", "success_fn",
              "resolution_tier", "fps")
-OPTION_KEYS = ("image", "prompt", "domain_id")
 
 
 class Op(str, Enum):
@@ -67,7 +66,11 @@ class ErrorKind(str, Enum):
 
 
 class ProtocolError(ValueError):
-    """A request the schema refuses; the message names the field, the value's type and what is allowed."""
+    """A request the schema refuses; the message names the field, the value's type and what is allowed.
+
+    ``request_id`` is the request's id when it could be read (the error reply answers it)."""
+
+    request_id: int | None = None
 
 
 # field -> allowed python types (after msgpack decoding); every op's fields, `id` and `op` aside
@@ -112,6 +115,14 @@ def decode_request(data: Any) -> Request:
     if type(request_id) is not int or not 0 <= request_id < 2**63:
         raise ProtocolError("id is invalid; allowed: an int in [0, 2**63)")
     try:
+        return _decode_fields(request_id, message)
+    except ProtocolError as err:
+        err.request_id = request_id
+        raise
+
+
+def _decode_fields(request_id: int, message: dict) -> Request:
+    try:
         op = Op(message.get("op"))
     except (ValueError, TypeError):
         raise ProtocolError(f"op is invalid; allowed: {[o.value for o in Op]}") from None
@@ -142,13 +153,13 @@ def _check_fields(op: Op, fields: dict[str, Any]) -> None:
     if op is Op.OPEN:
         _check_map("env", fields["env"], OPEN_KEYS)
     if op is Op.RESET and fields["options"] is not None:
-        _check_map("options", fields["options"], OPTION_KEYS)
+        _check_map("options", fields["options"], None)  # the env names an unknown option key, as locally
 
 
-def _check_map(name: str, value: dict, keys: tuple[str, ...]) -> None:
+def _check_map(name: str, value: dict, keys: tuple[str, ...] | None) -> None:
     for key, item in value.items():
-        if key not in keys:
-            raise ProtocolError(f"{name}[{key!r}] is invalid; allowed keys: {list(keys)}")
+        if type(key) is not str or (keys is not None and key not in keys):
+            raise ProtocolError(f"{name}[{key!r}] is invalid; allowed keys: {list(keys or ['str'])}")
         if key == "image":
             _check_array(f"{name}['image']", item, 3, "u", DEFAULT_MAX_MESSAGE_BYTES)
         elif type(item) not in _SCALARS:

@@ -219,7 +219,7 @@ class WorldModelServer:
         except ServeError as err:
             return encode_error(request_id, err.kind, str(err), err.retry_after_s)
         except ProtocolError as err:
-            return encode_error(request_id, ErrorKind.PROTOCOL, str(err))
+            return encode_error(err.request_id if request_id is None else request_id, ErrorKind.PROTOCOL, str(err))
         except gym.error.ResetNeeded as err:
             return encode_error(request_id, ErrorKind.RESET_NEEDED, str(err))
         except gym.error.ClosedEnvironmentError as err:

@@ -1,0 +1,51 @@
+"""A client process of the serve tests: ``python serve_client.py URL TOKEN SEED STEPS OUT [GO_FILE]``.
+
+Opens a RemoteWorldModelEnv, resets with SEED, writes OUT.ready, waits for GO_FILE (when given), steps
+``serve_actions(space, k)`` STEPS times (STEPS < 0: forever) and saves every window's frames to OUT (.npy).
+Any attempt to load a model in this process raises.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def serve_actions(shape: tuple[int, ...], k: int) -> np.ndarray:
+    """The k-th action chunk of a client: deterministic, different per window, inside [-1, 1]."""
+    return (0.8 * np.sin(k + np.linspace(0, 3, int(np.prod(shape))))).reshape(shape).astype(np.float32)
+
+
+def forbid_model_loading() -> None:
+    import worldstep.world
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a client process loaded a world model")
+
+    worldstep.world._load_model = refuse
+
+
+def main(url: str, token: str, seed: int, steps: int, out: Path, go: Path | None) -> None:
+    import worldstep
+
+    forbid_model_loading()
+    env = worldstep.RemoteWorldModelEnv(url, token=token or None, max_windows=64)
+    obs, _ = env.reset(seed=seed)
+    frames = [obs["frames"]]
+    out.with_suffix(".ready").touch()
+    while go is not None and not go.exists():
+        time.sleep(0.01)
+    k = 0
+    while steps < 0 or k < steps:
+        frames.append(env.step(serve_actions(env.action_space.shape, k))[0]["frames"])
+        k += 1
+    env.close()
+    np.save(out, np.stack(frames))
+
+
+if __name__ == "__main__":
+    url, token, seed, steps, out = sys.argv[1:6]
+    main(url, token, int(seed), int(steps), Path(out), Path(sys.argv[6]) if len(sys.argv) > 6 else None)
