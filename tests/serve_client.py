@@ -49,3 +49,22 @@ def main(url: str, token: str, seed: int, steps: int, out: Path, go: Path | None
 if __name__ == "__main__":
     url, token, seed, steps, out = sys.argv[1:6]
     main(url, token, int(seed), int(steps), Path(out), Path(sys.argv[6]) if len(sys.argv) > 6 else None)
+
+
+def remote_image_env(url: str, token: str):
+    """A SubprocVecEnv worker's env: the served env as an image, in a process that may not load a model."""
+    import gymnasium as gym
+    import worldstep  # noqa: F401 - registers the ids in the worker
+    from worldstep.envs import ImageObservation
+
+    forbid_model_loading()
+    return ImageObservation(gym.make("worldstep/Remote-v0", url=url, token=token, max_windows=8), "stack")
+
+
+def remote_torchrl_env(url: str, token: str):
+    """A torchrl ParallelEnv worker's env, in a process that may not load a model."""
+    import worldstep  # noqa: F401 - registers the ids in the worker
+    from torchrl.envs import GymEnv
+
+    forbid_model_loading()
+    return GymEnv("worldstep/Remote-v0", url=url, token=token, max_windows=8)
