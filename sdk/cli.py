@@ -37,7 +37,7 @@ from .cli_checks import (
     success_name,
 )
 from .registration import WORLD_MODEL_IDS
-from .serve.cli import add_parser as _add_serve
+from .serve.cli import add_parser as add_serve_parser
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
 
@@ -554,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     _add_bench(sub)
-    _add_serve(sub)
+    add_serve_parser(sub, _add_model_flags, _model_and_overrides)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")
     return parser

@@ -21,7 +21,11 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.vec_env import VecEnv
+
+try:
+    from stable_baselines3.common.vec_env import VecEnv
+except ImportError as err:
+    raise ImportError("worldstep.sb3 needs Stable-Baselines3: pip install 'stable-baselines3>=2.3'") from err
 
 from .batch_step import step_envs
 

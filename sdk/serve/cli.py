@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["add_parser", "cmd_serve", "read_token"]
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from ..cli import _add_model_flags, _positive_int
+ModelFlags = Callable[[argparse.Namespace], tuple[str, dict[str, Any]]]
 
+
+def add_parser(sub: argparse._SubParsersAction, add_model_flags: Callable[[argparse.ArgumentParser], None],
+               model_and_overrides: ModelFlags) -> None:
+    """Add ``serve`` to ``worldstep``'s subcommands, with the model flags every command shares."""
     p = sub.add_parser("serve", help="serve one loaded model to many env clients over a websocket "
                                      "(docs/serving.md)")
-    _add_model_flags(p)
+    add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
     p.add_argument("--port", type=int, default=0, help="port (default 0: a free one; the first line printed "
                                                        "says which)")
@@ -34,7 +40,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="largest request accepted (default 8 MiB); a bigger one closes its connection")
     p.add_argument("--tls-cert", help="PEM certificate chain: serve wss://")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=functools.partial(cmd_serve, model_and_overrides=model_and_overrides))
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= 1")
+    return int(text)
 
 
 def read_token(path: str | None) -> str | None:
@@ -50,8 +62,8 @@ def read_token(path: str | None) -> str | None:
     return token
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from ..cli import _model_and_overrides
+def cmd_serve(args: argparse.Namespace, model_and_overrides: ModelFlags) -> int:
+    """Load the model of ``args``, serve it, and drain on SIGTERM or Ctrl-C."""
     from ..world import load
     from .server import ServeOptions, WorldModelServer
 
@@ -63,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if options.host not in LOOPBACK and options.token is None:
         print(f"worldstep serve: warning: --host {options.host} without --token-file admits anyone who can reach "
               "it (docs/serving.md)", file=sys.stderr)
-    model, overrides = _model_and_overrides(args)
+    model, overrides = model_and_overrides(args)
     server = WorldModelServer(load(model, **overrides), options)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -22,7 +22,7 @@ import gymnasium as gym
 from pydantic import Field
 from worldstep.engine.settings import StrictModel
 
-from ..world import World, _env_kwargs
+from ..world import World, make_env
 from .engine_loop import EngineLoop
 from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -95,7 +95,7 @@ class WorldModelServer:
         self._draining = False
         self._server = None
         self._thread: threading.Thread | None = None
-        self._defaults, self._default_spaces = self._env_defaults()  # the config checked before binding
+        self._default_env = _describe(make_env(world))  # the served config's env, checked before binding
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -276,17 +276,9 @@ class WorldModelServer:
         state.sessions[session] = env
         return {"session": session, **_describe(env)}
 
-    def _env_defaults(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The env kwargs of the served config, and the spaces and defaults of its env (it opens no session)."""
-        from worldstep.envs import WorldModelEnv
-
-        kwargs = _env_kwargs(self.world, {})
-        return kwargs, _describe(WorldModelEnv(self.world.model, self.world.knobs, **kwargs))
-
     def _make_env(self, overrides: dict[str, Any]):
-        from worldstep.envs import WorldModelEnv
-
-        return WorldModelEnv(self.world.model, self.world.knobs, **{**self._defaults, **overrides})
+        """The client's env: ``worldstep.make_env(world, **overrides)``, with the local call's checks and errors."""
+        return make_env(self.world, **overrides)
 
     def _hello(self) -> dict[str, Any]:
         from worldstep import __version__
@@ -295,7 +287,7 @@ class WorldModelServer:
         return {"protocol": PROTOCOL_VERSION, "worldstep": __version__, "model": self.world.config.model.name,
                 "embodiments": sorted(e.name for e in model.embodiments.within(model.spec.num_domains)),
                 "max_sessions": self.options.max_sessions, "max_message_bytes": self.options.max_message_bytes,
-                "env": self._default_spaces}
+                "env": self._default_env}
 
 
 def _describe(env) -> dict[str, Any]:
