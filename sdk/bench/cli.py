@@ -13,6 +13,7 @@ import typing
 from collections.abc import Callable
 
 from .results import BenchResult, render_table
+from .serve import ServeSettings
 from .settings import (
     DecodeSettings,
     GpuSettings,
@@ -31,6 +32,8 @@ _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:fun
     "soak": (SoakSettings, "soak:run_soak", "KV pages and RSS over a long bounded-context rollout"),
     "gpu": (GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
     "profile": (ProfileSettings, "profiling:run_profile", "where a window's time goes (torch.profiler, cProfile)"),
+    "serve": (ServeSettings, "serve:run_serve", "env steps/s of client processes through `worldstep serve` vs local "
+                                                "envs and the vector env; per-step overhead; pages over many cycles"),
 }
 
 
