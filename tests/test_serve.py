@@ -169,6 +169,9 @@ def test_remote_env_raises_the_local_errors(world, serve):  # noqa: F811
         env.close()
     with pytest.raises(gym.error.ClosedEnvironmentError):
         env.step(np.zeros(env.action_space.shape, np.float32))
+    env.reset(seed=0)  # a reset after close opens a new session, as the local env does
+    assert server.open_sessions() == 1
+    env.close()
     with pytest.raises(TypeError, match="unexpected keyword argument 'frameskip'"):
         RemoteWorldModelEnv(server.url, token=TOKEN, frameskip=4)
     with pytest.raises(ValueError, match="max_windows"):

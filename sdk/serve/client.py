@@ -165,8 +165,9 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             ``action_width``, ``image``, ``success_fn`` as ``"sim"``/``"none"``, ``resolution_tier``, ``fps``),
             checked by the server with the local env's errors.
 
-    The session lives as long as the env: ``close()`` ends it, and a lost connection ends it on the server.
-    ``fork()`` opens a second session on the same connection; the connection closes with its last env.
+    The session lives as long as the env: ``close()`` ends it (a later ``reset()`` opens a new one, as the local
+    env does), and a lost connection ends it on the server. ``fork()`` opens a second session on the same
+    connection; the connection closes with its last env.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24}
@@ -180,6 +181,11 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             raise TypeError(f"RemoteWorldModelEnv got an unexpected keyword argument {unknown[0]!r}; allowed: url, "
                             f"token, timeout_s, tls_ca, render_mode, {', '.join(OPEN_KEYS)}")
         self.render_mode = render_mode
+        self._reopen = (url, token, timeout_s, tls_ca, env_kwargs)  # what reset() after close() opens again
+        self._open_session()
+
+    def _open_session(self) -> None:
+        url, token, timeout_s, tls_ca, env_kwargs = self._reopen
         connection = ServeConnection(url, token, timeout_s=timeout_s, tls_ca=tls_ca)
         try:
             self._attach(connection, connection.request("open", env=env_kwargs))
@@ -202,6 +208,8 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return self.connection.url
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self.session not in self.connection.sessions:  # closed: a new session, as a local env reopens
+            self._open_session()
         super().reset(seed=seed)
         reply = self._request("reset", seed=seed, options=options)
         self._frames = reply["obs"]["frames"]
@@ -223,7 +231,7 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """A second env continuing this episode on the server (committed KV pages shared), as ``WorldModelEnv.fork``."""
         reply = self._request("fork", seed=seed)
         other = object.__new__(type(self))
-        other.render_mode = self.render_mode
+        other.render_mode, other._reopen = self.render_mode, self._reopen
         other._attach(self.connection, reply)
         other._frames = self._frames
         return other
