@@ -392,3 +392,20 @@ def test_worldstep_serve_prints_its_url_and_drains_on_sigterm(processes, tmp_pat
     stderr = proc.stderr.read()
     assert "drained: closed 1 sessions; KV pages in use 0" in stderr, stderr
     env.close()
+
+
+def test_server_options_are_checked_before_binding_and_the_token_stays_out_of_reprs(world, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="max_batch = 0: must be >= 1"):
+        WorldModelServer(world, max_batch=0)
+    with pytest.raises(TypeError, match="did you mean 'max_batch'"):
+        WorldModelServer(world, maxbatch=4)
+    with pytest.raises(ValueError, match="tls_cert and tls_key"):
+        WorldModelServer(world, tls_cert=str(tmp_path / "cert.pem"))
+    server = WorldModelServer(world, token=TOKEN)
+    assert TOKEN not in repr(server.options)
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    from worldstep.cli import main
+
+    assert main(["serve", "--config", "tiny", "--token-file", str(empty)]) == 2  # before any model loads
+    assert main(["serve", "--config", "tiny", "--token-file", str(tmp_path / "missing")]) == 2

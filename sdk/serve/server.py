@@ -46,7 +46,7 @@ class ServeOptions(StrictModel):
 
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
-    token: str | None = None  # clients send `Authorization: Api-Key <token>`; None admits everyone
+    token: str | None = Field(None, repr=False)  # clients send `Authorization: Api-Key <token>`; None: anyone
     max_sessions: int = Field(64, ge=1)  # open sessions over all connections
     max_batch: int = Field(16, ge=1)  # steps in one engine call
     max_wait_ms: float = Field(2.0, ge=0, le=10_000)  # how long a step waits for others to join its batch
@@ -86,7 +86,7 @@ class WorldModelServer:
         if not isinstance(world, World):
             raise TypeError(f"world={world!r} is invalid; allowed: a World (worldstep.load(...))")
         self.world = world
-        self.options = ServeOptions(**kwargs) if options is None else options.model_copy(update=kwargs)
+        self.options = ServeOptions(**{**(options.model_dump() if options is not None else {}), **kwargs})
         if (self.options.tls_cert is None) != (self.options.tls_key is None):
             raise ValueError("tls_cert and tls_key are invalid: give both (PEM files) or neither")
         self.loop = EngineLoop(self.options.max_batch, self.options.max_wait_ms / 1000, self.open_sessions)
