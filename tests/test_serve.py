@@ -151,6 +151,17 @@ def test_remote_env_equals_the_local_env(world, serve):  # noqa: F811
     assert server.open_sessions() == 0
 
 
+def test_remote_env_passes_gymnasiums_env_checker(serve):
+    from gymnasium.utils.env_checker import check_env
+
+    server = serve()
+    env = RemoteWorldModelEnv(server.url, token=TOKEN, max_windows=4)
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
+
+
 def test_remote_env_raises_the_local_errors(world, serve):  # noqa: F811
     server = serve()
     env = RemoteWorldModelEnv(server.url, token=TOKEN)
