@@ -420,3 +420,19 @@ def test_server_options_are_checked_before_binding_and_the_token_stays_out_of_re
 
     assert main(["serve", "--config", "tiny", "--token-file", str(empty)]) == 2  # before any model loads
     assert main(["serve", "--config", "tiny", "--token-file", str(tmp_path / "missing")]) == 2
+
+
+def test_a_server_bug_is_an_internal_error_reply_and_the_connection_goes_on(serve, monkeypatch, capfd):
+    """The injected violation the fuzz test watches for: a failing handler answers kind 'internal' (named by type
+    only) instead of crashing the server."""
+    server = serve()
+    conn = raw_connection(server.url)
+    try:
+        monkeypatch.setattr(server, "_hello", lambda: {}["secret-internal-detail"])
+        reply = ask(conn, {"id": 7, "op": "hello", "protocol": 1})
+        assert reply["id"] == 7 and reply["error"] == {"kind": "internal", "message": "the server failed (KeyError)"}
+        monkeypatch.undo()
+        assert ask(conn, {"id": 8, "op": "hello", "protocol": 1})["ok"]
+    finally:
+        conn.close()
+    assert "secret-internal-detail" in capfd.readouterr().err  # the traceback stays on the server
