@@ -436,3 +436,21 @@ def test_a_server_bug_is_an_internal_error_reply_and_the_connection_goes_on(serv
     finally:
         conn.close()
     assert "secret-internal-detail" in capfd.readouterr().err  # the traceback stays on the server
+
+
+def test_a_full_page_pool_is_server_full_and_the_others_go_on(cache_dir):  # noqa: F811
+    small = worldstep.load("tiny", device="cpu", num_pages=40, **FAST)  # two episodes' pages
+    server = WorldModelServer(small).start()
+    envs = [RemoteWorldModelEnv(server.url) for _ in range(3)]
+    try:
+        envs[0].reset(seed=0)
+        envs[1].reset(seed=1)
+        with pytest.raises(ServerFullError, match="KV page pool cannot hold another episode") as info:
+            envs[2].reset(seed=2)
+        assert info.value.retry_after_s == 1.0
+        envs[0].step(np.zeros(envs[0].action_space.shape, np.float32))  # the others are still served
+    finally:
+        for env in envs:
+            env.close()
+        server.drain()
+    assert small.model.kv.table.allocator.num_used == 0

@@ -20,6 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 from pydantic import Field
+from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.settings import StrictModel
 
 from ..world import World, make_env
@@ -220,6 +221,10 @@ class WorldModelServer:
             return encode_error(request_id, err.kind, str(err), err.retry_after_s)
         except ProtocolError as err:
             return encode_error(err.request_id if request_id is None else request_id, ErrorKind.PROTOCOL, str(err))
+        except KVPoolExhausted as err:  # a reset or fork the page pool cannot hold now: capacity, not a bug
+            return encode_error(request_id, ErrorKind.SERVER_FULL, f"server full: the KV page pool cannot hold "
+                                f"another episode now ({err}); retry in {self.options.retry_after_s:g} s",
+                                self.options.retry_after_s)
         except gym.error.ResetNeeded as err:
             return encode_error(request_id, ErrorKind.RESET_NEEDED, str(err))
         except gym.error.ClosedEnvironmentError as err:
