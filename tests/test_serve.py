@@ -454,3 +454,20 @@ def test_a_full_page_pool_is_server_full_and_the_others_go_on(cache_dir):  # noq
             env.close()
         server.drain()
     assert small.model.kv.table.allocator.num_used == 0
+
+
+def test_idle_sessions_offload_as_they_do_locally(cache_dir):  # noqa: F811
+    small = worldstep.load("tiny", device="cpu", num_pages=40, cpu_offload_pages=64, **FAST)  # two episodes on device
+    server = WorldModelServer(small).start()
+    envs = [RemoteWorldModelEnv(server.url) for _ in range(3)]
+    try:
+        for i, env in enumerate(envs):
+            env.reset(seed=i)
+        assert small.model.kv.offload.allocator.num_used > 0  # the third reset moved an idle session to CPU pages
+        for env in envs:  # each steps in turn: the engine reloads it and offloads another idle one
+            env.step(np.zeros(env.action_space.shape, np.float32))
+    finally:
+        for env in envs:
+            env.close()
+        server.drain()
+    assert small.model.kv.table.allocator.num_used == 0 and small.model.kv.offload.allocator.num_used == 0
