@@ -39,6 +39,7 @@ from .cli_checks import (
 from .cli_view import add_view_flags, closing_on_error, logged, open_from_args
 from .cli_view import finish as finish_view
 from .registration import WORLD_MODEL_IDS
+from .serve.cli import add_parser as add_serve_parser
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
 
@@ -580,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     _add_bench(sub)
+    add_serve_parser(sub, _add_model_flags, _model_and_overrides)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")
     return parser

@@ -8,6 +8,7 @@ through the ``gymnasium.envs`` entry point when another library calls ``gym.make
 | ``worldstep/Cosmos3Edge-v0`` | ``cosmos3_edge`` | NVIDIA Cosmos3-Edge (weights: a folder or the hub cache) |
 | ``worldstep/Cosmos3Nano-v0`` | ``cosmos3_nano`` | NVIDIA Cosmos3-Nano (weights: a folder or the hub cache) |
 | ``worldstep/PushSim-v0`` | -- | the procedural simulator the pusher model was trained on |
+| ``worldstep/Remote-v0`` | -- | an env of a ``worldstep serve`` process: ``gym.make(id, url=..., token=...)`` |
 
 Every world-model id takes any ``worldstep.make_env`` keyword (``max_windows=4``, ``model=world`` to share a
 loaded model, ``render_mode="rgb_array"``, ...); ``max_episode_steps`` is the config's ``env.max_windows``.
@@ -28,6 +29,7 @@ WORLD_MODEL_IDS = {
     "worldstep/Cosmos3Nano-v0": "cosmos3_nano",
 }
 SIMULATOR_IDS = {"worldstep/PushSim-v0": "worldstep.envs.push_sim:PushSimEnv"}
+REMOTE_IDS = {"worldstep/Remote-v0": "worldstep.serve.client:RemoteWorldModelEnv"}
 
 
 def register_envs() -> None:
@@ -44,6 +46,9 @@ def register_envs() -> None:
     for env_id, entry_point in SIMULATOR_IDS.items():
         if env_id not in registry:
             register(id=env_id, entry_point=entry_point, max_episode_steps=16, kwargs={"chunk_size": 4})
+    for env_id, entry_point in REMOTE_IDS.items():  # the server's env truncates at its own max_windows
+        if env_id not in registry:
+            register(id=env_id, entry_point=entry_point)
 
 
 def register_when_gymnasium_loads() -> None:

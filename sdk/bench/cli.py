@@ -13,6 +13,7 @@ import typing
 from collections.abc import Callable
 
 from .results import BenchResult, render_table
+from .serve import ServeSettings
 from .settings import (
     DecodeSettings,
     GpuSettings,
@@ -33,6 +34,8 @@ _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:fun
     "gpu": (GpuSettings, "gpu:run_gpu", "CUDA: Cosmos3-Edge ms per denoise step / commit / decode, MFU, RTF"),
     "profile": (ProfileSettings, "profiling:run_profile", "where a window's time goes (torch.profiler, cProfile)"),
     "view": (ViewSettings, "view:run_view", "RerunLogger's overhead per env step (needs the view extra)"),
+    "serve": (ServeSettings, "serve:run_serve", "env steps/s of client processes through `worldstep serve` vs local "
+                                                "envs and the vector env; per-step overhead; pages over many cycles"),
 }
 
 

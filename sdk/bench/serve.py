@@ -1,0 +1,269 @@
+"""`worldstep bench serve`: what serving costs, side by side in one run on one loaded model.
+
+1. Aggregate env steps/s of `clients` client processes stepping through `worldstep serve` (in this process, on
+   loopback), against the same number of local envs stepped one by one and against the local
+   `WorldModelVectorEnv` with N = `clients`. The blocks run in mirrored order (A B C C B A) so a drift of the
+   machine's load hits every alternative alike; each figure is `clients` over the median round time.
+2. Per-step overhead: one remote client against one local env, interleaved step by step.
+3. Server pages and resident memory over `cycles` connect/reset/step/disconnect cycles.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .machine import describe_machine
+from .measure import interleave, median, ratio, rss_bytes
+from .progress import Progress
+from .results import BenchResult, Table
+
+TARGET_SERVER_VS_VECTOR = 0.9
+TARGET_OVERHEAD = 1.05
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class ServeSettings:
+    config: str = _help("served model: a config name (pusher, tiny) or checkpoint folder", default="pusher")
+    clients: int = _help("client processes (and local envs, and the vector env's N)", default=8)
+    rounds: int = _help("measured steps per client per block", default=4)
+    warmup: int = _help("steps per client run first in each block and discarded", default=1)
+    overhead_rounds: int = _help("measured steps of the one-client overhead comparison", default=8)
+    cycles: int = _help("connect/reset/step/disconnect cycles of the memory check", default=1000)
+    max_wait_ms: float = _help("the server's batching window (a loaded 2-core box schedules 8 client processes "
+                               "tens of ms apart)", default=100.0)
+    num_steps: int | None = _help("denoise steps per window (default: the config's)", default=None)
+    cache_dir: str | None = _help("checkpoint cache (default $WORLDSTEP_CACHE)", default=None)
+
+
+def actions(shape: tuple[int, ...], k: int, seed: int) -> np.ndarray:
+    """The k-th action chunk of client `seed` (the same for the local alternatives)."""
+    return (0.8 * np.sin(k + seed + np.linspace(0, 3, int(np.prod(shape))))).reshape(shape).astype(np.float32)
+
+
+def client_main(url: str, seed: int, steps: int, go: str, out: str) -> None:
+    """One client process: reset, say ready, wait for `go`, step, write each step's end time to `out`."""
+    from worldstep.serve import RemoteWorldModelEnv
+
+    env = RemoteWorldModelEnv(url, max_windows=steps + 1)
+    env.reset(seed=seed)
+    Path(out + ".ready").touch()
+    while not Path(go).exists():
+        time.sleep(0.005)
+    ends = []
+    for k in range(steps):
+        env.step(actions(env.action_space.shape, k, seed))
+        ends.append(time.time())
+    env.close()
+    Path(out).write_text(json.dumps(ends))
+
+
+def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
+    import os
+
+    import worldstep
+    from worldstep.serve.server import WorldModelServer
+
+    if settings.cache_dir is not None:
+        os.environ["WORLDSTEP_CACHE"] = settings.cache_dir
+    overrides = {} if settings.num_steps is None else {"num_steps": settings.num_steps}
+    world = worldstep.load(settings.config, device="cpu", **overrides)
+    result = BenchResult("serve", describe_machine(), settings=vars(settings).copy())
+    server = WorldModelServer(world, max_batch=settings.clients, max_wait_ms=settings.max_wait_ms,
+                              max_sessions=max(64, settings.clients + 2)).start()
+    try:
+        rounds = _aggregate(world, server, settings, progress)
+        sizes = list(server.loop.batch_sizes)  # the server blocks' batches (the checks below step alone)
+        overhead = _overhead(world, server, settings, progress)
+        memory = _cycles(server, settings, progress)
+    finally:
+        server.drain()
+    n = settings.clients
+    steps_per_s = {name: ratio(n, median(times)) for name, times in rounds.items()}
+    result.results = {
+        "config": settings.config, "clients": n, "steps_per_s": steps_per_s,
+        "server_vs_vector": ratio(steps_per_s["server"], steps_per_s["vector_env"]),
+        "server_vs_separate": ratio(steps_per_s["server"], steps_per_s["separate"]),
+        "batch_sizes": {str(k): sizes.count(k) for k in sorted(set(sizes))},
+        "overhead": overhead, "cycles": memory,
+        "targets": {"server_vs_vector": TARGET_SERVER_VS_VECTOR, "overhead": TARGET_OVERHEAD},
+    }
+    result.tables += _tables(settings, result.results)
+    _notes(result)
+    return result
+
+
+# --- 1. aggregate steps/s ----------------------------------------------------------------------------
+
+
+def _aggregate(world, server, settings: ServeSettings, progress: Progress) -> dict[str, list[float]]:
+    blocks = {"vector_env": _vector_block, "server": _server_block, "separate": _separate_block}
+    order = [*blocks, *reversed(blocks)]
+    times: dict[str, list[float]] = {name: [] for name in blocks}
+    for i, name in enumerate(order):
+        progress(f"block {i + 1}/{len(order)}: {name}, {settings.clients} envs, {settings.warmup} + "
+                 f"{settings.rounds} steps")
+        times[name] += blocks[name](world, server, settings)
+    return times
+
+
+def _vector_block(world, server, s: ServeSettings) -> list[float]:
+    from worldstep.world import make_vec_env
+
+    vec = make_vec_env(world, s.clients, max_windows=s.warmup + s.rounds + 1)
+    try:
+        vec.reset(seed=list(range(s.clients)))
+        shape = vec.single_action_space.shape
+        out = []
+        for k in range(s.warmup + s.rounds):
+            batch = np.stack([actions(shape, k, seed) for seed in range(s.clients)])
+            start = time.perf_counter()
+            vec.step(batch)
+            out.append(time.perf_counter() - start)
+        return out[s.warmup:]
+    finally:
+        vec.close()
+
+
+def _separate_block(world, server, s: ServeSettings) -> list[float]:
+    from worldstep import make_env
+
+    envs = [make_env(world, max_windows=s.warmup + s.rounds + 1) for _ in range(s.clients)]
+    try:
+        for seed, env in enumerate(envs):
+            env.reset(seed=seed)
+        out = []
+        for k in range(s.warmup + s.rounds):
+            start = time.perf_counter()
+            for seed, env in enumerate(envs):
+                env.step(actions(env.action_space.shape, k, seed))
+            out.append(time.perf_counter() - start)
+        return out[s.warmup:]
+    finally:
+        for env in envs:
+            env.close()
+
+
+def _server_block(world, server, s: ServeSettings) -> list[float]:
+    """Round times of `clients` processes: round r ends when the last client's r-th step has come back."""
+    steps = s.warmup + s.rounds
+    with tempfile.TemporaryDirectory() as folder:
+        go, outs = Path(folder) / "go", [Path(folder) / f"client{i}.json" for i in range(s.clients)]
+        code = "import sys; from worldstep.bench.serve import client_main as m; m(*sys.argv[1:2], " \
+               "int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6])"
+        procs = [subprocess.Popen([sys.executable, "-c", code, server.url, str(i), str(steps), str(go), str(out)])
+                 for i, out in enumerate(outs)]
+        try:
+            deadline = time.monotonic() + 600
+            while not all(Path(f"{o}.ready").exists() for o in outs):
+                if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                    raise RuntimeError("bench serve: a client process failed to start")
+                time.sleep(0.01)
+            start = time.time()
+            go.touch()
+            for proc in procs:
+                if proc.wait(timeout=600) != 0:
+                    raise RuntimeError(f"bench serve: a client process exited with {proc.returncode}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        ends = np.array([json.loads(o.read_text()) for o in outs])  # [clients, steps]
+    round_ends = np.concatenate([[start], ends.max(axis=0)])
+    return list(np.diff(round_ends)[s.warmup:])
+
+
+# --- 2. one client's overhead ------------------------------------------------------------------------
+
+
+def _overhead(world, server, s: ServeSettings, progress: Progress) -> dict[str, float]:
+    from worldstep import make_env
+    from worldstep.serve import RemoteWorldModelEnv
+
+    progress(f"overhead: one remote client vs one local env, {s.overhead_rounds} steps each, interleaved")
+    windows = s.overhead_rounds + 2
+    remote, local = RemoteWorldModelEnv(server.url, max_windows=windows), make_env(world, max_windows=windows)
+    try:
+        remote.reset(seed=0)
+        local.reset(seed=0)
+        taken = {"remote": 0, "local": 0}
+
+        def stepper(name, env):
+            def step() -> None:
+                env.step(actions(env.action_space.shape, taken[name], 0))
+                taken[name] += 1
+            return step
+
+        samples = interleave({"remote": stepper("remote", remote), "local": stepper("local", local)},
+                             rounds=s.overhead_rounds, warmup=1)
+    finally:
+        remote.close()
+        local.close()
+    return {"remote_ms": samples["remote"].median_ms, "local_ms": samples["local"].median_ms,
+            "ratio": ratio(samples["remote"].median_s, samples["local"].median_s)}
+
+
+# --- 3. pages and memory over many cycles ------------------------------------------------------------
+
+
+def _cycles(server, s: ServeSettings, progress: Progress) -> dict[str, Any]:
+    from worldstep.serve import RemoteWorldModelEnv
+
+    rss, pages = [], []
+    for i in range(s.cycles):
+        env = RemoteWorldModelEnv(server.url, max_windows=2)
+        env.reset(seed=i)
+        env.step(np.zeros(env.action_space.shape, np.float32))
+        env.close()
+        if (i + 1) % max(1, s.cycles // 10) == 0:
+            rss.append(rss_bytes() / 2**20)
+            pages.append(server.pages_in_use())
+            progress(f"cycles: {i + 1}/{s.cycles}, pages in use {pages[-1]}, RSS {rss[-1]:.0f} MiB")
+    growth = 100 * (ratio(rss[-1], rss[len(rss) // 2]) - 1) if len(rss) > 1 else 0.0
+    return {"cycles": s.cycles, "pages_in_use": pages, "rss_mib": rss, "pages_flat": all(p == 0 for p in pages),
+            "rss_growth_pct_second_half": growth}
+
+
+# --- tables --------------------------------------------------------------------------------------------
+
+
+def _tables(s: ServeSettings, r: dict[str, Any]) -> list[Table]:
+    agg = Table(title=f"Aggregate env steps/s, {s.config}, {s.clients} envs", columns=[
+        f"{s.clients} local envs one by one", f"local vector env N={s.clients}", f"{s.clients} clients via server",
+        "server / vector env", "server / one by one"],
+        note=(f"Medians of {2 * s.rounds} rounds per alternative in mirrored blocks; the server runs in the bench "
+              f"process on loopback (--max-wait-ms {s.max_wait_ms:g}), each client is its own process."))
+    sps = r["steps_per_s"]
+    agg.add(sps["separate"], sps["vector_env"], sps["server"], r["server_vs_vector"], r["server_vs_separate"])
+    o = r["overhead"]
+    over = Table(title=f"One client: ms per step, {s.config}", columns=["local env", "remote env", "remote / local"])
+    over.add(o["local_ms"], o["remote_ms"], o["ratio"])
+    c = r["cycles"]
+    mem = Table(title=f"Server after {c['cycles']} connect/reset/step/disconnect cycles",
+                columns=["pages in use (every tenth)", "RSS first MiB", "RSS last MiB", "RSS growth, 2nd half %"])
+    mem.add(" ".join(map(str, c["pages_in_use"])), c["rss_mib"][0] if c["rss_mib"] else None,
+            c["rss_mib"][-1] if c["rss_mib"] else None, c["rss_growth_pct_second_half"])
+    return [agg, over, mem]
+
+
+def _notes(result: BenchResult) -> None:
+    r = result.results
+    if r["server_vs_vector"] < TARGET_SERVER_VS_VECTOR:
+        result.notes.append(f"server / vector env {r['server_vs_vector']:.2f} misses the >= "
+                            f"{TARGET_SERVER_VS_VECTOR} target (batch sizes seen: {r['batch_sizes']})")
+    if r["overhead"]["ratio"] > TARGET_OVERHEAD:
+        result.notes.append(f"one remote client costs {r['overhead']['ratio']:.2f}x a local env per step, over the "
+                            f"<= {TARGET_OVERHEAD} target")

@@ -1,0 +1,303 @@
+"""``worldstep serve``: one loaded world model hosting many env clients over a websocket.
+
+Each connection owns the sessions it opens (an unguessable id, valid on that connection only); a disconnect,
+an idle timeout or ``drain()`` closes them and their KV pages and decoder caches go back. Requests are checked
+against the schema of ``protocol.py`` before anything reaches the model; a bad one gets an error reply and the
+connection goes on. Steps of different connections batch into one engine call (``EngineLoop``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import http
+import secrets
+import ssl
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from pydantic import Field
+from worldstep.engine.kv import KVPoolExhausted
+from worldstep.engine.settings import StrictModel
+
+from ..world import World, make_env
+from .engine_loop import EngineLoop
+from .protocol import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    ErrorKind,
+    Op,
+    ProtocolError,
+    Request,
+    decode_request,
+    encode_error,
+    encode_info,
+    encode_reply,
+    encode_space,
+)
+
+__all__ = ["ServeError", "ServeOptions", "WorldModelServer"]
+
+
+class ServeOptions(StrictModel):
+    """How the server listens, whom it admits and how it batches (the flags of ``worldstep serve``)."""
+
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = Field(0, ge=0, le=65535)  # 0 picks a free port
+    token: str | None = Field(None, repr=False)  # clients send `Authorization: Api-Key <token>`; None: anyone
+    max_sessions: int = Field(64, ge=1)  # open sessions over all connections
+    max_batch: int = Field(16, ge=1)  # steps in one engine call
+    max_wait_ms: float = Field(2.0, ge=0, le=10_000)  # how long a step waits for others to join its batch
+    idle_timeout_s: float = Field(300.0, gt=0)  # a connection silent this long is closed, its sessions freed
+    max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # bigger messages close the connection
+    retry_after_s: float = Field(1.0, gt=0)  # the delay a "server full" refusal suggests
+    tls_cert: str | None = None  # PEM certificate chain: serve wss://
+    tls_key: str | None = None  # its PEM private key
+
+
+class ServeError(Exception):
+    """A refusal the client gets as ``{"kind", "message"}``."""
+
+    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.retry_after_s = kind, retry_after_s
+
+
+@dataclass
+class _Connection:
+    """What one client connection holds: whether it said hello, and its sessions by id."""
+
+    greeted: bool = False
+    sessions: dict[str, Any] = field(default_factory=dict)
+
+
+class WorldModelServer:
+    """Serve ``world`` on ``ws://host:port`` (``wss://`` with a TLS certificate) from a background thread.
+
+    ```python
+    with WorldModelServer(worldstep.load("pusher"), token="s3cret") as server:
+        env = worldstep.RemoteWorldModelEnv(server.url, token="s3cret")
+    ```
+    """
+
+    def __init__(self, world: World, options: ServeOptions | None = None, **kwargs: Any) -> None:
+        if not isinstance(world, World):
+            raise TypeError(f"world={world!r} is invalid; allowed: a World (worldstep.load(...))")
+        self.world = world
+        self.options = ServeOptions(**{**(options.model_dump() if options is not None else {}), **kwargs})
+        if (self.options.tls_cert is None) != (self.options.tls_key is None):
+            raise ValueError("tls_cert and tls_key are invalid: give both (PEM files) or neither")
+        self.loop = EngineLoop(self.options.max_batch, self.options.max_wait_ms / 1000, self.open_sessions)
+        self._lock = threading.Lock()
+        self._open = 0  # sessions open or being opened, over all connections
+        self._draining = False
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self._default_env = _describe(make_env(world))  # the served config's env, checked before binding
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the server is not running; call start() first")
+        scheme = "wss" if self.options.tls_cert else "ws"
+        return f"{scheme}://{self.options.host}:{self._server.socket.getsockname()[1]}"
+
+    def start(self) -> WorldModelServer:
+        from websockets.sync.server import serve
+
+        if self._server is not None:
+            return self
+        self.loop.start()
+        self._server = serve(self._handle, self.options.host, self.options.port, ssl=self._ssl_context(),
+                             process_request=self._admit, compression=None,
+                             max_size=self.options.max_message_bytes, server_header=None)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="worldstep-serve", daemon=True)
+        self._thread.start()
+        return self
+
+    def drain(self) -> None:
+        """Stop admitting, let in-flight steps finish, close every connection and its sessions, stop the loop."""
+        with self._lock:
+            self._draining = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()  # closes connections; their handlers close their sessions through the loop
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.loop.stop()
+
+    stop = drain
+
+    def __enter__(self) -> WorldModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.drain()
+
+    def open_sessions(self) -> int:
+        return self._open
+
+    def pages_in_use(self) -> int:
+        """KV pages the served model's pool has handed out (its baseline is 0 with no session open)."""
+        return self.world.model.kv.table.allocator.num_used
+
+    # --- admission -------------------------------------------------------------------------------
+
+    def _admit(self, connection, request):
+        """Refuse the websocket handshake of a draining server or a wrong or missing token (constant time)."""
+        if self._draining:
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "the server is draining\n")
+        token = self.options.token
+        if token is None:
+            return None
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Api-Key {token}".encode()):
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or wrong token\n")
+        return None
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.options.tls_cert is None:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.options.tls_cert, self.options.tls_key)
+        return context
+
+    def _reserve(self, what: str) -> None:
+        with self._lock:
+            if self._draining:
+                raise ServeError(ErrorKind.DRAINING, f"cannot {what}: the server is draining")
+            if self._open >= self.options.max_sessions:
+                raise ServeError(ErrorKind.SERVER_FULL,
+                                 f"server full: {self._open} of {self.options.max_sessions} sessions in use; "
+                                 f"retry in {self.options.retry_after_s:g} s", self.options.retry_after_s)
+            self._open += 1
+
+    def _release(self, n: int = 1) -> None:
+        with self._lock:
+            self._open -= n
+
+    # --- one connection --------------------------------------------------------------------------
+
+    def _handle(self, conn) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        state = _Connection()
+        try:
+            while True:
+                try:
+                    data = conn.recv(timeout=self.options.idle_timeout_s)
+                except TimeoutError:
+                    conn.close(code=1001, reason="idle timeout")
+                    return
+                conn.send(self._answer(data, state))
+        except ConnectionClosed:
+            return
+        finally:
+            self._close_all(state)
+
+    def _close_all(self, state: _Connection) -> None:
+        envs = list(state.sessions.values())
+        state.sessions.clear()
+        if envs:
+            try:
+                self.loop.call(lambda: [env.close() for env in envs])
+            finally:
+                self._release(len(envs))
+
+    def _answer(self, data: Any, state: _Connection) -> bytes:
+        request_id = None
+        try:
+            request = decode_request(data)
+            request_id = request.id
+            if not state.greeted and request.op is not Op.HELLO:
+                raise ProtocolError(f"op {request.op.value!r} before hello; the first request must be hello")
+            return encode_reply(request.id, **self._dispatch(request, state))
+        except ServeError as err:
+            return encode_error(request_id, err.kind, str(err), err.retry_after_s)
+        except ProtocolError as err:
+            return encode_error(err.request_id if request_id is None else request_id, ErrorKind.PROTOCOL, str(err))
+        except KVPoolExhausted as err:  # a reset or fork the page pool cannot hold now: capacity, not a bug
+            return encode_error(request_id, ErrorKind.SERVER_FULL, f"server full: the KV page pool cannot hold "
+                                f"another episode now ({err}); retry in {self.options.retry_after_s:g} s",
+                                self.options.retry_after_s)
+        except gym.error.ResetNeeded as err:
+            return encode_error(request_id, ErrorKind.RESET_NEEDED, str(err))
+        except gym.error.ClosedEnvironmentError as err:
+            return encode_error(request_id, ErrorKind.CLOSED, str(err))
+        except (ValueError, gym.error.Error) as err:
+            return encode_error(request_id, ErrorKind.VALUE, str(err))
+        except TypeError as err:
+            return encode_error(request_id, ErrorKind.TYPE, str(err))
+        except Exception as err:  # a bug, not the client's fault: logged here, named only by type there
+            traceback.print_exc(file=sys.stderr)
+            return encode_error(request_id, ErrorKind.INTERNAL, f"the server failed ({type(err).__name__})")
+
+    def _dispatch(self, request: Request, state: _Connection) -> dict[str, Any]:
+        f = request.fields
+        if request.op is Op.HELLO:
+            if f["protocol"] != PROTOCOL_VERSION:
+                raise ServeError(ErrorKind.PROTOCOL, f"protocol {f['protocol']} is invalid; this server speaks "
+                                                     f"protocol {PROTOCOL_VERSION} (install a matching worldstep)")
+            state.greeted = True
+            return self._hello()
+        if request.op is Op.OPEN:
+            return self._open_session(state, lambda: self._make_env(f["env"]))
+        if request.op is Op.STATS:
+            return {"sessions": self._open, "pages_in_use": self.loop.call(self.pages_in_use),
+                    "batches": self.loop.batches}
+        env = state.sessions.get(request.session)
+        if env is None:
+            raise ServeError(ErrorKind.UNKNOWN_SESSION, "session is invalid: not a session of this connection "
+                                                        "(open one first)")
+        if request.op is Op.RESET:
+            obs, info = self.loop.call(lambda: env.reset(seed=f["seed"], options=f["options"]))
+            return {"obs": obs, "info": encode_info(info)}
+        if request.op is Op.STEP:
+            obs, reward, terminated, truncated, info = self.loop.step(env, f["actions"])
+            return {"obs": obs, "reward": reward, "terminated": bool(terminated), "truncated": bool(truncated),
+                    "info": encode_info(info)}
+        if request.op is Op.FORK:
+            return self._open_session(state, lambda: env.fork(seed=f["seed"]))
+        del state.sessions[request.session]  # Op.CLOSE
+        try:
+            self.loop.call(env.close)
+        finally:
+            self._release()
+        return {}
+
+    def _open_session(self, state: _Connection, make) -> dict[str, Any]:
+        self._reserve("open a session")
+        try:
+            env = self.loop.call(make)
+        except BaseException:
+            self._release()
+            raise
+        session = secrets.token_urlsafe(24)
+        state.sessions[session] = env
+        return {"session": session, **_describe(env)}
+
+    def _make_env(self, overrides: dict[str, Any]):
+        """The client's env: ``worldstep.make_env(world, **overrides)``, with the local call's checks and errors."""
+        return make_env(self.world, **overrides)
+
+    def _hello(self) -> dict[str, Any]:
+        from worldstep import __version__
+
+        model = self.world.model
+        return {"protocol": PROTOCOL_VERSION, "worldstep": __version__, "model": self.world.config.model.name,
+                "embodiments": sorted(e.name for e in model.embodiments.within(model.spec.num_domains)),
+                "max_sessions": self.options.max_sessions, "max_message_bytes": self.options.max_message_bytes,
+                "env": self._default_env}
+
+
+def _describe(env) -> dict[str, Any]:
+    """What a client env mirrors: spaces, metadata and the reset defaults."""
+    return {"observation_space": encode_space(env.observation_space), "action_space": encode_space(env.action_space),
+            "render_fps": float(env.metadata["render_fps"]), "frame_fps": float(env.metadata["frame_fps"]),
+            "prompt": env.prompt, "domain_id": int(env.domain_id), "embodiment": env.embodiment,
+            "max_windows": env.max_windows}
