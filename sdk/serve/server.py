@@ -144,7 +144,7 @@ class WorldModelServer:
 
     def pages_in_use(self) -> int:
         """KV pages the served model's pool has handed out (its baseline is 0 with no session open)."""
-        return self.world.model.kv.table.allocator.num_used
+        return self.world.model.kv.num_used_pages
 
     # --- admission -------------------------------------------------------------------------------
 
