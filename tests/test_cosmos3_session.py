@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from importlib.resources import files
 
 import numpy as np
@@ -88,6 +89,26 @@ def test_batched_step_matches_one_by_one(model, guidance):
     for session in sessions:
         model.close(session)
     assert model.kv.table.num_used_pages == 0
+
+
+def test_the_phases_of_a_batched_step_add_up_to_its_wall_time(model):
+    """`PhaseTimings` is each window's share of its group's call: the shares of one step add up to the step's wall
+    time (a consistency check, not a speed assertion), over two groups (steps 2 and 1) of 3 and 1 sessions."""
+    sessions = [_open(model, seed=s) for s in (1, 2, 3)] + [_open(model, seed=4, num_steps=1)]
+    try:
+        for w in range(2):
+            start = time.perf_counter()
+            results = model.step(sessions, [_actions(10 * w + i) for i in range(4)])
+            wall = time.perf_counter() - start
+            phases = sum(r.timings.total_s for r in results)
+            assert abs(phases - wall) <= 0.05 * wall, (phases, wall)
+            assert [r.timings.shared_by for r in results] == [3, 3, 3, 1]
+            group = results[0].timings.of_group()  # the group's call: its sessions' shares summed
+            assert group.decode_s == pytest.approx(sum(r.timings.decode_s for r in results[:3]))
+            assert all(r.timings.denoise_s > 0 and r.timings.decode_s > 0 and r.timings.other_s > 0 for r in results)
+    finally:
+        for s in sessions:
+            model.close(s)
 
 
 def test_fork_shares_pages_and_diverges_independently(model):

@@ -6,7 +6,9 @@ shapes, as `vae.decode` does for the whole stream; only `post_quant_conv`, a poi
 runs here one latent at a time instead of over the whole clip, may round differently (kernels pick
 their path by shape). The frames therefore equal one whole-stream decode within float32 rounding
 (max |diff| <= 1e-5 in [-1, 1] pixels, at most 1 uint8 level; see docs/exactness.md), and they are
-bit-identical whatever the window pattern and whichever other streams are decoded alongside. A stream
+bit-identical whatever the window pattern and whichever other streams are decoded alongside, unless
+`DecoderOptions.batch_streams` stacks the streams of one step into one set of calls (a bounded rounding
+cost for one call per group instead of one per stream: `BATCHED_DECODE_ATOL`). A stream
 without a cache re-decodes its retained context ahead of the window from an empty cache and keeps
 only the new frames (the stateless path).
 """
@@ -155,8 +157,9 @@ class WarmWanDecoder:
     def decode_batch(
         self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor], output: Output = "frames"
     ) -> list:
-        """Decode one window of each stream, each through its own decoder calls (the calls it would
-        make alone). All or nothing: if any stream's run raises, no stream advances, and every cache
+        """Decode one window of each stream: each through its own decoder calls (the calls it would make
+        alone), or with `DecoderOptions.batch_streams` the streams of one latent grid, window length and cache
+        layout stacked into one set of calls (within `BATCHED_DECODE_*` of the per-stream frames). All or nothing: if any stream's run raises, no stream advances, and every cache
         a run had touched is dropped (that stream's retry re-decodes behind its context, then
         continues warm).
 
@@ -210,14 +213,26 @@ class WarmWanDecoder:
     def _run_jobs(self, jobs: list[WindowJob]) -> None:
         touched: list[DecodeStream] = []
         try:
-            for job in jobs:
-                if not job.cold:
-                    touched.append(job.stream)
-                self._runner.run(job)
+            for batch in self._batches(jobs):
+                touched += [job.stream for job in batch if not job.cold]
+                if len(batch) == 1:
+                    self._runner.run(batch[0])
+                else:
+                    self._runner.run_stacked(batch)
         except BaseException:
             for s in touched:  # a half-advanced cache must never be continued
                 s.slots = None
             raise
+
+    def _batches(self, jobs: list[WindowJob]) -> list[list[WindowJob]]:
+        """Jobs that share decoder calls: one each (the exact per-stream path), or with `batch_streams` those of
+        one `stack_key` together (never two latent grids, window lengths or cache layouts in one call)."""
+        if not self.options.batch_streams:
+            return [[job] for job in jobs]
+        by_key: dict[tuple, list[WindowJob]] = {}
+        for job in jobs:
+            by_key.setdefault(job.stack_key, []).append(job)
+        return list(by_key.values())
 
     def _commit(self, job: WindowJob) -> None:
         s = job.stream
