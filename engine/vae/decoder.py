@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .cache import compact, compact_slots, count_slots
-from .jobs import Output, WindowJob, WindowRunner
+from .jobs import Output, WindowJob, WindowRunner, stacked_batches
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .perf import cudnn_benchmark, decoder_copy
@@ -38,11 +38,6 @@ _stream_ids = itertools.count()
 # shape differs (per latent vs whole clip), so they agree within float32 rounding. Measured max 3.8e-6 on
 # the test VAEs over seeds, window patterns and CPU kernel selections (docs/exactness.md).
 WHOLE_STREAM_DECODE_ATOL = 1e-5
-# `batch_streams` (streams stacked into one set of calls) vs each stream's own calls, in [-1, 1] pixels: the same
-# convs at another batch size, which kernels may round differently. Measured max 4.0e-6 on the test VAEs over
-# seeds, grids, window patterns, oneDNN convs on and off and the CPU kernel selections; frames at most 1 uint8
-# level apart on at most 1e-3 of values (measured 3.5e-4). docs/exactness.md.
-BATCHED_DECODE_ATOL = 1e-5
 
 
 class WarmWanDecoder:
@@ -164,7 +159,7 @@ class WarmWanDecoder:
     ) -> list:
         """Decode one window of each stream: each through its own decoder calls (the calls it would make
         alone), or with `DecoderOptions.batch_streams` the streams of one latent grid, window length and cache
-        layout stacked into one set of calls (within `BATCHED_DECODE_*` of the per-stream frames). All or nothing: if any stream's run raises, no stream advances, and every cache
+        layout stacked into one set of calls (within `BATCHED_DECODE_ATOL` of the per-stream frames). All or nothing: if any stream's run raises, no stream advances, and every cache
         a run had touched is dropped (that stream's retry re-decodes behind its context, then
         continues warm).
 
@@ -218,7 +213,7 @@ class WarmWanDecoder:
     def _run_jobs(self, jobs: list[WindowJob]) -> None:
         touched: list[DecodeStream] = []
         try:
-            for batch in self._batches(jobs):
+            for batch in stacked_batches(jobs) if self.options.batch_streams else [[job] for job in jobs]:
                 touched += [job.stream for job in batch if not job.cold]
                 if len(batch) == 1:
                     self._runner.run(batch[0])
@@ -228,16 +223,6 @@ class WarmWanDecoder:
             for s in touched:  # a half-advanced cache must never be continued
                 s.slots = None
             raise
-
-    def _batches(self, jobs: list[WindowJob]) -> list[list[WindowJob]]:
-        """Jobs that share decoder calls: one each (the exact per-stream path), or with `batch_streams` those of
-        one `stack_key` together (never two latent grids, window lengths or cache layouts in one call)."""
-        if not self.options.batch_streams:
-            return [[job] for job in jobs]
-        by_key: dict[tuple, list[WindowJob]] = {}
-        for job in jobs:
-            by_key.setdefault(job.stack_key, []).append(job)
-        return list(by_key.values())
 
     def _commit(self, job: WindowJob) -> None:
         s = job.stream
