@@ -159,9 +159,9 @@ class WarmWanDecoder:
     ) -> list:
         """Decode one window of each stream: each through its own decoder calls (the calls it would make
         alone), or with `DecoderOptions.batch_streams` the streams of one latent grid, window length and cache
-        layout stacked into one set of calls (within `BATCHED_DECODE_ATOL` of the per-stream frames). All or nothing: if any stream's run raises, no stream advances, and every cache
-        a run had touched is dropped (that stream's retry re-decodes behind its context, then
-        continues warm).
+        layout stacked into one set of calls (within `BATCHED_DECODE_ATOL` of the per-stream frames). All or
+        nothing: if any stream's run raises, no stream advances, and every cache a run had touched is dropped
+        (that stream's retry re-decodes behind its context, then continues warm).
 
         Args:
             streams: distinct open streams of this decoder.
