@@ -35,8 +35,10 @@ class WorldModelVectorEnv(VectorEnv):
     ``reset(seed=s)`` seeds sub-environment ``i`` with ``s + i`` (or ``seed[i]`` for a list). Each
     ``options`` key (``image``, ``prompt``, ``domain_id``) takes one value for every sub-environment or a
     list/tuple of ``num_envs`` values. Infos are arrays with ``_key`` masks; ``timings`` holds float
-    arrays ``denoise_s``, ``commit_s``, ``decode_s`` and ``kv`` int arrays ``pages_in_use``, ... (the fields
-    of a single env's ``PhaseTimings`` and ``KVStats``).
+    arrays ``denoise_s``, ``commit_s``, ``decode_s``, ``other_s`` and the int array ``shared_by``, and ``kv`` int
+    arrays ``pages_in_use``, ... (the fields of a single env's ``PhaseTimings`` and ``KVStats``). Each env's
+    timings are its share of the one batched engine call (the call's phases divided by the envs that shared
+    it), so summed over the envs they give the call's phases and its wall time.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24,

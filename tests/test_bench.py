@@ -85,7 +85,13 @@ def test_vector(tmp_path, cache):
     assert [r["n"] for r in rows] == [1, 2]
     for r in rows:
         assert _positive(r["speedup"]) and _positive(r["steps_per_s"]["separate"])
-        assert set(r["phases_ms"]["batched"]) == {"denoise_ms", "commit_ms", "decode_ms"}
+        for mode in ("per_stream", "stacked"):  # both decode modes, side by side
+            assert _positive(r["speedup_by_mode"][mode]) and _positive(r["steps_per_s"][f"batched_{mode}"])
+            phases = r["phases_ms"][f"batched_{mode}"]
+            assert set(phases) == {"denoise_ms", "commit_ms", "decode_ms", "other_ms"}
+            # the phases of one call are its windows' shares: they add up to the call, never N times a phase
+            assert sum(phases.values()) <= 1.05 * r["ms_per_call"][f"batched_{mode}"]
+            assert 0 <= r["overhead_fraction"][f"batched_{mode}"] < 1
         if "vector_env" in r["steps_per_s"]:
             assert _positive(r["speedup_vector_env"])
 

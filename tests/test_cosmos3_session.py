@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from importlib.resources import files
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from tiny_world import BATCHED_LATENTS_ATOL
+from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
 from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import (
     CheckpointNotFoundError,
@@ -17,6 +18,7 @@ from worldstep.engine.models.cosmos3 import (
     build_checkpoint,
     ensure_embedded_checkpoint,
 )
+from worldstep.engine.vae import DecoderOptions
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,47 @@ def test_batched_step_matches_one_by_one(model, guidance):
     for session in sessions:
         model.close(session)
     assert model.kv.table.num_used_pages == 0
+
+
+@pytest.mark.exactness
+def test_a_batched_step_with_stacked_decode_matches_one_by_one_within_the_bound(model):
+    """`decoder.batch_streams`: the group's streams decode in one set of calls; frames within the batched bound of
+    each session stepped alone on the per-stream path, and every page and warm cache comes back on close."""
+    stacked = Cosmos3WorldModel(model.components, device=model.device, num_pages=256, page_size=16,
+                                decoder_options=DecoderOptions(batch_streams=True))
+    singles = []
+    for seed in (1, 2, 3):
+        with _session(model, seed=seed) as session:
+            singles.append([model.step([session], [_actions(seed + w)])[0] for w in range(2)])
+    sessions = [_open(stacked, seed=seed) for seed in (1, 2, 3)]
+    for w in range(2):
+        results = stacked.step(sessions, [_actions(seed + w) for seed in (1, 2, 3)])
+        for i, result in enumerate(results):
+            assert (result.latents - singles[i][w].latents).abs().max() <= BATCHED_LATENTS_ATOL
+            assert_frames_match_batched(result.frames, singles[i][w].frames)
+    assert stacked.decoder.live_warm_streams == 3
+    stacked.close_all()
+    assert stacked.kv.table.num_used_pages == 0 and stacked.decoder.live_warm_streams == 0
+
+
+def test_the_phases_of_a_batched_step_add_up_to_its_wall_time(model):
+    """`PhaseTimings` is each window's share of its group's call: the shares of one step add up to the step's wall
+    time (a consistency check, not a speed assertion), over two groups (steps 2 and 1) of 3 and 1 sessions."""
+    sessions = [_open(model, seed=s) for s in (1, 2, 3)] + [_open(model, seed=4, num_steps=1)]
+    try:
+        for w in range(2):
+            start = time.perf_counter()
+            results = model.step(sessions, [_actions(10 * w + i) for i in range(4)])
+            wall = time.perf_counter() - start
+            phases = sum(r.timings.total_s for r in results)
+            assert abs(phases - wall) <= 0.05 * wall, (phases, wall)
+            assert [r.timings.shared_by for r in results] == [3, 3, 3, 1]
+            group = results[0].timings.of_group()  # the group's call: its sessions' shares summed
+            assert group.decode_s == pytest.approx(sum(r.timings.decode_s for r in results[:3]))
+            assert all(r.timings.denoise_s > 0 and r.timings.decode_s > 0 and r.timings.other_s > 0 for r in results)
+    finally:
+        for s in sessions:
+            model.close(s)
 
 
 def test_fork_shares_pages_and_diverges_independently(model):

@@ -10,6 +10,7 @@ import importlib
 from .options import DecoderOptions
 
 _LAZY = {
+    "BATCHED_DECODE_ATOL": ".jobs",
     "WHOLE_STREAM_DECODE_ATOL": ".decoder",
     "WarmWanDecoder": ".decoder",
     "encode_first_frame": ".encoder",

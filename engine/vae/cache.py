@@ -52,3 +52,21 @@ def compact_slots(slots: list[Slot]) -> None:
     for i, s in enumerate(slots):
         if isinstance(s, torch.Tensor):
             slots[i] = compact(s)
+
+
+def slot_signature(slots: list[Slot] | None) -> tuple:
+    """What a cache holds, slot by slot (marker or tensor shape and dtype): caches with equal signatures stack."""
+    if slots is None:
+        return ()
+    return tuple(s if not isinstance(s, torch.Tensor) else (tuple(s.shape), s.dtype) for s in slots)
+
+
+def stack_slots(caches: list[list[Slot]]) -> list[Slot]:
+    """One cache for a batch of streams: each tensor slot concatenated along the batch (the streams' caches must
+    have one `slot_signature`; marker slots are then equal and kept as they are)."""
+    return [torch.cat(group) if isinstance(group[0], torch.Tensor) else group[0] for group in zip(*caches)]
+
+
+def split_slots(slots: list[Slot], batch: int) -> list[list[Slot]]:
+    """The per-stream caches of a stacked cache: views along the batch (`compact_slots` makes them own storage)."""
+    return [[s[b : b + 1] if isinstance(s, torch.Tensor) else s for s in slots] for b in range(batch)]

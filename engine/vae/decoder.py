@@ -6,7 +6,9 @@ shapes, as `vae.decode` does for the whole stream; only `post_quant_conv`, a poi
 runs here one latent at a time instead of over the whole clip, may round differently (kernels pick
 their path by shape). The frames therefore equal one whole-stream decode within float32 rounding
 (max |diff| <= 1e-5 in [-1, 1] pixels, at most 1 uint8 level; see docs/exactness.md), and they are
-bit-identical whatever the window pattern and whichever other streams are decoded alongside. A stream
+bit-identical whatever the window pattern and whichever other streams are decoded alongside, unless
+`DecoderOptions.batch_streams` stacks the streams of one step into one set of calls (a bounded rounding
+cost for one call per group instead of one per stream: `BATCHED_DECODE_ATOL`). A stream
 without a cache re-decodes its retained context ahead of the window from an empty cache and keeps
 only the new frames (the stateless path).
 """
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from .cache import compact, compact_slots, count_slots
-from .jobs import Output, WindowJob, WindowRunner
+from .jobs import Output, WindowJob, WindowRunner, stacked_batches
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .perf import cudnn_benchmark, decoder_copy
@@ -155,10 +157,11 @@ class WarmWanDecoder:
     def decode_batch(
         self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor], output: Output = "frames"
     ) -> list:
-        """Decode one window of each stream, each through its own decoder calls (the calls it would
-        make alone). All or nothing: if any stream's run raises, no stream advances, and every cache
-        a run had touched is dropped (that stream's retry re-decodes behind its context, then
-        continues warm).
+        """Decode one window of each stream: each through its own decoder calls (the calls it would make
+        alone), or with `DecoderOptions.batch_streams` the streams of one latent grid, window length and cache
+        layout stacked into one set of calls (within `BATCHED_DECODE_ATOL` of the per-stream frames). All or
+        nothing: if any stream's run raises, no stream advances, and every cache a run had touched is dropped
+        (that stream's retry re-decodes behind its context, then continues warm).
 
         Args:
             streams: distinct open streams of this decoder.
@@ -210,10 +213,12 @@ class WarmWanDecoder:
     def _run_jobs(self, jobs: list[WindowJob]) -> None:
         touched: list[DecodeStream] = []
         try:
-            for job in jobs:
-                if not job.cold:
-                    touched.append(job.stream)
-                self._runner.run(job)
+            for batch in stacked_batches(jobs) if self.options.batch_streams else [[job] for job in jobs]:
+                touched += [job.stream for job in batch if not job.cold]
+                if len(batch) == 1:
+                    self._runner.run(batch[0])
+                else:
+                    self._runner.run_stacked(batch)
         except BaseException:
             for s in touched:  # a half-advanced cache must never be continued
                 s.slots = None

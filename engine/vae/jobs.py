@@ -1,8 +1,11 @@
-"""One stream's window in a decode call, and the run that decodes it.
+"""One stream's window in a decode call, and the runs that decode it.
 
-Every stream runs its own decoder calls, never stacked with another stream's: a kernel's rounding may
-depend on the batch size (oneDNN does at some shapes), and a stream's frames must not depend on which
-other streams happen to be decoded in the same call.
+`WindowRunner.run` gives one stream its own decoder calls: a kernel's rounding may depend on the batch size
+(oneDNN does at some shapes), so only then are a stream's frames independent of which other streams share a
+step. `WindowRunner.run_stacked` decodes the windows of several streams in one set of calls, their caches
+stacked along the batch and split again afterwards (`DecoderOptions.batch_streams`): one call per group
+instead of one per stream, at a bounded rounding cost (docs/exactness.md). Only jobs with the same
+`stack_key` (latent grid, window length, context, cache layout) may share a call.
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .cache import Slot, empty_cache
+from .cache import Slot, empty_cache, slot_signature, split_slots, stack_slots
 from .causal import call_sizes, run_decoder
 from .frames import frames_u8, pixels_from_decoder
 from .stream import DecodeStream
 
 Output = Literal["frames", "pixels", "device"]
+
+# `batch_streams` (streams stacked into one set of calls) vs each stream's own calls, in [-1, 1] pixels: the same
+# convs at another batch size, which kernels may round differently. Measured max 4.0e-6 on the test VAEs over
+# seeds, grids, window patterns, oneDNN convs on and off and the CPU kernel selections; frames at most 1 uint8
+# level apart on at most 1e-3 of values (measured 3.5e-4). docs/exactness.md.
+BATCHED_DECODE_ATOL = 1e-5
 
 
 @dataclass(eq=False)
@@ -47,6 +56,14 @@ class WindowJob:
     num_frames: int = 0
     x_new: torch.Tensor | None = None
     slots: list[Slot] | None = None
+
+    @property
+    def stack_key(self) -> tuple:
+        """Jobs with equal keys can run as one batch: same window and context shapes (so the same latent grid),
+        both cold or both warm, and caches of the same layout (which slots hold what, at which shapes)."""
+        context = None if self.context is None else tuple(self.context.shape)
+        cache = None if self.cold else slot_signature(self.stream.slots)
+        return tuple(self.z.shape), self.z.dtype, context, self.cold, cache
 
     @property
     def skip_calls(self) -> int:
@@ -96,3 +113,33 @@ class WindowRunner:
             if i >= job.skip_calls:  # earlier calls re-decode the context: their frames are dropped
                 job.keep(pixels_from_decoder(out, self.patch_size))  # [1,3,T_call,H,W]
         job.slots = slots
+
+    def run_stacked(self, jobs: list[WindowJob]) -> None:
+        """Decode the windows of ``jobs`` (one `stack_key`) in one set of calls, every stream's cache stacked
+        along the batch, then split back per job; a warm cache is only replaced once the whole run succeeded."""
+        if len({job.stack_key for job in jobs}) != 1:
+            raise ValueError("jobs with different stack keys (grid, window, context or cache layout) cannot share "
+                             "a decoder call")
+        first = jobs[0]
+        z = torch.cat([job.z for job in jobs])  # [B,C,t,h,w]
+        x_new = torch.cat([self.post_quant_conv(z[:, :, i : i + 1]) for i in range(z.shape[2])], dim=2)  # [B,C,t,h,w]
+        x = x_new if first.context is None else torch.cat([torch.cat([j.context for j in jobs]), x_new], dim=2)
+        slots = empty_cache(self.num_slots) if first.cold else stack_slots([job.stream.slots for job in jobs])
+        sizes = call_sizes(x.shape[2], self.latents_per_call, first.cold)
+        calls = run_decoder(self.decoder, x, slots, sizes, stream_start=first.cold, channels_last=self.channels_last)
+        for i, out in enumerate(calls):
+            if i >= first.skip_calls:
+                pixels = pixels_from_decoder(out, self.patch_size)  # [B,3,T_call,H,W]
+                for b, job in enumerate(jobs):
+                    job.keep(pixels[b : b + 1])
+        for b, (job, own) in enumerate(zip(jobs, split_slots(slots, len(jobs)))):
+            job.x_new, job.slots = x_new[b : b + 1], own  # views: the commit compacts them
+
+
+def stacked_batches(jobs: list[WindowJob]) -> list[list[WindowJob]]:
+    """The jobs that share decoder calls under `batch_streams`: those of one `stack_key` together, so two latent
+    grids, window lengths or cache layouts never share a call (a batch of one runs `WindowRunner.run`)."""
+    by_key: dict[tuple, list[WindowJob]] = {}
+    for job in jobs:
+        by_key.setdefault(job.stack_key, []).append(job)
+    return list(by_key.values())

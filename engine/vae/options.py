@@ -37,6 +37,12 @@ class DecoderOptions(StrictModel):
         max_warm_streams: warm caches per decoder (0 = no cap). A stream that starts its first
             window while the cap is reached stays stateless for its whole life. The cap counts
             streams, not bytes: size it from `cache_bytes` at the served resolution and dtype.
+        batch_streams: decode the windows of a step's streams in one set of decoder calls, their causal-conv
+            caches stacked along the batch (streams of different latent grids, window lengths or cache layouts
+            never share a call): one call per group instead of one per stream. Kernels may round differently
+            at another batch size, so frames are within `BATCHED_DECODE_ATOL` of the per-stream path (at most
+            1 uint8 level on at most 1e-3 of values; docs/exactness.md). Off: each stream runs its own calls,
+            and its frames are bit-identical to a single-env run's given the same latents.
         dtype: the dtype the decoder runs in (None: the VAE's own). Another dtype than the VAE's runs on a
             private copy of the decoder in that dtype (the shared VAE keeps its weights); bfloat16 halves
             the cache and the decoder's time on a GPU, at bf16 rounding (docs/exactness.md).
@@ -53,6 +59,7 @@ class DecoderOptions(StrictModel):
     onednn_conv: bool = False
     max_warm_streams: NonNegativeInt = 0
     context_latents: PositiveInt = 8
+    batch_streams: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def validate_for_window(self, latents_per_window: int) -> None:

@@ -103,16 +103,16 @@ def checkpoint_for(arch: BenchArch, cache_dir: str | Path | None = None) -> Path
 
 
 def load_model(arch: BenchArch, *, height: int | None = None, width: int | None = None, num_pages: int = 512,
-               cache_dir: str | Path | None = None):
+               cache_dir: str | Path | None = None, decoder: dict[str, Any] | None = None):
     """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's), decoding
-    as its shipped config does (`small`: as `tiny`)."""
+    as its shipped config does (`small`: as `tiny`), with the `DecoderOptions` fields in ``decoder`` changed."""
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
     from worldstep.engine.vae import DecoderOptions
 
     return Cosmos3WorldModel.from_pretrained(
         checkpoint_for(arch, cache_dir), device="cpu", num_pages=num_pages, page_size=arch.page_size,
         height=height or arch.height, width=width or arch.width, name=f"bench-{arch.name}",
-        decoder_options=DecoderOptions(**arch.decoder),
+        decoder_options=DecoderOptions(**{**arch.decoder, **(decoder or {})}),
     )
 
 

@@ -26,7 +26,7 @@ from .loader import Cosmos3Components, load_components, model_spec
 from .prompt import session_prompt_ids
 from .runner import prefill_text
 from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
-from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult
+from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult, charge_step_overhead
 from .stepping import WindowOutput, WindowRunner
 from .window import WindowContext
 
@@ -240,7 +240,7 @@ class Cosmos3WorldModel:
         """Step every session one window: schedule, run, postprocess. Sessions that share steps, shift, mode
         and window shape run ONE batched forward per denoise step. With ``decode=False`` the frames are left
         to `decode`."""
-        sessions, checked = list(sessions), self._check_actions(sessions, actions)
+        started, sessions, checked = time.perf_counter(), list(sessions), self._check_actions(sessions, actions)
         with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
             for s in sorted(sessions, key=lambda s: s.session_id):
                 stack.enter_context(s.busy)
@@ -256,7 +256,7 @@ class Cosmos3WorldModel:
             except BaseException:  # a failed window never leaves half-committed state behind
                 self._close_all_locked(sessions)
                 raise
-            return self._postprocess(batch, outputs)
+            return charge_step_overhead(self._postprocess(batch, outputs), time.perf_counter() - started)
 
     def _check_actions(self, sessions: Sequence[RolloutSession], actions: Sequence) -> list:
         sessions, actions = list(sessions), list(actions)
@@ -288,7 +288,8 @@ class Cosmos3WorldModel:
         start = time.perf_counter()
         frames = self.decoder.decode(session.decode_stream, result.latents.to(self.device)[None])
         t = result.timings
-        result.frames, result.timings = frames, PhaseTimings(t.denoise_s, t.commit_s, time.perf_counter() - start)
+        result.frames, result.timings = frames, PhaseTimings(t.denoise_s, t.commit_s, time.perf_counter() - start,
+                                                                t.other_s, t.shared_by)
         return result
 
     def _close_all_locked(self, sessions: list[RolloutSession]) -> None:

@@ -52,7 +52,13 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PhaseTimings:
-    """Wall-clock seconds per phase of one window.
+    """Wall-clock seconds of one window: THIS SESSION'S SHARE of the step that ran it.
+
+    The sessions of a group run one batched call per phase, so each window is charged the call's time divided by
+    ``shared_by`` (the sessions in its group); ``other_s`` is the step's time outside every group's phases
+    (checks, scheduling, admission, host copies, postprocess), divided by the step's sessions. The shares of one
+    `step` therefore add up to its wall time, whatever the grouping (`of_group` gives the call's own figures).
+    A window decoded later by `Cosmos3WorldModel.decode` gets that decode's own time as ``decode_s``.
 
     Timings are measurements, not state: two instances always compare equal, so two rollouts with the same
     seed and actions have equal infos (what gymnasium's determinism check compares).
@@ -61,10 +67,17 @@ class PhaseTimings:
     denoise_s: float = field(default=0.0, compare=False)
     commit_s: float = field(default=0.0, compare=False)
     decode_s: float = field(default=0.0, compare=False)
+    other_s: float = field(default=0.0, compare=False)
+    shared_by: int = field(default=1, compare=False)
 
     @property
     def total_s(self) -> float:
-        return self.denoise_s + self.commit_s + self.decode_s
+        return self.denoise_s + self.commit_s + self.decode_s + self.other_s
+
+    def of_group(self) -> PhaseTimings:
+        """The phases of the group's batched call (each share times ``shared_by``)."""
+        n = self.shared_by
+        return PhaseTimings(n * self.denoise_s, n * self.commit_s, n * self.decode_s, n * self.other_s, n)
 
 
 @dataclass(frozen=True)
@@ -87,3 +100,12 @@ class WindowResult:
     frame_end: int
     timings: PhaseTimings
     kv: KVStats
+
+
+def charge_step_overhead(results: list[WindowResult], step_s: float) -> list[WindowResult]:
+    """Give each window of a step an equal share of the step's time outside its groups' phases (``other_s``), so
+    the results' `PhaseTimings` add up to ``step_s``, the step's wall time."""
+    other = max(0.0, step_s - sum(r.timings.total_s for r in results)) / max(1, len(results))
+    for r in results:
+        r.timings = replace(r.timings, other_s=other)
+    return results

@@ -31,7 +31,7 @@ class WindowOutput:
         latents: ``[C, n, h, w]`` float32 new latents, on the device (a chained window re-pins their tail).
         host_latents: the same on the CPU.
         frames: ``[chunk, H, W, 3]`` uint8, or None when not decoded.
-        timings: the window's group's phases.
+        timings: this window's share of its group's phases (``other_s`` is filled in by postprocess).
     """
 
     latents: torch.Tensor
@@ -103,9 +103,10 @@ class WindowRunner:
             raise FloatingPointError("a window's latents contain NaN or inf; the sessions of this step are closed")
         outputs: dict[int, WindowOutput] = {}
         for r, (frames, latents) in zip(runs, host):
-            timings = PhaseTimings(r.clock.seconds("start", "denoise_end"),
-                                   r.clock.seconds("denoise_end", "commit_end"),
-                                   r.clock.seconds("decode_start", "decode_end"))
+            n = len(r.windows)  # one batched call per phase: each window is charged its share
+            timings = PhaseTimings(r.clock.seconds("start", "denoise_end") / n,
+                                   r.clock.seconds("denoise_end", "commit_end") / n,
+                                   r.clock.seconds("decode_start", "decode_end") / n, shared_by=n)
             for w, z, zh, f in zip(r.windows, r.latents, latents, frames):
                 outputs[w.index] = WindowOutput(z, zh, f, timings)
         return [outputs[i] for i in sorted(outputs)]
