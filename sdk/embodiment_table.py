@@ -1,7 +1,7 @@
-"""The README's embodiment table, generated from the registry so the two never drift.
+"""The embodiment table (docs/embodiments.md), generated from the registry so the two never drift.
 
     python -m worldstep.embodiment_table            # print the table
-    python -m worldstep.embodiment_table README.md  # rewrite the block between the markers in place
+    python -m worldstep.embodiment_table docs/embodiments.md  # rewrite the block between the markers in place
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
 
-BEGIN = "<!-- embodiment-table:begin (python -m worldstep.embodiment_table README.md) -->"
+BEGIN = "<!-- embodiment-table:begin (python -m worldstep.embodiment_table docs/embodiments.md) -->"
 END = "<!-- embodiment-table:end -->"
 
 
