@@ -17,7 +17,8 @@ from worldstep.engine.checks import check_int
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """What a window commit keeps of its stream: ``protected_tokens`` of head plus ``context_tokens`` behind the frontier."""
+    """What a window commit keeps of its stream: ``protected_tokens`` of head plus ``context_tokens`` behind the
+    frontier."""
 
     protected_tokens: int
     context_tokens: int

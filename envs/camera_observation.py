@@ -53,7 +53,8 @@ class MultiCameraObservation(gym.ObservationWrapper):
         if clash:
             raise ValueError(f"cameras {clash} are invalid: the env's observation already has those keys; allowed: "
                              "other names")
-        boxes = {name: spaces.Box(0, 255, (chunk, h, w, 3), np.uint8) for name, (h, w) in self.grid.view_shapes().items()}
+        boxes = {name: spaces.Box(0, 255, (chunk, h, w, 3), np.uint8)
+                 for name, (h, w) in self.grid.view_shapes().items()}
         self.observation_space = spaces.Dict({**boxes, **others})
 
     @property

@@ -67,8 +67,9 @@ class EpisodeRules:
         got = plan_first_frame(int(image.shape[0]), int(image.shape[1]), want.tier, want.spatial)
         if (got.canvas, got.latent_size) != (want.canvas, want.latent_size):
             raise ValueError(
-                f"{field} of size {image.shape[0]}x{image.shape[1]} is invalid for this env's canvas (tier {want.tier}, "
-                f"aspect bin {want.aspect_bin}, {want.output_size[0]}x{want.output_size[1]} frames): it gives a "
+                f"{field} of size {image.shape[0]}x{image.shape[1]} is invalid for this env's canvas "
+                f"(tier {want.tier}, aspect bin {want.aspect_bin}, {want.output_size[0]}x{want.output_size[1]} "
+                "frames): it gives a "
                 f"{got.canvas[0]}x{got.canvas[1]} canvas and {got.output_size[0]}x{got.output_size[1]} frames; "
                 f"allowed: an image that gives the env's, e.g. {want.source[0]}x{want.source[1]}")
 

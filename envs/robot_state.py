@@ -53,9 +53,9 @@ class RobotStateObservation(gym.Wrapper):
             convention = None if embodiment is None else embodiment.convention
             if convention is None:
                 name = None if embodiment is None else embodiment.name
-                raise ValueError(f"embodiment {name!r} has no known action convention, so no robot state is offered; "
-                                 "allowed: an embodiment with one (droid_lerobot, bridge_orig_lerobot, fractal, umi) or "
-                                 "convention=ActionConvention(...)")
+                raise ValueError(f"embodiment {name!r} has no known action convention, so no robot state is "
+                                 "offered; allowed: an embodiment with one (droid_lerobot, bridge_orig_lerobot, "
+                                 "fractal, umi) or convention=ActionConvention(...)")
         if not isinstance(convention, ActionConvention):
             raise TypeError(f"convention={convention!r} is invalid; allowed: an ActionConvention or None")
         obs_space, act_space = env.observation_space, env.action_space

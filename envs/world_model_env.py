@@ -259,7 +259,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self.render_mode is None:
             gym.logger.warn(
                 "You are calling render method without specifying any render mode. "
-                'You can specify the render_mode at initialization, e.g. gym.make("worldstep/Tiny-v0", render_mode="rgb_array")'
+                "You can specify the render_mode at initialization, "
+                'e.g. gym.make("worldstep/Tiny-v0", render_mode="rgb_array")'
             )
             return None
         if self.episode is None:

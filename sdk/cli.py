@@ -407,7 +407,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  page size               {memory.page_size} tokens = {_bytes(memory.page_bytes)}")
     print(f"  pages                   {memory.num_pages} = {_bytes(memory.pool_bytes)}")
     print(f"  prompt tokens           {memory.text_tokens} ({text})")
-    print(f"  tokens per window       {memory.tokens_per_window} ({memory.tokens_per_frame} per latent frame + actions)")
+    print(f"  tokens per window       {memory.tokens_per_window} "
+          f"({memory.tokens_per_frame} per latent frame + actions)")
     print(f"  context                 {context}, {cfg}")
     print(f"  pages per episode       {memory.peak_pages_per_episode} at peak over {memory.windows} windows "
           f"({_bytes(memory.peak_pages_per_episode * memory.page_bytes)})")

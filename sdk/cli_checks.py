@@ -35,7 +35,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE or SECTION.KEY=VALUE, e.g. --set num_steps=2")
+            raise ValueError(f"--set {item!r} is invalid; allowed: KEY=VALUE or SECTION.KEY=VALUE, "
+                             "e.g. --set num_steps=2")
         parsed = yaml.safe_load(value) if value else ""
         section, dot, field = key.partition(".")
         if not dot:

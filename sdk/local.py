@@ -219,7 +219,8 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
             for i, slot in enumerate(slots):
                 if not slot.active:
                     continue
-                info = {k: bool(infos[k][i]) for k in ("is_success", "kv_exhausted") if k in infos and infos[f"_{k}"][i]}
+                info = {k: bool(infos[k][i]) for k in ("is_success", "kv_exhausted")
+                        if k in infos and infos[f"_{k}"][i]}
                 _record(slot.result, slot.writer, obs["frames"][i], rewards[i], terms[i], truncs[i], info)
                 window_done()
                 if terms[i] or truncs[i] or slot.result.windows >= slot.episode.max_windows:

@@ -102,7 +102,8 @@ class ReplayPolicy:
         if actions.ndim == 2 and actions.shape[0] % chunk == 0 and actions.shape[0]:
             actions = actions.reshape(-1, chunk, actions.shape[1])
         if actions.ndim != 3 or actions.shape[1:] != (chunk, width) or not len(actions):
-            raise ValueError(f"replay actions shape {actions.shape} from {source if isinstance(source, str) else 'array'} "
+            raise ValueError(f"replay actions shape {actions.shape} from "
+                             f"{source if isinstance(source, str) else 'array'} "
                              f"is invalid; allowed: (windows, {chunk}, {width}) or (steps, {width}) with steps a "
                              f"positive multiple of {chunk}")
         if not np.all(np.isfinite(actions)) or actions.min() < -1 or actions.max() > 1:

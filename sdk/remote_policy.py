@@ -278,7 +278,9 @@ class ObsField:
     def __str__(self) -> str:
         if self.camera is not None:
             return f"{self.source.value}:{self.camera}"
-        return self.source.value if self.columns is None else f"{self.source.value}[{self.columns[0]}:{self.columns[1]}]"
+        if self.columns is None:
+            return self.source.value
+        return f"{self.source.value}[{self.columns[0]}:{self.columns[1]}]"
 
 
 def _obs_entry(obs: Mapping[str, Any], key: str, field: ObsField) -> Any:

@@ -7,10 +7,10 @@
 | entity | what | when |
 |---|---|---|
 | ``{root}/frame`` | the model's frame, JPEG (or PNG) | every frame, the first frame at ``frame=0`` |
-| ``{root}/action/{embodiment}`` | one scalar series per action dimension, named (``dx``, ``dy``) | the frame the action drives |
+| ``{root}/action/{embodiment}`` | a scalar series per action dimension, named (``dx``, ``dy``) | the frame it drives |
 | ``{root}/reward``, ``{root}/success`` | the window's reward and success (0/1) | the window's last frame |
 | ``{root}/kv/pages_in_use`` | KV pages the episode holds | reset and every window's last frame |
-| ``{root}/timings`` | series ``denoise_s``, ``commit_s``, ``decode_s``, ``total_s`` of the window | the window's last frame |
+| ``{root}/timings`` | series ``denoise_s``, ``commit_s``, ``decode_s``, ``total_s`` of the window | as the reward |
 | ``{root}/truth/frame``, ``{root}/truth/psnr_db`` | the simulator's frame, the window's mean PSNR | as the model's |
 
 Frames are logged encoded (a 480x640 JPEG is tens of KB), so a long rollout does not hold raw frames; the

@@ -213,8 +213,8 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
     path), ``fps`` and ``action_normalizer`` (see ``WorldModelEnv``), and any config key (``max_windows=4``,
     ``prompt=...``, ``embodiment="droid_lerobot"``, ``domain_id=8``, ``num_steps=2``, ...).
     ``cameras=("exterior", "wrist")`` (with ``camera_layout``, default ``"row"``, ``view_point`` defaulting to
-    ``"concat_view"``, and ``image`` a dict of first views) wraps it in ``MultiCameraObservation``; ``robot_state=True`` in ``RobotStateObservation``
-    (docs/observations.md).
+    ``"concat_view"``, and ``image`` a dict of first views) wraps it in ``MultiCameraObservation``;
+    ``robot_state=True`` in ``RobotStateObservation`` (docs/observations.md).
     The env is returned without gymnasium's wrappers; ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds them.
     """
     from worldstep.envs import MultiCameraObservation, RobotStateObservation, WorldModelEnv

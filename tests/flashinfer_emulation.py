@@ -45,7 +45,8 @@ class BatchPrefillWithRaggedKVCacheWrapper:
 
     def run(self, q, k, v, *, return_lse):
         COUNTS["runs"] += 1
-        outs, lses = zip(*(_attend(q[a:b], k[c:d], v[c:d]) for (a, b), (c, d) in zip(self.plan_args.q, self.plan_args.kv)))
+        outs, lses = zip(*(_attend(q[a:b], k[c:d], v[c:d])
+                           for (a, b), (c, d) in zip(self.plan_args.q, self.plan_args.kv)))
         return torch.cat(outs), torch.cat(lses)
 
 

@@ -89,7 +89,8 @@ def test_batched_equals_one_by_one_bit_for_bit():
     """Each stream gets its own SDPA call with the shapes it has alone: equal by construction."""
     gen = torch.Generator().manual_seed(2)
     cache = make_cache(torch.float32)
-    keys, q_lens = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN), StreamKey("c", StreamLabel.MAIN)], [4, 2, 7]
+    keys = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN), StreamKey("c", StreamLabel.MAIN)]
+    q_lens = [4, 2, 7]
     for key, n in zip(keys, [10, 3, 0]):
         add_stream(cache, key, n, gen)
     q, k_new, v_new = random_inputs(q_lens, gen, torch.float32)
@@ -126,7 +127,8 @@ def test_gather_is_reused_across_steps_and_redone_after_epoch_change(monkeypatch
     assert sorted(calls) == sorted((k, layer) for k in keys for layer in range(L))  # once each
 
     # commit to stream "a": its old table is now stale and must be refused
-    cache.append(keys[0], torch.randn(L, 5, HKV, D, dtype=torch.float64), torch.randn(L, 5, HKV, D, dtype=torch.float64))
+    cache.append(keys[0], torch.randn(L, 5, HKV, D, dtype=torch.float64),
+                 torch.randn(L, 5, HKV, D, dtype=torch.float64))
     q, k_new, v_new = random_inputs(q_lens, gen)
     with pytest.raises(StaleStreamError):
         paged_attention(q, k_new, v_new, batch, 0)

@@ -255,8 +255,8 @@ def test_profile_and_report(tmp_path, cache):
 
 def test_report_headline_from_documents():
     doc = {"bench": "soak", "machine": {"cpu": "x", "nproc": 2}, "tables": [], "notes": [], "results": {
-        "windows": 40, "pages_min_after_full": 19, "pages_max_after_full": 20, "rss_from_window": 10, "rss_block_windows": 6,
-        "rss_growth_pct": 0.5}}
+        "windows": 40, "pages_min_after_full": 19, "pages_max_after_full": 20, "rss_from_window": 10,
+        "rss_block_windows": 6, "rss_growth_pct": 0.5}}
     table = headline_table([doc])
     assert table.rows[0][1] == "19..20" and table.rows[1][1] == "0.50%"
 

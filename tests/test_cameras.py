@@ -29,7 +29,8 @@ def test_split_of_compose_is_exact_for_every_tier_and_aspect_bin(bin_, n, layout
     _, height, width = bin_
     grid = CameraGrid(CAMERAS[:n], layout, height, width)
     rng = np.random.default_rng(seed)
-    views = {name: rng.integers(0, 256, (chunk, h, w, 3), dtype=np.uint8) for name, (h, w) in grid.view_shapes().items()}
+    views = {name: rng.integers(0, 256, (chunk, h, w, 3), dtype=np.uint8)
+             for name, (h, w) in grid.view_shapes().items()}
     frame = grid.compose(views)
     assert frame.shape == (chunk, height, width, 3)
     back = grid.split(frame)
@@ -62,8 +63,8 @@ def test_bad_views_are_refused_naming_the_camera(views, match):
 
 
 def test_one_image_for_several_cameras_is_refused_naming_the_cameras():
-    with pytest.raises(ValueError, match=r"views of shape \(8, 8, 3\) is invalid; allowed: a dict camera -> \(h, w, 3\) "
-                                         r"uint8 view for cameras \['exterior', 'wrist'\]"):
+    with pytest.raises(ValueError, match=r"views of shape \(8, 8, 3\) is invalid; allowed: a dict camera -> "
+                                         r"\(h, w, 3\) uint8 view for cameras \['exterior', 'wrist'\]"):
         CameraGrid(("exterior", "wrist"), "row", 8, 8).compose(np.zeros((8, 8, 3), np.uint8))
 
 

@@ -183,8 +183,8 @@ def test_version(capsys):
 
 def test_dotted_set_keys_and_the_summary_records_the_run(world, tmp_path):  # noqa: F811
     out = tmp_path / "r.mp4"
-    assert main(["rollout", "--windows", "1", "--out", str(out), "--seed", "5", "--prompt", "open the drawer", "--quiet",
-                 "--set", "model.height=32", "--set", "model.width=32", "--set", "rollout.num_steps=1",
+    assert main(["rollout", "--windows", "1", "--out", str(out), "--seed", "5", "--prompt", "open the drawer",
+                 "--quiet", "--set", "model.height=32", "--set", "model.width=32", "--set", "rollout.num_steps=1",
                  "--device", "cpu"]) == 0
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["status"] == "ok" and summary["seed"] == 5 and summary["policy"] == "sine"

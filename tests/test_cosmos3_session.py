@@ -140,7 +140,8 @@ def test_fork_shares_pages_and_diverges_independently(model):
     fork = model.fork(session, generator=torch.Generator().manual_seed(99))
     assert model.kv.table.num_used_pages == used_before  # committed pages shared, not copied
     same = model.fork(session)
-    a, b, c = model.step([session], [_actions(1)])[0], model.step([fork], [_actions(2)])[0], model.step([same], [_actions(1)])[0]
+    a, b = model.step([session], [_actions(1)])[0], model.step([fork], [_actions(2)])[0]
+    c = model.step([same], [_actions(1)])[0]
     assert torch.equal(a.latents, c.latents)  # same RNG state and actions: same window
     assert not torch.equal(a.latents, b.latents)
     model.close(fork)
@@ -152,7 +153,8 @@ def test_fork_shares_pages_and_diverges_independently(model):
 
 def test_chained_mode_runs_and_differs_from_kv(model):
     with _session(model, window_mode="chained") as chained, _session(model) as kv:
-        assert torch.equal(model.step([chained], [_actions(0)])[0].latents, model.step([kv], [_actions(0)])[0].latents)  # window 0 is shared
+        # window 0 is shared
+        assert torch.equal(model.step([chained], [_actions(0)])[0].latents, model.step([kv], [_actions(0)])[0].latents)
         x, y = model.step([chained], [_actions(1)])[0], model.step([kv], [_actions(1)])[0]
         assert x.frames.shape == y.frames.shape
         assert not torch.equal(x.latents, y.latents)
@@ -265,7 +267,8 @@ def test_memory_pressure_offloads_idle_sessions_bit_identically(tmp_path, archit
 
     def run(model, interleave):
         a = model.open_session(IMAGE, "go", 1, knobs=knobs, generator=torch.Generator().manual_seed(1), action_width=10)
-        b = model.open_session(IMAGE, "stop", 2, knobs=knobs, generator=torch.Generator().manual_seed(2), action_width=10)
+        b = model.open_session(IMAGE, "stop", 2, knobs=knobs, generator=torch.Generator().manual_seed(2),
+                               action_width=10)
         out, offloaded = [], False
         for w in range(4):
             out.append(model.step([a], [_actions(w)])[0].latents)

@@ -210,7 +210,8 @@ def test_readme_table_is_generated_from_the_registry(tmp_path):
 
     readme = (Path(__file__).parent.parent / "docs" / "embodiments.md").read_text()
     block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
-    assert block == render(), "the embodiment table in docs/embodiments.md is stale: python -m worldstep.embodiment_table docs/embodiments.md"
+    assert block == render(), ("the embodiment table in docs/embodiments.md is stale: "
+                               "python -m worldstep.embodiment_table docs/embodiments.md")
     rows = block.splitlines()[2:]
     assert len(rows) == len(REGISTRY) and "| `droid_lerobot` | 8 | 10 | 15 | concat_view | none | diffusers |" in rows
     stale = tmp_path / "R.md"

@@ -245,4 +245,5 @@ def test_cosmos3_edge_names_the_missing_checkpoint(tmp_path):
     missing = tmp_path / "no-weights-here"
     with pytest.raises(CheckpointNotFoundError, match="no-weights-here"):
         gym.make("worldstep/Cosmos3Edge-v0", checkpoint=str(missing))
-    assert gym.spec("worldstep/Cosmos3Edge-v0").max_episode_steps == worldstep.load_config("cosmos3_edge").env.max_windows
+    max_windows = worldstep.load_config("cosmos3_edge").env.max_windows
+    assert gym.spec("worldstep/Cosmos3Edge-v0").max_episode_steps == max_windows

@@ -13,7 +13,8 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 INT_KNOBS = [("rollout", "chunk_size"), ("rollout", "num_steps"), ("rollout", "context_frames"),
              ("cache", "page_size"), ("cache", "num_pages"), ("cache", "cpu_offload_pages"),
              ("decoder", "latents_per_call"), ("decoder", "max_warm_streams"), ("env", "max_windows")]
-BOOL_KNOBS = [("decoder", "warm_cache"), ("decoder", "channels_last"), ("decoder", "cudnn_benchmark"), ("decoder", "onednn_conv")]
+BOOL_KNOBS = [("decoder", "warm_cache"), ("decoder", "channels_last"), ("decoder", "cudnn_benchmark"),
+              ("decoder", "onednn_conv")]
 
 
 def _load(tmp_path, data) -> WorldstepConfig:
@@ -37,8 +38,8 @@ def _assert_rejected(tmp_path, knob, value) -> None:
 
 @SETTINGS
 @given(knob=st.sampled_from(INT_KNOBS),
-       value=st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=4), st.lists(st.integers(), max_size=2),
-                       st.integers(max_value=-1)))
+       value=st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=4),
+                       st.lists(st.integers(), max_size=2), st.integers(max_value=-1)))
 def test_int_knobs_reject_wrong_types_and_negatives(tmp_path, knob, value):
     _assert_rejected(tmp_path, knob, value)
 

@@ -85,7 +85,9 @@ def test_out_of_range_id_raises():
 
 def test_allocator_does_not_import_torch():
     tree = ast.parse(Path(allocator_module.__file__).read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {
         (node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
     }

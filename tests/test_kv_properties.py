@@ -88,7 +88,8 @@ class KVMachine(RuleBasedStateMachine):
     @initialize(sizes=st.lists(st.integers(1, 14), min_size=1, max_size=3))
     def start_with_content(self, sizes):
         """Begin from live streams so short runs still reach release, fork and offload."""
-        starts = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN), StreamKey("a", StreamLabel.UNCOND)]
+        starts = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN),
+                  StreamKey("a", StreamLabel.UNCOND)]
         for key, n in zip(starts, sizes):
             self.cache.table.create_stream(key)
             self.cache.append(key, *tokens(self.next_token, n))

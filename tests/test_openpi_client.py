@@ -60,7 +60,8 @@ def test_droid_request_holds_both_cameras_and_the_state():
     assert np.array_equal(request["observation/wrist_image_left"], obs["wrist"][-1])
     assert np.allclose(request["observation/cartesian_position"], [*obs["state"][-1, :3], 0, 0, np.pi / 2])
     assert request["observation/gripper_position"].tolist() == [0.25] and request["prompt"] == "put the cup in the sink"
-    with pytest.raises(ValueError, match=r"source '(pose_euler\[0:9\]|state\[9:10\])' needs obs\['state'\].*robot_state=True"):
+    with pytest.raises(ValueError,
+                       match=r"source '(pose_euler\[0:9\]|state\[9:10\])' needs obs\['state'\].*robot_state=True"):
         policy.request({k: v for k, v in obs.items() if k != "state"})
     with pytest.raises(ValueError, match="source 'image:wrist' needs obs\\['wrist'\\]"):
         policy.request({k: v for k, v in obs.items() if k != "wrist"})

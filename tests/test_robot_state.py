@@ -53,7 +53,8 @@ def test_composition_matches_scipy(seed, steps):
     mine_pos, mine_rot = pos.copy(), rot.as_matrix()
     for i in range(steps):  # scipy: p' = p + R.apply(dp), R' = R * dR
         ref_pos, ref_rot = ref_pos + ref_rot.apply(d_pos[i]), ref_rot * deltas[i]
-        mine_pos, mine_rot = compose(mine_pos, mine_rot, d_pos[i], rot6d_to_matrix(matrix_to_rot6d(deltas[i].as_matrix())))
+        mine_pos, mine_rot = compose(mine_pos, mine_rot, d_pos[i],
+                                     rot6d_to_matrix(matrix_to_rot6d(deltas[i].as_matrix())))
     assert np.allclose(mine_pos, ref_pos, atol=1e-9)
     assert np.allclose(mine_rot, ref_rot.as_matrix(), atol=1e-9)
 

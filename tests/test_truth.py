@@ -48,7 +48,8 @@ def test_pusher_env_resets_to_the_simulator_scene(pusher, monkeypatch):
     env = worldstep.make_env(pusher)
     seen = []
     real_open = env.model.open_session
-    monkeypatch.setattr(env.model, "open_session", lambda image, *a, **k: seen.append(image) or real_open(image, *a, **k))
+    monkeypatch.setattr(env.model, "open_session",
+                        lambda image, *a, **k: seen.append(image) or real_open(image, *a, **k))
     _, info = env.reset(seed=11)
     assert info["scene_seed"] == 11 and np.array_equal(seen[-1], _sim_first_frame(11))
     _, info = env.reset()  # unseeded: continues the env's RNG, reports the simulator seed that reproduces it

@@ -87,7 +87,8 @@ def test_the_encoded_first_frame_decodes_to_one_frame():
         (np.zeros((32, 32, 3), np.int32), r"image.dtype=int32 is invalid; allowed: uint8 \(0..255\) or float"),
         (np.full((32, 32, 3), np.nan, np.float32), "NaN"),
         (np.full((32, 32, 3), 1.5, np.float32), r"float values in \[1.5, 1.5\] .*allowed: finite values in \[0, 1\]"),
-        (np.full((32, 32, 3), -0.1, np.float64), r"float values in \[-0.1, -0.1\] .*allowed: finite values in \[0, 1\]"),
+        (np.full((32, 32, 3), -0.1, np.float64),
+         r"float values in \[-0.1, -0.1\] .*allowed: finite values in \[0, 1\]"),
         (torch.zeros(32, 32, 3), "numpy array"),
     ],
 )

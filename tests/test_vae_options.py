@@ -10,7 +10,8 @@ from worldstep.engine.vae import DecoderOptions
 
 def test_defaults():
     o = DecoderOptions()
-    assert (o.warm_cache, o.latents_per_call, o.channels_last, o.cudnn_benchmark, o.onednn_conv) == (True, 1, False, False, False)
+    assert (o.warm_cache, o.latents_per_call, o.channels_last, o.cudnn_benchmark, o.onednn_conv) == (
+        True, 1, False, False, False)
     assert (o.max_warm_streams, o.context_latents) == (0, 8)
 
 

@@ -14,7 +14,8 @@ from worldstep.engine.vae.perf import decoder_copy
 
 # One replaced module vs the original on the same input: oneDNN and the fused norm sum in another order than
 # the reference kernels. Measured max |diff| over 20 seeds, also under the kernel selections of
-# tests/test_cpu_kernels.py: 1.2e-6 (convs), 9.5e-7 (norm, outputs of scale ~3); stated with an 8x margin. The whole-decoder bound (1e-4) is ONEDNN_ATOL in vae_models.py.
+# tests/test_cpu_kernels.py: 1.2e-6 (convs), 9.5e-7 (norm, outputs of scale ~3); stated with an 8x margin. The
+# whole-decoder bound (1e-4) is ONEDNN_ATOL in vae_models.py.
 PIECE_ATOL = 1e-5
 
 

@@ -241,8 +241,8 @@ def test_a_group_that_never_ran_keeps_its_cache():
 # storage and switches
 
 
-@pytest.mark.parametrize("options", [DecoderOptions(), DecoderOptions(latents_per_call=0), DecoderOptions(channels_last=True),
-                                     DecoderOptions(onednn_conv=True)],
+@pytest.mark.parametrize("options", [DecoderOptions(), DecoderOptions(latents_per_call=0),
+                                     DecoderOptions(channels_last=True), DecoderOptions(onednn_conv=True)],
                          ids=["per-latent", "per-window", "channels-last", "onednn"])
 def test_cache_slots_own_their_storage(options):
     z = random_latents(6, GRID, seed=10, batch=2)
@@ -281,7 +281,8 @@ def test_onednn_conv_matches_within_rounding_runs_onednn_and_leaves_the_shared_v
     a, b = fast.open_stream(), fast.open_stream()
     got_a, got_b, start = [], [], 0
     for w in (1, 2, 3):  # a batched pair, window by window
-        pa, pb = fast.decode_batch([a, b], [z[0:1, :, start : start + w], z[1:2, :, start : start + w]], output="pixels")
+        pa, pb = fast.decode_batch([a, b], [z[0:1, :, start : start + w], z[1:2, :, start : start + w]],
+                                   output="pixels")
         got_a.append(pa), got_b.append(pb)
         start += w
     for got, row in ((got_a, 0), (got_b, 1)):

@@ -27,8 +27,9 @@ def open_sessions(model, arch, knobs, count: int, seed: int = 0, domains: list[i
     `domains[i]`, default the arch's)."""
     frame = first_frame(model.spec.height, model.spec.width)
     domains = domains or [arch.domain_id] * count
-    return [model.open_session(frame, PROMPT, domains[i], knobs=knobs, generator=torch.Generator().manual_seed(seed + i),
-                               action_width=arch.action_width) for i in range(count)]
+    return [model.open_session(frame, PROMPT, domains[i], knobs=knobs,
+                               generator=torch.Generator().manual_seed(seed + i), action_width=arch.action_width)
+            for i in range(count)]
 
 
 def rows(model, sessions: list) -> list[tuple[int, int]]:

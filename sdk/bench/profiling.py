@@ -86,7 +86,8 @@ def _operators(prof, windows: int) -> dict[str, Any]:
         categories[key] = categories.get(key, 0.0) + e.self_cpu_time_total / 1e3 / windows
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
     return {"categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
-            "top": [{"op": e.key, "ms_per_window": e.self_cpu_time_total / 1e3 / windows, "calls_per_window": e.count // windows,
+            "top": [{"op": e.key, "ms_per_window": e.self_cpu_time_total / 1e3 / windows,
+                     "calls_per_window": e.count // windows,
                      "share": ratio(e.self_cpu_time_total, total)} for e in top]}
 
 

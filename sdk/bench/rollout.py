@@ -149,7 +149,8 @@ def compare_steps(arch: BenchArch, settings: RolloutSettings, progress: Progress
     return {
         "arch": arch.name, "height": size, "width": size, "chunk_size": arch.chunk_size,
         "num_steps": settings.num_steps, "context_frames": settings.context_frames,
-        "text_tokens": session.text_lens[next(iter(session.text_lens))], "tokens_per_frame": model.spec.tokens_per_frame,
+        "text_tokens": session.text_lens[next(iter(session.text_lens))],
+        "tokens_per_frame": model.spec.tokens_per_frame,
         "ms_per_step": ms, "cpu_ms_per_step": cpu_ms,
         "samples_ms": {name: [1e3 * x for x in s.seconds] for name, s in samples.items()},
         "phases": split,

@@ -107,7 +107,8 @@ def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
                 close()
         rows.append(_row(n, samples, phases, settings.warmup))
     result.results = {"arch": settings.arch, "chunk_size": arch.chunk_size, "height": arch.height,
-                      "width": arch.width, "by_n": rows, "shipped_batch_streams": bool(arch.decoder.get("batch_streams")),
+                      "width": arch.width, "by_n": rows,
+                      "shipped_batch_streams": bool(arch.decoder.get("batch_streams")),
                       "target_speedup_at_8": TARGET_SPEEDUP_AT_8.get(settings.arch),
                       "target_overhead_at_8": TARGET_OVERHEAD_AT_8}
     result.tables += [_table(settings, arch, rows), _phase_table(rows)]

@@ -151,7 +151,8 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
                         help="clips of the DAgger round: graded policies acting closed loop on --dagger-checkpoint, "
                              "their actions replayed in the simulator (0: none)")
     parser.add_argument("--dagger-checkpoint", default=defaults.dagger_checkpoint,
-                        help="the world model whose loop the DAgger round follows (a config name or a checkpoint folder)")
+                        help="the world model whose loop the DAgger round follows "
+                             "(a config name or a checkpoint folder)")
     parser.add_argument("--stop-after-minutes", type=float, default=defaults.stop_after_minutes,
                         help="wall time of this stretch: checkpoint and exit cleanly when it is spent; continue "
                              "with --resume (0: run to the end)")

@@ -1,6 +1,7 @@
-"""Before/after of the decoder's CPU fast path (issue #13 section 3), measured side by side in one process.
+r"""Before/after of the decoder's CPU fast path (issue #13 section 3), measured side by side in one process.
 
-    python tests/perf/decoder_fast_path_ab.py --arch tiny --size 256 --rounds 20 [--before 4dd0bb5] [--json docs/bench/ab/decoder_fast_path.json]
+    python tests/perf/decoder_fast_path_ab.py --arch tiny --size 256 --rounds 20 \
+        [--before 4dd0bb5] [--json docs/bench/ab/decoder_fast_path.json]
 
 Two copies of the same bench model (tiny: 256x256, 4 actions, 4 denoise steps, context 4) step the same actions
 interleaved, with one intra-op thread: "before" decodes through `engine/vae/perf.py` as it was at commit

@@ -12,9 +12,10 @@ Facts and their sources:
   arm = 9D effector pose + 1D gripper". The 6-D rotation of Zhou et al. is the first two columns of the
   rotation matrix, recovered by Gram-Schmidt.
 * delta: the Cosmos 3 technical report (action representation; read through a public summary of the report)
-  treats an action as the change from one frame to the next; community DROID fine-tunes describe the layout as single-step SE(3) end-effector pose
-  deltas plus gripper. No source states the frame a delta is expressed in: worldstep composes it in the
-  end effector's own frame, ``T[t+1] = T[t] @ delta[t]`` (a delta is the relative pose ``T[t]^-1 T[t+1]``).
+  treats an action as the change from one frame to the next; community DROID fine-tunes describe the layout as
+  single-step SE(3) end-effector pose deltas plus gripper. No source states the frame a delta is expressed in:
+  worldstep composes it in the end effector's own frame, ``T[t+1] = T[t] @ delta[t]`` (a delta is the relative
+  pose ``T[t]^-1 T[t+1]``).
   The gripper entry is a grasp *state*, so it is taken as commanded, not summed.
 """
 

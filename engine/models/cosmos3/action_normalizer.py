@@ -83,8 +83,8 @@ class ActionNormalizer:
         needs = {NormalizationKind.QUANTILE: ("q01", "q99"), NormalizationKind.MEAN_STD: ("mean", "std")}
         needed = needs.get(self.kind, ())
         if needed and (stats is None or not stats.has(*needed)):
-            raise ValueError(f"kind={self.kind.value!r} needs stats with {list(needed)}; got "
-                             f"{'none' if stats is None else [k for k in ('q01', 'q99', 'mean', 'std') if stats.has(k)]}")
+            got = "none" if stats is None else [k for k in ("q01", "q99", "mean", "std") if stats.has(k)]
+            raise ValueError(f"kind={self.kind.value!r} needs stats with {list(needed)}; got {got}")
         if width is not None and stats is not None and stats.width != width:
             raise ValueError(f"stats are {stats.width} wide but the actions are {width} wide; allowed: stats of "
                              f"width {width} (ActionStats.select picks dimensions)")

@@ -116,7 +116,8 @@ def plan_first_frame(height: int, width: int, tier: int | None = None, spatial: 
                      content=content, pad_mode=pad_mode, latent_size=latent_size, spatial=spatial)
 
 
-def prepare_first_frame(image: np.ndarray, tier: int | None = None, spatial: int = 16) -> tuple[torch.Tensor, FramePlan]:
+def prepare_first_frame(image: np.ndarray, tier: int | None = None,
+                        spatial: int = 16) -> tuple[torch.Tensor, FramePlan]:
     """The canvas the pipeline encodes for this first frame, and its plan.
 
     Args:

@@ -40,8 +40,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
 class Cosmos3WorldModel:
     """Cosmos3 forward dynamics behind sessions: `open_session`, `step`, `fork`, `close`."""
 
-    def __init__(self, components: Cosmos3Components, *, device: torch.device, num_pages: int = 512, page_size: int = 16,
-                 cpu_offload_pages: int = 0, attention_backend: str = "auto",
+    def __init__(self, components: Cosmos3Components, *, device: torch.device, num_pages: int = 512,
+                 page_size: int = 16, cpu_offload_pages: int = 0, attention_backend: str = "auto",
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
                  width: int | None = None, fps: float | None = None, name: str | None = None,
                  overlap_decode: bool | None = None, cuda_graphs: bool = False) -> None:

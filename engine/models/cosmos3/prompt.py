@@ -15,7 +15,8 @@ from ...kv import StreamLabel
 
 VIEWPOINT_FRAMING = {
     "ego_view": "This video is captured from a first-person perspective looking at the scene.",
-    "third_person_view": "This video is captured from a third-person perspective looking towards the agent from the front.",
+    "third_person_view": "This video is captured from a third-person perspective looking towards the agent "
+                         "from the front.",
     "wrist_view": "This video is captured from a wrist-mounted camera.",
     "concat_view": "This video contains concatenated views from multiple camera perspectives.",
 }
@@ -47,7 +48,8 @@ def action_caption(description: str, *, view_point: str, num_frames: int, fps: f
     caption["duration"] = f"{whole}s"
     caption["fps"] = float(fps)
     caption["resolution"] = {"H": int(height), "W": int(width)}
-    caption["aspect_ratio"] = min(_ASPECT_RATIOS, key=lambda r: abs(int(r[0 : r.index(",")]) / int(r[r.index(",") + 1 :]) - ratio))
+    caption["aspect_ratio"] = min(_ASPECT_RATIOS,
+                                  key=lambda r: abs(int(r[0 : r.index(",")]) / int(r[r.index(",") + 1 :]) - ratio))
     return json.dumps(caption)
 
 

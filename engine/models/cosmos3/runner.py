@@ -110,8 +110,9 @@ def gen_layers(
     for index, layer in enumerate(transformer.layers):
         attn = layer.self_attn
         x = layer.input_layernorm_moe_gen(hidden)
-        q = attn.norm_added_q(attn.add_q_proj(x).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))  # [.., N, H, D]
-        k = attn.norm_added_k(attn.add_k_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))  # [.., N, Hkv, D]
+        # q: [.., N, H, D]; k: [.., N, Hkv, D]
+        q = attn.norm_added_q(attn.add_q_proj(x).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
+        k = attn.norm_added_k(attn.add_k_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
         v = attn.add_v_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))  # [.., N, Hkv, D]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if collect_kv:
