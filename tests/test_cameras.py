@@ -177,7 +177,6 @@ def test_torchrl_runs(cache_dir):  # noqa: F811
 
 
 def test_record_video_shows_every_camera_side_by_side(cache_dir, tmp_path):  # noqa: F811
-    pytest.importorskip("moviepy", reason="gymnasium's RecordVideo writes through moviepy (dev extra)")
     env = gym.wrappers.RecordVideo(make(render_mode="rgb_array"), str(tmp_path), episode_trigger=lambda _: True)
     obs, _ = env.reset(seed=0, options={"image": first_views()})
     views = [obs]
