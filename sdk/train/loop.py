@@ -298,14 +298,14 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         vae.load_state_dict(st["model"])
+        if st.get("done"):  # a finished VAE keeps its weights only (the optimiser is not needed again)
+            vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
+            return vae.eval()
         opt.load_state_dict(st["opt"])
         rng.bit_generator.state = st["rng"]
         if "noise_gen" in st:
             noise_gen.set_state(st["noise_gen"])
         prog = PhaseBudget(st.get("budget_s", budget_s), args.vae_steps, st["step"], st["elapsed"])
-        if st.get("done"):
-            vae.register_to_config(latents_mean=st["config"]["latents_mean"], latents_std=st["config"]["latents_std"])
-            return vae.eval()
     short = 5 if args.small else 9
     long_frames = min(9 if args.small else args.vae_long_frames, 1 + args.windows * args.chunk)  # <= a clip
     long_batch = max(1, args.vae_batch * short // long_frames)  # about the same frames per step
@@ -349,8 +349,7 @@ def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, bu
     held_psnr, last_psnr = float(frame_psnr.mean()), float(frame_psnr[:, -4:].mean())
     log.write(phase="vae", event="done", heldout_psnr_db=held_psnr, heldout_last_latent_psnr_db=last_psnr,
               latents_mean=mean, latents_std=std)
-    _save(state_path, {"model": vae.state_dict(), "opt": opt.state_dict(), "rng": rng.bit_generator.state,
-                       **prog.state(), "done": True, "config": dict(vae.config)})
+    _save(state_path, {"model": vae.state_dict(), **prog.state(), "done": True, "config": dict(vae.config)})
     return vae
 
 
