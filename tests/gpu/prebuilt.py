@@ -1,0 +1,62 @@
+"""Load each prebuilt flashinfer module as the GPU run will: `ldd -r` clean, then `tvm_ffi.load_module`.
+
+flashinfer loads ``data/aot/<name>/<name>.so`` without an architecture check, and when that load fails it
+falls back to compiling, which takes the GPU run's whole budget (the run sets ``FLASHINFER_DISABLE_JIT=1``
+so that fallback is an error in seconds). Here each module is loaded in a fresh process, with the library
+folders the GPU run sees: CUDA's ``lib64``, the nvidia wheels' and torch's libraries, tvm-ffi's. On a
+machine with no NVIDIA driver (the dry run) the kit's empty stub stands in as ``libcuda.so.1``: the load
+then proves every other dependency and symbol resolves; only the driver's own entry points stay unchecked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+LOAD = "import sys, tvm_ffi; tvm_ffi.load_module(sys.argv[1]); print('loaded', sys.argv[1])"
+
+
+def stub_as_libcuda(stubs: Path, dest: Path) -> Path:
+    """A folder holding the kit's stub under the driver's file name, ``libcuda.so.1`` (its SONAME)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    link = dest / "libcuda.so.1"
+    if not link.exists():
+        link.symlink_to((stubs / "libcuda.so").resolve())
+    return dest
+
+
+def library_dirs(stub_dir: Path | None = None) -> list[str]:
+    """Folders that hold the modules' NEEDED libraries on this machine, the stub's first when given."""
+    dirs = [stub_dir] if stub_dir is not None else []
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    dirs += [home / "lib64", home / "targets" / "x86_64-linux" / "lib"]
+    for entry in map(Path, sys.path):
+        dirs += [entry / "torch" / "lib", entry / "tvm_ffi" / "lib", *sorted(entry.glob("nvidia/*/lib"))]
+    return [str(d) for d in dict.fromkeys(dirs) if d.is_dir()]
+
+
+def load_env(dirs: list[str]) -> dict[str, str]:
+    """This process's environment with `dirs` in front of LD_LIBRARY_PATH."""
+    old = os.environ.get("LD_LIBRARY_PATH", "")
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join([*dirs, *([old] if old else [])])}
+
+
+def ldd_problems(text: str) -> list[str]:
+    """The lines of `ldd -r` output that name a missing library or an unresolved symbol."""
+    return [line.strip() for line in text.splitlines()
+            if "not found" in line or "undefined symbol" in line or "not a dynamic executable" in line]
+
+
+def check(so: Path, env: dict[str, str], timeout_s: float = 60) -> dict:
+    """`ldd -r` and a load in a fresh process; ``ok`` only when ldd is clean and the load succeeded."""
+    ldd = subprocess.run(["ldd", "-r", str(so)], capture_output=True, text=True, env=env, timeout=timeout_s)
+    problems = ldd_problems(ldd.stdout + ldd.stderr)
+    if ldd.returncode and not problems:
+        problems = [f"ldd -r exited {ldd.returncode}: {ldd.stderr.strip()[-300:]}"]
+    load = subprocess.run([sys.executable, "-c", LOAD, str(so)], capture_output=True, text=True, env=env,
+                          timeout=timeout_s)
+    return {"so": str(so), "ldd_problems": problems, "loaded": load.returncode == 0,
+            "load_error": None if load.returncode == 0 else (load.stderr.strip() or load.stdout.strip())[-1500:],
+            "ok": not problems and load.returncode == 0}
