@@ -49,14 +49,17 @@ def ldd_problems(text: str) -> list[str]:
             if "not found" in line or "undefined symbol" in line or "not a dynamic executable" in line]
 
 
-def check(so: Path, env: dict[str, str], timeout_s: float = 60) -> dict:
-    """`ldd -r` and a load in a fresh process; ``ok`` only when ldd is clean and the load succeeded."""
+def check(so: Path, env: dict[str, str], timeout_s: float = 60, load: str = LOAD) -> dict:
+    """`ldd -r` and a load in a fresh process; ``ok`` only when ldd is clean and the load succeeded.
+
+    ``load``: the Python the fresh process runs with the module's path as ``sys.argv[1]``.
+    """
     ldd = subprocess.run(["ldd", "-r", str(so)], capture_output=True, text=True, env=env, timeout=timeout_s)
     problems = ldd_problems(ldd.stdout + ldd.stderr)
     if ldd.returncode and not problems:
         problems = [f"ldd -r exited {ldd.returncode}: {ldd.stderr.strip()[-300:]}"]
-    load = subprocess.run([sys.executable, "-c", LOAD, str(so)], capture_output=True, text=True, env=env,
-                          timeout=timeout_s)
-    return {"so": str(so), "ldd_problems": problems, "loaded": load.returncode == 0,
-            "load_error": None if load.returncode == 0 else (load.stderr.strip() or load.stdout.strip())[-1500:],
-            "ok": not problems and load.returncode == 0}
+    loaded = subprocess.run([sys.executable, "-c", load, str(so)], capture_output=True, text=True, env=env,
+                            timeout=timeout_s)
+    error = None if loaded.returncode == 0 else (loaded.stderr.strip() or loaded.stdout.strip())[-1500:]
+    return {"so": str(so), "ldd_problems": problems, "loaded": loaded.returncode == 0, "load_error": error,
+            "ok": not problems and loaded.returncode == 0}
