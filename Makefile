@@ -60,6 +60,8 @@ clean:
 # --- the GPU path (tests/gpu/README.md) --------------------------------------------------------------------
 KIT ?= gpukit
 KIT_DIR = $(abspath $(KIT))
+# downloads and nvcc's objects (the FA3 prebuild takes minutes on an idle 2-core box, an hour on a busy one)
+KIT_WORK ?= build/gpukit-work
 
 # What building the kit needs, and no more: torch (the JitSpecs name dtypes) and what `import flashinfer`
 # loads on a CPU (tests/gpu/kit-build-requirements.txt); flashinfer itself and its JIT tools are unpacked
@@ -72,10 +74,10 @@ $(VENV)/.gpukit: $(VENV)/.torch tests/gpu/kit-build-requirements.txt
 # sm_90a when nvcc is here, curand headers), <= 60 MiB, git-ignored; carry it to the GPU with the checkout.
 # Its path goes to nvcc as an include folder from other working folders, so it is made absolute here.
 gpu-kit: $(VENV)/.gpukit
-	$(PY) tests/gpu/build_kit.py --out $(KIT_DIR)
+	$(PY) tests/gpu/build_kit.py --out $(KIT_DIR) --work $(abspath $(KIT_WORK))
 
 $(KIT_DIR)/MANIFEST.json:
-	$(MAKE) gpu-kit KIT=$(KIT_DIR)
+	$(MAKE) gpu-kit KIT=$(KIT_DIR) KIT_WORK=$(abspath $(KIT_WORK))
 
 # The kit's dry run on this CPU machine: the GPU run's own script over a stand-in of the GPU image.
 gpu-kit-dryrun: $(KIT_DIR)/MANIFEST.json $(VENV)/.gpukit

@@ -5,8 +5,10 @@ float32 as `load()` builds it today), and run at 832x480 with 16-action windows.
 
 - ``windows``: one session; ms per denoise step / commit / decode, gen-forward TFLOP/s and MFU
   (analytic FLOPs, `flops.py`), real-time factor (video seconds per wall second) at each step count,
-  with and without CFG.
-- ``sessions``: N sessions through one batched forward per step: aggregate env steps/s and video s/s,
+  with and without CFG. Warm-up windows first fill the context (`--context-frames`), so every timed
+  window (`--windows`, default 5) attends to the full context: one context length, up to a page.
+- ``sessions``: N sessions through ONE batched forward per step (decode overlap off; the forwards are
+  counted): aggregate env steps/s and video s/s,
   peak KV pages and peak device memory next to `worldstep info`'s memory plan for the same config.
 - ``official``: NVIDIA's diffusers recipe (`official.py`) on the same modules and GPU, next to
   worldstep's env step at the same steps.
@@ -110,7 +112,8 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
     from worldstep.engine.models.cosmos3 import RolloutKnobs
 
     progress(f"{steps} steps, guidance {guidance:g}: warm-up to full context + {settings.windows} windows")
-    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance, context_frames=8)
+    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance,
+                         context_frames=settings.context_frames)
     shape = GenShape.from_config(model.transformer.config)
     session = open_sessions(model, arch, knobs, 1)[0]
     chunks = iter(action_chunks(MAX_WARM_UP + settings.windows, arch))
@@ -148,7 +151,7 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
     }
 
 
-MAX_WARM_UP = 12  # windows; Edge's 8-frame context is full after 2
+MAX_WARM_UP = 12  # windows; Edge's 8-frame context is full after 2, the tiny arch's after 8
 
 
 def fill_context(model, session, chunks) -> dict[str, Any]:

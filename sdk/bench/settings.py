@@ -75,6 +75,8 @@ class GpuSettings:
     sessions: list[int] = _help("numbers of sessions stepped together (sessions section)",
                                 default_factory=lambda: [1, 4, 8])
     session_steps: int = _help("denoise steps of the sessions and backends sections", default=4)
+    context_frames: int = _help("committed latent frames kept in context (windows section; timed at full context)",
+                                default=8)
     official_steps: int = _help("denoise steps of the official-recipe comparison", default=4)
     height: int | None = _help("frame height (default: the arch's, 480 for edge)", default=None)
     width: int | None = _help("frame width (default: the arch's, 832 for edge)", default=None)

@@ -342,7 +342,10 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     for wheel in download_wheels(wheels):
         if wheel.name.split("-")[0] in TOOLS:
             wheel.rename(out / "tools" / wheel.name)
-    curand = curand_headers(work, out / "cuda-include")
+    curand_headers(work, out / "cuda-include")  # the GPU's JIT fallback reads the kit's copies
+    # The prebuild reads copies in the work folder: nvcc's flags, and so ninja's record of each compile,
+    # then name no kit folder, and a kit made elsewhere (another KIT=) reuses the compiled modules.
+    curand = curand_headers(work, work / "cuda-include")
     log("unpacking flashinfer-python 0.7.4")
     tree = unpack(cached_download(FLASHINFER, work / "dl"), work / "flashinfer-full")
     nvcc = nvcc_path()
@@ -352,7 +355,8 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     if nvcc is None:
         raise SystemExit("building the kit needs nvcc: the header set comes from nvcc's own preprocessing")
     log(f"probing flashinfer (nvcc {nvcc}; prebuild for sm_90a: {'yes' if aot else 'no'})")
-    stubs = cuda_stub(out / "cuda-stubs")
+    cuda_stub(out / "cuda-stubs")
+    stubs = cuda_stub(work / "cuda-stubs")
     probed = run_probe(work, tree, aot, None if toolkit_has_curand() else curand,
                        None if toolkit_has_cuda_stub() else stubs)
     recorded = {Path(f).relative_to(Path(probed["root"]).parent).as_posix() for f in probed["files"]}

@@ -98,7 +98,7 @@ FLASHINFER_BACKEND=flashinfer
 TIMED_WINDOWS=5  # per setting, all at full context (one context length)
 if [ "$DEVICE" = cpu ]; then
   export FLASHINFER_CUDA_ARCH_LIST=9.0a  # no GPU to ask: name the H200's arch
-  BENCH+=(--arch tiny --allow-cpu --height 256 --width 256 --steps 1 --guidance 1,2 --session-steps 1
+  BENCH+=(--arch tiny --allow-cpu --height 256 --width 256 --steps 1 --guidance 1,2 --session-steps 1 --context-frames 2
           --official-steps 1)
   SESSIONS=1,2
   TIMED_WINDOWS=2
