@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -151,6 +152,34 @@ def test_a_module_with_an_unresolved_symbol_fails_ldd(tmp_path):
     result = prebuilt.check(so, prebuilt.load_env([str(prebuilt.stub_as_libcuda(stubs, tmp_path / "stub"))]),
                             load=CTYPES_LOAD)
     assert not result["ok"] and any("undefined symbol: cuMissing" in p for p in result["ldd_problems"])
+
+
+@pytest.mark.skipif(not HAS_CC, reason="needs cc and ldd")
+def test_the_kit_check_compares_the_records_then_loads_each_module_with_the_stub(tmp_path, monkeypatch):
+    import check_kit
+
+    kit, site = tmp_path / "kit", tmp_path / "site"
+    stubs = build_kit.cuda_stub(kit / "cuda-stubs")
+    so = site / "flashinfer" / "data" / "aot" / "mod" / "mod.so"
+    so.parent.mkdir(parents=True)
+    so.write_bytes(_module(tmp_path, "int answer(void) { return 42; }\n", stubs).read_bytes())
+    recipe = {"generator": "flashinfer.jit.x.gen_mod", "args": ["fa3", 128]}
+    record = kit_manifest.record("mod", recipe, so, "0.7.4", "Cuda compilation tools, release 13.0")
+    (kit / "MANIFEST.json").write_text(json.dumps({"flashinfer": {"modules": [record]}}))
+    fake = types.ModuleType("flashinfer")
+    fake.__file__ = str(site / "flashinfer" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(flashinfer_modules, "expected", lambda: [{"name": "mod", **recipe, "flashinfer": "0.7.4"}])
+    monkeypatch.setattr(prebuilt, "check", functools.partial(prebuilt.check, load=CTYPES_LOAD))  # no tvm_ffi here
+    monkeypatch.setenv("GPU_KIT", str(kit))
+    doc = check_kit.prebuilt(torch.device("cpu"))  # the dry run: the stub serves as libcuda.so.1
+    assert doc["problems"] == [] and doc["stub_libcuda"] is True and doc["ok"] is True
+    assert [(load["name"], load["loaded"], load["ldd_problems"]) for load in doc["loads"]] == [("mod", True, [])]
+    without_stub = check_kit.prebuilt(torch.device("cuda"))  # as on a GPU machine, here without a driver
+    assert without_stub["ok"] is False and not without_stub["loads"][0]["loaded"]
+    monkeypatch.setattr(flashinfer_modules, "expected", lambda: [{"name": "mod", **recipe, "flashinfer": "0.7.5"}])
+    assert check_kit.prebuilt(torch.device("cpu"))["problems"] == [
+        "module mod: the kit has flashinfer='0.7.4', this checkout asks for '0.7.5'"]
 
 
 def test_ldd_problem_lines():
