@@ -31,13 +31,14 @@ def edge_model(components, arch, device: torch.device, backend: str, *, height: 
 
 @contextmanager
 def counting_forwards(model) -> Iterator[list[int]]:
-    """A one-item list counting the transformer's forward calls inside the block."""
+    """A one-item list counting the transformer's forward passes inside the block: the calls of its first
+    layer (the engine runs the layers itself; a batched forward of N rows calls each layer once)."""
     calls = [0]
 
     def hook(*_) -> None:
         calls[0] += 1
 
-    handle = model.transformer.register_forward_hook(hook)
+    handle = model.transformer.layers[0].register_forward_hook(hook)
     try:
         yield calls
     finally:

@@ -129,11 +129,10 @@ def prebuilt(device: torch.device) -> dict:
     site = Path(flashinfer.__file__).resolve().parents[1]
     installed = {r["name"]: site / r["path"] for r in records}
     problems = kit_manifest.check(records, flashinfer_modules.expected(), installed)
-    stub = None
-    if device.type != "cuda":
-        stub = loader.stub_as_libcuda(kit_folder() / "cuda-stubs", Path(tempfile.mkdtemp(prefix="libcuda-stub-")))
-    env = loader.load_env(loader.library_dirs(stub))
-    loads = [{"name": name, **loader.check(so, env)} for name, so in installed.items() if so.exists()]
+    with tempfile.TemporaryDirectory(prefix="libcuda-stub-") as tmp:
+        stub = loader.stub_as_libcuda(kit_folder() / "cuda-stubs", Path(tmp)) if device.type != "cuda" else None
+        env = loader.load_env(loader.library_dirs(stub))
+        loads = [{"name": name, **loader.check(so, env)} for name, so in installed.items() if so.exists()]
     return {"records": records, "problems": problems, "loads": loads, "stub_libcuda": stub is not None,
             "ok": not problems and all(load["ok"] for load in loads)}
 
