@@ -53,7 +53,7 @@ def test_build_gets_absolute_folders_from_a_relative_command_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     seen = {}
 
-    def fake_build(out, work, aot, max_mib):
+    def fake_build(out, work, aot, max_mib, only):
         seen.update(out=out, work=work)
         return {"files": {}, "total_mib": 0.0, "flashinfer": {"aot_modules": []}}
 

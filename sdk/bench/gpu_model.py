@@ -31,14 +31,15 @@ def edge_model(components, arch, device: torch.device, backend: str, *, height: 
 
 @contextmanager
 def counting_forwards(model) -> Iterator[list[int]]:
-    """A one-item list counting the transformer's forward passes inside the block: the calls of its first
-    layer (the engine runs the layers itself; a batched forward of N rows calls each layer once)."""
+    """A one-item list counting the transformer's generation forwards inside the block: the calls of its
+    final norm (the engine runs the layer internals itself; every generation forward, denoise step or
+    commit, ends in `norm_moe_gen` once, whatever its number of rows)."""
     calls = [0]
 
     def hook(*_) -> None:
         calls[0] += 1
 
-    handle = model.transformer.layers[0].register_forward_hook(hook)
+    handle = model.transformer.norm_moe_gen.register_forward_hook(hook)
     try:
         yield calls
     finally:

@@ -144,7 +144,7 @@ def compile_argv(entry: dict) -> list[str]:
     return shlex.split(entry["command"])
 
 
-def probe(out_json: Path, aot: bool) -> None:
+def probe(out_json: Path, aot: bool, only: tuple[str, ...] = ()) -> None:
     """Run inside a Python that can import the full flashinfer: record what the kit must keep."""
     import importlib.util
 
@@ -180,7 +180,7 @@ def probe(out_json: Path, aot: bool) -> None:
                 deps |= preprocess_deps(compile_argv(entry), root)
         record = {"name": spec.name, "recipe": recipe, "flashinfer": flashinfer.__version__,
                   "sources": len(spec.sources), "deps_s": round(time.perf_counter() - start, 1)}
-        if aot:
+        if aot and (not only or spec.name.startswith(only)):
             start = time.perf_counter()
             log(f"compiling {spec.name} for sm_90a (cached under {spec.build_dir})")
             spec.build(verbose=False)
@@ -191,7 +191,7 @@ def probe(out_json: Path, aot: bool) -> None:
 
 
 def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path | None,
-              cuda_stubs: Path | None) -> dict:
+              cuda_stubs: Path | None, only: tuple[str, ...] = ()) -> dict:
     """Install flashinfer's CPU-side needs (cp311/this Python) next to the unpacked wheel and probe it."""
     site = work / "probe-site"
     if not (site / "tvm_ffi").exists():
@@ -200,7 +200,7 @@ def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path
     env = probe_env(work, flashinfer_tree, site, curand_include, cuda_stubs)
     nvcc = nvcc_path()
     out = work / "probe.json"
-    key = hashlib.sha256("|".join([FLASHINFER, (HERE / "flashinfer_modules.py").read_text(), str(aot),
+    key = hashlib.sha256("|".join([FLASHINFER, (HERE / "flashinfer_modules.py").read_text(), str(aot), ",".join(only),
                                    _nvcc_version(nvcc) if nvcc else "", str(curand_include),
                                    str(cuda_stubs)]).encode()).hexdigest()
     if out.exists():  # the probe takes minutes (nvcc preprocessing; the first prebuild much longer)
@@ -208,7 +208,8 @@ def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path
         if cached.get("key") == key and all(Path(m["so"]).exists() for m in cached["modules"] if "so" in m):
             log("reusing the probe of an identical earlier build")
             return cached
-    run([sys.executable, __file__, "--probe", str(out)] + (["--aot", "on"] if aot else []), env=env)
+    run([sys.executable, __file__, "--probe", str(out)] + (["--aot", "on"] if aot else [])
+        + (["--only", ",".join(only)] if only else []), env=env)
     probed = json.loads(out.read_text())
     out.write_text(json.dumps({**probed, "key": key}, indent=1))
     return probed
@@ -332,7 +333,7 @@ def toolkit_has_curand() -> bool:
 # --- main ------------------------------------------------------------------------------------------
 
 
-def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
+def build(out: Path, work: Path, aot_mode: str, max_mib: float, only: tuple[str, ...] = ()) -> dict:
     start = time.perf_counter()
     out, work = out.resolve(), work.resolve()  # nvcc and the probe run in other folders
     shutil.rmtree(out, ignore_errors=True)
@@ -358,7 +359,7 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     cuda_stub(out / "cuda-stubs")
     stubs = cuda_stub(work / "cuda-stubs")
     probed = run_probe(work, tree, aot, None if toolkit_has_curand() else curand,
-                       None if toolkit_has_cuda_stub() else stubs)
+                       None if toolkit_has_cuda_stub() else stubs, only)
     recorded = {Path(f).relative_to(Path(probed["root"]).parent).as_posix() for f in probed["files"]}
     built = {m["name"]: Path(m["so"]) for m in probed["modules"] if "so" in m}
     fi_wheel = wheels / "flashinfer_python-0.7.4-py3-none-any.whl"
@@ -390,13 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(ROOT / "build" / "gpukit-work"), help="download and build cache")
     parser.add_argument("--aot", choices=("auto", "on", "off"), default="auto",
                         help="prebuild the flashinfer modules for sm_90a (auto: when nvcc is here)")
+    parser.add_argument("--only", default="", help="prebuild only the modules whose names start with one of these "
+                        "(comma list, e.g. cascade: a quick kit on a busy box; the kit check names the rest)")
     parser.add_argument("--max-mib", type=float, default=MAX_MIB)
     parser.add_argument("--probe", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    only = tuple(name for name in args.only.split(",") if name)
     if args.probe:
-        probe(Path(args.probe), args.aot == "on")
+        probe(Path(args.probe), args.aot == "on", only)
         return 0
-    manifest = build(Path(args.out).resolve(), Path(args.work).resolve(), args.aot, args.max_mib)
+    manifest = build(Path(args.out).resolve(), Path(args.work).resolve(), args.aot, args.max_mib, only)
     for name, size in manifest["files"].items():
         print(f"{size / 2**20:8.2f} MiB  {name}")
     print(f"{manifest['total_mib']:8.2f} MiB  total (limit {args.max_mib:g} MiB); prebuilt flashinfer modules: "
