@@ -182,6 +182,21 @@ def test_the_kit_check_compares_the_records_then_loads_each_module_with_the_stub
         "module mod: the kit has flashinfer='0.7.4', this checkout asks for '0.7.5'"]
 
 
+@pytest.mark.skipif(not HAS_CC, reason="needs cc and ldd")
+def test_ldd_sees_the_symbols_the_loading_process_provides(tmp_path):
+    """flashinfer's modules call TVMFFI* from the already-loaded libtvm_ffi.so, which they do not name."""
+    host_src, host = tmp_path / "host.c", tmp_path / "libhost.so"
+    host_src.write_text("int TVMFFIErrorSetRaised(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(host), str(host_src)], check=True)
+    stubs = build_kit.cuda_stub(tmp_path / "cuda-stubs")
+    so = _module(tmp_path, "int TVMFFIErrorSetRaised(void);\nint answer(void) { return TVMFFIErrorSetRaised(); }\n",
+                 stubs)
+    env = prebuilt.load_env([str(prebuilt.stub_as_libcuda(stubs, tmp_path / "stub"))])
+    alone = prebuilt.check(so, env, load=CTYPES_LOAD, preload=[])
+    assert any("undefined symbol: TVMFFIErrorSetRaised" in p for p in alone["ldd_problems"])
+    assert prebuilt.check(so, env, load=CTYPES_LOAD, preload=[str(host)])["ldd_problems"] == []
+
+
 def test_ldd_problem_lines():
     text = ("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibcudart.so.13 => not found\n"
             "undefined symbol: TVMFFIErrorSetRaised\t(./m.so)\n\tlibc.so.6 => /lib/libc.so.6 (0x7f)\n")

@@ -1,5 +1,9 @@
 """Load each prebuilt flashinfer module as the GPU run will: `ldd -r` clean, then `tvm_ffi.load_module`.
 
+A flashinfer module calls tvm-ffi's C API (TVMFFI*) without listing libtvm_ffi.so as NEEDED: the process
+that loads it has tvm-ffi loaded already. `ldd -r` sees the same with that library as LD_PRELOAD; any
+other unresolved symbol or missing library fails the check.
+
 flashinfer loads ``data/aot/<name>/<name>.so`` without an architecture check, and when that load fails it
 falls back to compiling, which takes the GPU run's whole budget (the run sets ``FLASHINFER_DISABLE_JIT=1``
 so that fallback is an error in seconds). Here each module is loaded in a fresh process, with the library
@@ -37,6 +41,13 @@ def library_dirs(stub_dir: Path | None = None) -> list[str]:
     return [str(d) for d in dict.fromkeys(dirs) if d.is_dir()]
 
 
+def host_libraries() -> list[str]:
+    """The libraries the loading process holds before it loads a module: tvm-ffi's, which every flashinfer
+    module calls (TVMFFI*) without naming it as NEEDED. `ldd -r` gets them as LD_PRELOAD, as the load does."""
+    found = (sorted(Path(entry).glob("tvm_ffi/lib/libtvm_ffi.so")) for entry in sys.path)
+    return [str(p) for p in dict.fromkeys(p for paths in found for p in paths)][:1]
+
+
 def load_env(dirs: list[str]) -> dict[str, str]:
     """This process's environment with `dirs` in front of LD_LIBRARY_PATH."""
     old = os.environ.get("LD_LIBRARY_PATH", "")
@@ -49,12 +60,16 @@ def ldd_problems(text: str) -> list[str]:
             if "not found" in line or "undefined symbol" in line or "not a dynamic executable" in line]
 
 
-def check(so: Path, env: dict[str, str], timeout_s: float = 60, load: str = LOAD) -> dict:
+def check(so: Path, env: dict[str, str], timeout_s: float = 60, load: str = LOAD,
+          preload: list[str] | None = None) -> dict:
     """`ldd -r` and a load in a fresh process; ``ok`` only when ldd is clean and the load succeeded.
 
-    ``load``: the Python the fresh process runs with the module's path as ``sys.argv[1]``.
+    ``load``: the Python the fresh process runs with the module's path as ``sys.argv[1]``; ``preload``:
+    what that process holds already (default `host_libraries()`), preloaded for `ldd -r`.
     """
-    ldd = subprocess.run(["ldd", "-r", str(so)], capture_output=True, text=True, env=env, timeout=timeout_s)
+    preload = host_libraries() if preload is None else preload
+    ldd_env = {**env, "LD_PRELOAD": " ".join(preload)} if preload else env
+    ldd = subprocess.run(["ldd", "-r", str(so)], capture_output=True, text=True, env=ldd_env, timeout=timeout_s)
     problems = ldd_problems(ldd.stdout + ldd.stderr)
     if ldd.returncode and not problems:
         problems = [f"ldd -r exited {ldd.returncode}: {ldd.stderr.strip()[-300:]}"]
