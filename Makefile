@@ -74,19 +74,32 @@ clean:
 
 # --- the GPU path (tests/gpu/README.md) --------------------------------------------------------------------
 KIT ?= gpukit
+KIT_DIR = $(abspath $(KIT))
+# downloads and nvcc's objects (the FA3 prebuild takes minutes on an idle 2-core box, an hour on a busy one)
+KIT_WORK ?= build/gpukit-work
+# prebuild only some modules (name prefixes, e.g. KIT_ONLY=cascade): a quick kit whose check names the rest
+KIT_ONLY ?=
+
+# What building the kit needs, and no more: torch (the JitSpecs name dtypes) and what `import flashinfer`
+# loads on a CPU (tests/gpu/kit-build-requirements.txt); flashinfer itself and its JIT tools are unpacked
+# by build_kit.py into its work folder. Not the test extras: a fresh box reaches `make gpu-kit` in minutes.
+$(VENV)/.gpukit: $(VENV)/.torch tests/gpu/kit-build-requirements.txt
+	$(PY) -m pip install -q -r tests/gpu/kit-build-requirements.txt
+	touch $@
 
 # The kit: what the offline GPU machine lacks (wheels, a trimmed flashinfer with its modules prebuilt for
 # sm_90a when nvcc is here, curand headers), <= 60 MiB, git-ignored; carry it to the GPU with the checkout.
-gpu-kit: $(VENV)/.installed
-	$(PY) tests/gpu/build_kit.py --out $(KIT)
+# Its path goes to nvcc as an include folder from other working folders, so it is made absolute here.
+gpu-kit: $(VENV)/.gpukit
+	$(PY) tests/gpu/build_kit.py --out $(KIT_DIR) --work $(abspath $(KIT_WORK)) $(if $(KIT_ONLY),--only $(KIT_ONLY))
 
-$(KIT)/MANIFEST.json:
-	$(MAKE) gpu-kit
+$(KIT_DIR)/MANIFEST.json:
+	$(MAKE) gpu-kit KIT=$(KIT_DIR) KIT_WORK=$(abspath $(KIT_WORK)) KIT_ONLY=$(KIT_ONLY)
 
 # The kit's dry run on this CPU machine: the GPU run's own script over a stand-in of the GPU image.
-gpu-kit-dryrun: $(KIT)/MANIFEST.json
-	tests/gpu/dryrun.sh
+gpu-kit-dryrun: $(KIT_DIR)/MANIFEST.json $(VENV)/.gpukit
+	GPU_KIT=$(KIT_DIR) PYTHON=$(abspath $(PY)) tests/gpu/dryrun.sh
 
 # On the GPU machine, the kit carried along: every check and figure, as JSON under $$OUT, in one run.
 gpu-check:
-	tests/gpu/run_gpu_checks.sh
+	GPU_KIT=$(KIT_DIR) tests/gpu/run_gpu_checks.sh

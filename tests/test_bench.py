@@ -213,7 +213,7 @@ def test_gpu_without_cuda_exits_zero(tmp_path):
 
 def test_gpu_code_path_on_cpu(tmp_path):
     doc = _run(tmp_path, "gpu", "--arch", "tiny", "--allow-cpu", "--steps", "1", "--guidance", "1,2",
-               "--windows", "1", "--sections", "windows")
+               "--windows", "1", "--context-frames", "2", "--sections", "windows")
     runs = doc["results"]["runs"]
     assert [(r["num_steps"], r["cfg"]) for r in runs] == [(1, False), (1, True)]
     for r in runs:

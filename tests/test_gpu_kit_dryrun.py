@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("kit", "flashinfer_ready", "attention", "cosmos3_backends", "bench_gpu_sdpa", "bench_gpu_flashinfer")
+FIGURES = ("kit", "flashinfer_ready", "attention", "cosmos3_backends", "bench_gpu_headline", "bench_gpu_backends")
+STEPS = ["setup", "kit", "flashinfer_ready", "attention", "bench_headline", "gpu_tests", "cosmos3_backends",
+         "bench_backends"]
 
 
 @pytest.mark.slow
@@ -35,14 +37,20 @@ def test_gpu_kit_dry_run():
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     summary = json.loads((dry / "out" / "summary.json").read_text())
-    assert summary["ok"] and [s["step"] for s in summary["steps"]] == ["setup", "kit", "bench_sdpa",
-                                                                       "flashinfer_ready", "attention",
-                                                                       "cosmos3_backends", "bench_flashinfer"]
+    assert summary["ok"] and summary["finished"] and [s["step"] for s in summary["steps"]] == STEPS
     docs = {name: json.loads((dry / "out" / f"{name}.json").read_text()) for name in FIGURES}
     assert all(docs[n]["ok"] for n in ("kit", "flashinfer_ready", "attention", "cosmos3_backends"))
     assert not docs["kit"]["missing"] and docs["kit"]["versions"]["flashinfer-python"] == "0.7.4"
     assert set(docs["kit"]["kit_prebuilt"]) <= set(docs["kit"]["prebuilt_found"])
+    prebuilt = docs["kit"]["prebuilt"]  # the MANIFEST matches what is asked; each module loaded, ldd -r clean
+    assert prebuilt["problems"] == [] and prebuilt["stub_libcuda"] is True
+    assert {load["name"] for load in prebuilt["loads"]} == set(docs["kit"]["kit_prebuilt"])
+    assert all(load["ok"] and load["ldd_problems"] == [] for load in prebuilt["loads"])
     assert docs["flashinfer_ready"]["sources"]["checked"] is True  # nvcc found every header in the trimmed tree
-    for bench in ("bench_gpu_sdpa", "bench_gpu_flashinfer"):
+    for bench in ("bench_gpu_headline", "bench_gpu_backends"):
         assert docs[bench]["results"]["skipped"] is False and docs[bench]["results"]["section_s"]
-    assert docs["bench_gpu_sdpa"]["results"]["official"]["skipped"] is False  # 256x256: a pipeline canvas
+    assert docs["bench_gpu_headline"]["results"]["official"]["skipped"] is False  # 256x256: a pipeline canvas
+    head = summary["headline"]
+    assert head["parity"]["ok"] is True and head["bench"]["sections_done"] == ["windows", "sessions", "official"]
+    assert all(w["timed_windows"] == 2 for w in head["bench"]["windows"])
+    assert all(s["one_forward_of_n"] for s in head["bench"]["sessions"])

@@ -5,8 +5,10 @@ float32 as `load()` builds it today), and run at 832x480 with 16-action windows.
 
 - ``windows``: one session; ms per denoise step / commit / decode, gen-forward TFLOP/s and MFU
   (analytic FLOPs, `flops.py`), real-time factor (video seconds per wall second) at each step count,
-  with and without CFG.
-- ``sessions``: N sessions through one batched forward per step: aggregate env steps/s and video s/s,
+  with and without CFG. Warm-up windows first fill the context (`--context-frames`), so every timed
+  window (`--windows`, default 5) attends to the full context: one context length, up to a page.
+- ``sessions``: N sessions through ONE batched forward per step (decode overlap off; the forwards are
+  counted): aggregate env steps/s and video s/s,
   peak KV pages and peak device memory next to `worldstep info`'s memory plan for the same config.
 - ``official``: NVIDIA's diffusers recipe (`official.py`) on the same modules and GPU, next to
   worldstep's env step at the same steps.
@@ -109,21 +111,24 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
              progress: Progress) -> dict[str, Any]:
     from worldstep.engine.models.cosmos3 import RolloutKnobs
 
-    progress(f"{steps} steps, guidance {guidance:g}: 1 warm-up + {settings.windows} windows")
-    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance, context_frames=8)
+    progress(f"{steps} steps, guidance {guidance:g}: warm-up to full context + {settings.windows} windows")
+    knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance,
+                         context_frames=settings.context_frames)
     shape = GenShape.from_config(model.transformer.config)
     session = open_sessions(model, arch, knobs, 1)[0]
+    chunks = iter(action_chunks(MAX_WARM_UP + settings.windows, arch))
     windows = []
     try:
-        for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
-            flops = forward_flops(shape, rows(model, [session])).total
+        warm_up = fill_context(model, session, chunks)
+        for _ in range(settings.windows):
+            row = rows(model, [session])
+            flops = forward_flops(shape, row).total
             start = time.perf_counter()
-            r = model.step([session], [actions])[0]
+            r = model.step([session], [next(chunks)])[0]
             wall = time.perf_counter() - start
-            if w > 0:  # window 0 warms kernels, allocators and the decoder cache
-                windows.append({"wall_s": wall, "denoise_s": r.timings.denoise_s, "commit_s": r.timings.commit_s,
-                                "decode_s": r.timings.decode_s, "forward_flops": flops,
-                                "finite": bool(torch.isfinite(r.latents).all())})
+            windows.append({"wall_s": wall, "denoise_s": r.timings.denoise_s, "commit_s": r.timings.commit_s,
+                            "decode_s": r.timings.decode_s, "forward_flops": flops,
+                            "context_tokens": row[0][1] - row[0][0], "finite": bool(torch.isfinite(r.latents).all())})
     finally:
         model.close(session)
     step_s = median([w["denoise_s"] / steps for w in windows])
@@ -132,6 +137,9 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
     wall = median([w["wall_s"] for w in windows])
     return {
         "num_steps": steps, "guidance_scale": guidance, "cfg": knobs.uses_cfg,
+        "warm_up_windows": warm_up["windows"], "full_context": warm_up["full"], "timed_windows": len(windows),
+        "context_tokens": median([w["context_tokens"] for w in windows]),
+        "context_tokens_spread": max(w["context_tokens"] for w in windows) - min(w["context_tokens"] for w in windows),
         "ms_per_denoise_step": 1e3 * step_s, "ms_per_commit": 1e3 * median([w["commit_s"] for w in windows]),
         "ms_per_decode": 1e3 * median([w["decode_s"] for w in windows]), "ms_per_window": 1e3 * wall,
         "forward_tflop": flops / 1e12, "achieved_tflops": achieved,
@@ -143,18 +151,35 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
     }
 
 
+MAX_WARM_UP = 12  # windows; Edge's 8-frame context is full after 2, the tiny arch's after 8
+
+
+def fill_context(model, session, chunks) -> dict[str, Any]:
+    """Step warm-up windows until the context holds all it keeps (the commit released pages behind the
+    horizon), so every timed window attends to the same context length; at least one window (it warms
+    kernels, allocators and the decoder cache) and at most `MAX_WARM_UP`."""
+    main = session.stream_keys()[0]
+    for count in range(1, MAX_WARM_UP + 1):
+        model.step([session], [next(chunks)])
+        if model.kv.page_table(main).released_tokens > 0:
+            return {"windows": count, "full": True}
+    return {"windows": MAX_WARM_UP, "full": False}
+
+
 def _table(f: dict[str, Any]) -> Table:
     peak = f"peak {f['peak_tflops']:g} TFLOP/s" if f["peak_tflops"] else "peak unknown (--peak-tflops)"
     table = Table(
         title=(f"{f['arch']} on {f['device']} ({f['dtype']}, VAE {f['vae_dtype']}, {f['attention_backend']}), "
                f"{f['height']}x{f['width']}, {f['chunk_size']} actions/window"),
-        columns=["steps", "CFG", "ms / denoise step", "ms / commit", "ms / decode", "ms / window", "TFLOP/s",
-                 "MFU", "real-time factor"],
-        note=f"Generation forward FLOPs counted analytically (projections, attention over context, MLP); {peak}.",
+        columns=["steps", "CFG", "context tokens", "timed windows", "ms / denoise step", "ms / commit", "ms / decode",
+                 "ms / window", "TFLOP/s", "MFU", "real-time factor"],
+        note=f"Medians over windows at full context (warm-up windows fill it first). Generation forward FLOPs "
+             f"counted analytically (projections, attention over context, MLP); {peak}.",
     )
     for r in f["runs"]:
-        table.add(r["num_steps"], r["cfg"], r["ms_per_denoise_step"], r["ms_per_commit"], r["ms_per_decode"],
-                  r["ms_per_window"], r["achieved_tflops"], r["mfu"], r["real_time_factor"])
+        table.add(r["num_steps"], r["cfg"], r["context_tokens"], r["timed_windows"], r["ms_per_denoise_step"],
+                  r["ms_per_commit"], r["ms_per_decode"], r["ms_per_window"], r["achieved_tflops"], r["mfu"],
+                  r["real_time_factor"])
     return table
 
 

@@ -7,6 +7,9 @@ weights without building Edge twice.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from .archs import PROMPT, first_frame
@@ -14,12 +17,33 @@ from .archs import PROMPT, first_frame
 
 def edge_model(components, arch, device: torch.device, backend: str, *, height: int | None = None,
                width: int | None = None, num_pages: int = 512):
-    """A `Cosmos3WorldModel` over in-memory modules (several may share them, each with its own KV pool)."""
+    """A `Cosmos3WorldModel` over in-memory modules (several may share them, each with its own KV pool).
+
+    Decode overlap is off: the engine's overlap splits a group of sessions in halves (two forwards per
+    denoise step), and every figure here says "N sessions" for ONE forward of N.
+    """
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
 
     return Cosmos3WorldModel(components, device=device, num_pages=num_pages, page_size=arch.page_size,
                              attention_backend=backend, height=height or arch.height,
-                             width=width or arch.width, name=f"bench-{arch.name}")
+                             width=width or arch.width, name=f"bench-{arch.name}", overlap_decode=False)
+
+
+@contextmanager
+def counting_forwards(model) -> Iterator[list[int]]:
+    """A one-item list counting the transformer's generation forwards inside the block: the calls of its
+    final norm (the engine runs the layer internals itself; every generation forward, denoise step or
+    commit, ends in `norm_moe_gen` once, whatever its number of rows)."""
+    calls = [0]
+
+    def hook(*_) -> None:
+        calls[0] += 1
+
+    handle = model.transformer.norm_moe_gen.register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 def open_sessions(model, arch, knobs, count: int, seed: int = 0, domains: list[int] | None = None) -> list:

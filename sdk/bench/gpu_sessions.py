@@ -1,10 +1,12 @@
 """`bench gpu` section `sessions`: N sessions per batched step, their throughput and their memory.
 
 Each N steps its sessions together (`step_batch`: one forward per denoise step for all of them) with the
-bench's actions; the figures are aggregate env steps per second and video seconds per wall second, the
-peak KV pages in use next to what `worldstep info`'s memory plan (`worldstep.memory.plan`) says N
-episodes hold at their peak, and the peak device memory split into weights, the KV pool (allocated
-whole at load) and the rest (activations, warm decoder caches).
+bench's actions. The transformer's forward calls per window are counted, so ``one_forward_of_n`` says
+that N sessions took as many forwards as one (decode overlap, which splits a group, is off: gpu_model.py).
+The figures are aggregate env steps per second and video seconds per wall second, the peak KV pages in
+use next to what `worldstep info`'s memory plan (`worldstep.memory.plan`) says N episodes hold at their
+peak, and the peak device memory split into weights, the KV pool (allocated whole at load) and the rest
+(activations, warm decoder caches).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from .archs import action_chunks
-from .gpu_model import open_sessions
+from .gpu_model import counting_forwards, open_sessions
 from .measure import median, ratio
 from .progress import Progress
 from .results import Table
@@ -55,14 +57,17 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         sessions = open_sessions(model, arch, knobs, count, seed=100)
-        walls, peak_pages = [], model.kv.num_used_pages
+        walls, forwards, peak_pages = [], [], model.kv.num_used_pages
         try:
             text_tokens = model.kv_stats(sessions[0]).protected_tokens
             for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
-                start = time.perf_counter()
-                model.step(sessions, [actions] * count)
+                with counting_forwards(model) as calls:
+                    start = time.perf_counter()
+                    model.step(sessions, [actions] * count)
+                    wall = time.perf_counter() - start
                 if w > 0:
-                    walls.append(time.perf_counter() - start)
+                    walls.append(wall)
+                    forwards.append(calls[0])
                 peak_pages = max(peak_pages, model.kv.num_used_pages)
         finally:
             for s in sessions:
@@ -72,7 +77,9 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
         peak_bytes = torch.cuda.max_memory_allocated() if cuda else None
         out.append({
             "sessions": count, "num_steps": knobs.num_steps, "ms_per_batched_step": 1e3 * wall,
-            "env_steps_per_s": ratio(count, wall), "video_s_per_s": ratio(count * arch.chunk_size / model.spec.fps, wall),
+            "forwards_per_window": max(forwards),
+            "env_steps_per_s": ratio(count, wall),
+            "video_s_per_s": ratio(count * arch.chunk_size / model.spec.fps, wall),
             "peak_kv_pages": peak_pages, "plan_kv_pages": count * plan.peak_pages_per_episode,
             "page_bytes": plan.page_bytes, "kv_pages_after_close": model.kv.num_used_pages,
             "peak_device_bytes": peak_bytes, "weights_and_pool_bytes": fixed,
@@ -82,6 +89,8 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
     base = out[0]["env_steps_per_s"] if out else None
     for row in out:
         row["throughput_vs_first"] = ratio(row["env_steps_per_s"], base) if base else None
+        # one forward of N: N sessions take as many transformer forwards per window as one session does
+        row["one_forward_of_n"] = row["forwards_per_window"] == out[0]["forwards_per_window"]
     return out
 
 

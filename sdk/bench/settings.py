@@ -75,10 +75,13 @@ class GpuSettings:
     sessions: list[int] = _help("numbers of sessions stepped together (sessions section)",
                                 default_factory=lambda: [1, 4, 8])
     session_steps: int = _help("denoise steps of the sessions and backends sections", default=4)
+    context_frames: int = _help("committed latent frames kept in context (windows section; timed at full context)",
+                                default=8)
     official_steps: int = _help("denoise steps of the official-recipe comparison", default=4)
     height: int | None = _help("frame height (default: the arch's, 480 for edge)", default=None)
     width: int | None = _help("frame width (default: the arch's, 832 for edge)", default=None)
-    windows: int = _help("measured windows per setting (after one warm-up window)", default=2)
+    windows: int = _help("measured windows per setting (windows section: at full context, after warm-up windows "
+                         "fill it; sessions, backends: after one warm-up window)", default=5)
     peak_tflops: float | None = _help("device peak dense bf16 TFLOP/s (default: looked up by name)", default=None)
     allow_cpu: bool = _help("run on CPU anyway (tests: --arch tiny --allow-cpu)", default=False)
     partial_json: str | None = _help("also write the figures here after each section (kept if a run is cut)",

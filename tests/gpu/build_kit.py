@@ -42,6 +42,9 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import kit_manifest  # noqa: E402
+
 ROOT = HERE.parents[1]
 PINS = HERE / "kit-requirements.txt"
 MAX_MIB = 60
@@ -141,7 +144,7 @@ def compile_argv(entry: dict) -> list[str]:
     return shlex.split(entry["command"])
 
 
-def probe(out_json: Path, aot: bool) -> None:
+def probe(out_json: Path, aot: bool, only: tuple[str, ...] = ()) -> None:
     """Run inside a Python that can import the full flashinfer: record what the kit must keep."""
     import importlib.util
 
@@ -155,7 +158,7 @@ def probe(out_json: Path, aot: bool) -> None:
                 opened.add(path)
 
     sys.addaudithook(audit)
-    import flashinfer  # noqa: F401
+    import flashinfer
     from flashinfer import (  # noqa: F401
         BatchPrefillWithPagedKVCacheWrapper,
         BatchPrefillWithRaggedKVCacheWrapper,
@@ -166,16 +169,18 @@ def probe(out_json: Path, aot: bool) -> None:
     import flashinfer_modules
 
     loaded = {str(Path(m.__file__).resolve()) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
-    specs = flashinfer_modules.specs()  # renders the sources from flashinfer's templates (recorded as opened)
+    recipes = flashinfer_modules.recipes()
+    specs = [flashinfer_modules.spec_of(r) for r in recipes]  # renders the sources (recorded as opened)
     deps: set[str] = set()
     modules = []
-    for spec in specs:
+    for recipe, spec in zip(recipes, specs):
         start = time.perf_counter()
         for entry in spec.get_compile_commands():
             if entry["file"].endswith(".cu"):
                 deps |= preprocess_deps(compile_argv(entry), root)
-        record = {"name": spec.name, "sources": len(spec.sources), "deps_s": round(time.perf_counter() - start, 1)}
-        if aot:
+        record = {"name": spec.name, "recipe": recipe, "flashinfer": flashinfer.__version__,
+                  "sources": len(spec.sources), "deps_s": round(time.perf_counter() - start, 1)}
+        if aot and (not only or spec.name.startswith(only)):
             start = time.perf_counter()
             log(f"compiling {spec.name} for sm_90a (cached under {spec.build_dir})")
             spec.build(verbose=False)
@@ -186,26 +191,16 @@ def probe(out_json: Path, aot: bool) -> None:
 
 
 def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path | None,
-              cuda_stubs: Path | None) -> dict:
+              cuda_stubs: Path | None, only: tuple[str, ...] = ()) -> dict:
     """Install flashinfer's CPU-side needs (cp311/this Python) next to the unpacked wheel and probe it."""
     site = work / "probe-site"
     if not (site / "tvm_ffi").exists():
         run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
              *[p for p in pinned() if p.split("==")[0] in ("apache-tvm-ffi", "nvidia-ml-py", "tabulate", "ninja")]])
-    env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join([str(flashinfer_tree), str(site)]),
-               FLASHINFER_WORKSPACE_BASE=str(work / "jit"), FLASHINFER_CUDA_ARCH_LIST="9.0a",
-               PATH=os.pathsep.join([str(site / "bin"), env.get("PATH", "")]))
-    env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    env = probe_env(work, flashinfer_tree, site, curand_include, cuda_stubs)
     nvcc = nvcc_path()
-    if nvcc is not None:
-        env.setdefault("CUDA_HOME", str(nvcc.parent.parent))
-    if curand_include is not None:
-        env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-isystem {curand_include}"
-    if cuda_stubs is not None:
-        env["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{cuda_stubs}"
     out = work / "probe.json"
-    key = hashlib.sha256("|".join([FLASHINFER, (HERE / "flashinfer_modules.py").read_text(), str(aot),
+    key = hashlib.sha256("|".join([FLASHINFER, (HERE / "flashinfer_modules.py").read_text(), str(aot), ",".join(only),
                                    _nvcc_version(nvcc) if nvcc else "", str(curand_include),
                                    str(cuda_stubs)]).encode()).hexdigest()
     if out.exists():  # the probe takes minutes (nvcc preprocessing; the first prebuild much longer)
@@ -213,10 +208,31 @@ def run_probe(work: Path, flashinfer_tree: Path, aot: bool, curand_include: Path
         if cached.get("key") == key and all(Path(m["so"]).exists() for m in cached["modules"] if "so" in m):
             log("reusing the probe of an identical earlier build")
             return cached
-    run([sys.executable, __file__, "--probe", str(out)] + (["--aot", "on"] if aot else []), env=env)
+    run([sys.executable, __file__, "--probe", str(out)] + (["--aot", "on"] if aot else [])
+        + (["--only", ",".join(only)] if only else []), env=env)
     probed = json.loads(out.read_text())
     out.write_text(json.dumps({**probed, "key": key}, indent=1))
     return probed
+
+
+def probe_env(work: Path, flashinfer_tree: Path, site: Path, curand_include: Path | None,
+              cuda_stubs: Path | None) -> dict[str, str]:
+    """The probe's environment. Every path in it is absolute: nvcc runs in each module's build folder, where
+    a relative ``-isystem gpukit/cuda-include`` names nothing (the FA3 prebuild then misses curand_kernel.h)."""
+    env = dict(os.environ)
+    env.update(PYTHONPATH=os.pathsep.join([str(flashinfer_tree.resolve()), str(site.resolve())]),
+               FLASHINFER_WORKSPACE_BASE=str((work / "jit").resolve()), FLASHINFER_CUDA_ARCH_LIST="9.0a",
+               PATH=os.pathsep.join([str(site.resolve() / "bin"), env.get("PATH", "")]))
+    env.pop("FLASHINFER_DISABLE_JIT", None)  # the probe is where the modules get built
+    env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    nvcc = nvcc_path()
+    if nvcc is not None:
+        env.setdefault("CUDA_HOME", str(nvcc.parent.parent))
+    if curand_include is not None:
+        env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-isystem {curand_include.resolve()}"
+    if cuda_stubs is not None:
+        env["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{cuda_stubs.resolve()}"
+    return env
 
 
 # --- the trimmed flashinfer wheel -----------------------------------------------------------------
@@ -317,8 +333,9 @@ def toolkit_has_curand() -> bool:
 # --- main ------------------------------------------------------------------------------------------
 
 
-def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
+def build(out: Path, work: Path, aot_mode: str, max_mib: float, only: tuple[str, ...] = ()) -> dict:
     start = time.perf_counter()
+    out, work = out.resolve(), work.resolve()  # nvcc and the probe run in other folders
     shutil.rmtree(out, ignore_errors=True)
     wheels = out / "wheels"
     log("downloading the pinned cp312 wheels")
@@ -326,7 +343,10 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     for wheel in download_wheels(wheels):
         if wheel.name.split("-")[0] in TOOLS:
             wheel.rename(out / "tools" / wheel.name)
-    curand = curand_headers(work, out / "cuda-include")
+    curand_headers(work, out / "cuda-include")  # the GPU's JIT fallback reads the kit's copies
+    # The prebuild reads copies in the work folder: nvcc's flags, and so ninja's record of each compile,
+    # then name no kit folder, and a kit made elsewhere (another KIT=) reuses the compiled modules.
+    curand = curand_headers(work, work / "cuda-include")
     log("unpacking flashinfer-python 0.7.4")
     tree = unpack(cached_download(FLASHINFER, work / "dl"), work / "flashinfer-full")
     nvcc = nvcc_path()
@@ -336,17 +356,21 @@ def build(out: Path, work: Path, aot_mode: str, max_mib: float) -> dict:
     if nvcc is None:
         raise SystemExit("building the kit needs nvcc: the header set comes from nvcc's own preprocessing")
     log(f"probing flashinfer (nvcc {nvcc}; prebuild for sm_90a: {'yes' if aot else 'no'})")
-    stubs = cuda_stub(out / "cuda-stubs")
+    cuda_stub(out / "cuda-stubs")
+    stubs = cuda_stub(work / "cuda-stubs")
     probed = run_probe(work, tree, aot, None if toolkit_has_curand() else curand,
-                       None if toolkit_has_cuda_stub() else stubs)
+                       None if toolkit_has_cuda_stub() else stubs, only)
     recorded = {Path(f).relative_to(Path(probed["root"]).parent).as_posix() for f in probed["files"]}
     built = {m["name"]: Path(m["so"]) for m in probed["modules"] if "so" in m}
     fi_wheel = wheels / "flashinfer_python-0.7.4-py3-none-any.whl"
     trimmed = repack(tree, recorded, built, fi_wheel)
+    nvcc_version = _nvcc_version(nvcc)
+    modules = [kit_manifest.record(m["name"], m["recipe"], built[m["name"]], m["flashinfer"], nvcc_version)
+               for m in probed["modules"] if m["name"] in built]
     files = sorted(p for p in out.rglob("*") if p.is_file())
     total = sum(p.stat().st_size for p in files)
     manifest = {
-        "flashinfer": {**trimmed, "probe": probed["modules"], "sm": "90a", "nvcc": _nvcc_version(nvcc)},
+        "flashinfer": {**trimmed, "modules": modules, "probe": probed["modules"], "sm": "90a", "nvcc": nvcc_version},
         "curand_headers_needed_here": not toolkit_has_curand(),
         "files": {p.relative_to(out).as_posix(): p.stat().st_size for p in files},
         "total_bytes": total, "total_mib": round(total / 2**20, 2), "max_mib": max_mib,
@@ -367,13 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=str(ROOT / "build" / "gpukit-work"), help="download and build cache")
     parser.add_argument("--aot", choices=("auto", "on", "off"), default="auto",
                         help="prebuild the flashinfer modules for sm_90a (auto: when nvcc is here)")
+    parser.add_argument("--only", default="", help="prebuild only the modules whose names start with one of these "
+                        "(comma list, e.g. cascade: a quick kit on a busy box; the kit check names the rest)")
     parser.add_argument("--max-mib", type=float, default=MAX_MIB)
     parser.add_argument("--probe", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    only = tuple(name for name in args.only.split(",") if name)
     if args.probe:
-        probe(Path(args.probe), args.aot == "on")
+        probe(Path(args.probe), args.aot == "on", only)
         return 0
-    manifest = build(Path(args.out), Path(args.work), args.aot, args.max_mib)
+    manifest = build(Path(args.out).resolve(), Path(args.work).resolve(), args.aot, args.max_mib, only)
     for name, size in manifest["files"].items():
         print(f"{size / 2**20:8.2f} MiB  {name}")
     print(f"{manifest['total_mib']:8.2f} MiB  total (limit {args.max_mib:g} MiB); prebuilt flashinfer modules: "

@@ -64,7 +64,8 @@ def rollout(model, arch, windows: int = 5) -> list[torch.Tensor]:
 
 def compare(ref: list[torch.Tensor], other: list[torch.Tensor], bound: float) -> list[dict]:
     return [{"index": i, "rel_diff": rel_diff(b, a), "ok": within(rel_diff(b, a), bound),
-             "finite": bool(torch.isfinite(a).all() and torch.isfinite(b).all())} for i, (a, b) in enumerate(zip(ref, other))]
+             "finite": bool(torch.isfinite(a).all() and torch.isfinite(b).all())}
+            for i, (a, b) in enumerate(zip(ref, other))]
 
 
 def main(argv: list[str] | None = None) -> int:

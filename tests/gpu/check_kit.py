@@ -4,8 +4,11 @@
     python tests/gpu/check_kit.py --ready [--device cpu] [--out DIR]  # flashinfer_ready.json
 
 The inventory records the versions the checks run with and, for each module of `flashinfer_modules.py`,
-whether flashinfer finds a prebuilt .so from the kit (``aot``) or one in the JIT workspace (``jit_cached``);
-every module the kit's MANIFEST says it prebuilt must be found. `--ready` on CUDA runs one Edge-shaped
+whether flashinfer finds a prebuilt .so from the kit (``aot``) or one in the JIT workspace (``jit_cached``).
+The kit's MANIFEST records of its prebuilt modules must match what `flashinfer_modules.expected()` asks for
+(name, generator and arguments, flashinfer version, the installed .so's sha256: `kit_manifest.py`), and
+every installed prebuilt module must pass `ldd -r` and load through `tvm_ffi.load_module` in a fresh
+process (`prebuilt.py`; without a driver, the kit's stub serves as libcuda.so.1). `--ready` on CUDA runs one Edge-shaped
 flashinfer attention batch, which loads (or compiles) them, and records how long that took and what
 flashinfer compiled (its `FLASHINFER_JIT_BUILD_LOG`); on the CPU it runs nvcc's preprocessor over every
 source of every module against the installed, trimmed flashinfer tree instead: a header missing from the
@@ -20,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,12 +103,38 @@ def sources_complete() -> dict:
     return out
 
 
-def prebuilt_in_manifest() -> list[str]:
-    """The modules the kit says it prebuilt (`GPU_KIT`/MANIFEST.json); flashinfer must find each of them."""
-    manifest = Path(os.environ.get("GPU_KIT", "gpukit")) / "MANIFEST.json"
+def kit_folder() -> Path:
+    return Path(os.environ.get("GPU_KIT", "gpukit")).resolve()
+
+
+def prebuilt_records() -> list[dict]:
+    """The modules the kit says it prebuilt (`GPU_KIT`/MANIFEST.json), as `kit_manifest.record` wrote them."""
+    manifest = kit_folder() / "MANIFEST.json"
     if not manifest.exists():
         return []
-    return json.loads(manifest.read_text())["flashinfer"]["aot_modules"]
+    return json.loads(manifest.read_text())["flashinfer"].get("modules", [])
+
+
+def prebuilt(device: torch.device) -> dict:
+    """The kit's records against what this checkout asks for, then every installed prebuilt module loaded.
+
+    Without a driver (`--device cpu`) the kit's stub stands in as libcuda.so.1 (prebuilt.py).
+    """
+    import flashinfer
+    import flashinfer_modules
+    import kit_manifest
+    import prebuilt as loader
+
+    records = prebuilt_records()
+    site = Path(flashinfer.__file__).resolve().parents[1]
+    installed = {r["name"]: site / r["path"] for r in records}
+    problems = kit_manifest.check(records, flashinfer_modules.expected(), installed)
+    with tempfile.TemporaryDirectory(prefix="libcuda-stub-") as tmp:
+        stub = loader.stub_as_libcuda(kit_folder() / "cuda-stubs", Path(tmp)) if device.type != "cuda" else None
+        env = loader.load_env(loader.library_dirs(stub))
+        loads = [{"name": name, **loader.check(so, env)} for name, so in installed.items() if so.exists()]
+    return {"records": records, "problems": problems, "loads": loads, "stub_libcuda": stub is not None,
+            "ok": not problems and all(load["ok"] for load in loads)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,10 +156,17 @@ def inventory(args) -> int:
     doc["missing"] = [name for name, v in doc["versions"].items() if v is None]
     doc["jit_workspace"] = flashinfer_modules.workspace()
     doc["modules"] = [vars(s) for s in flashinfer_modules.states()]
-    doc["kit_prebuilt"] = prebuilt_in_manifest()
+    doc["kit_prebuilt"] = sorted(r["name"] for r in prebuilt_records())
     doc["prebuilt_found"] = sorted(s["name"] for s in doc["modules"] if s["aot"])
-    ok = not doc["missing"] and set(doc["kit_prebuilt"]) <= set(doc["prebuilt_found"])
+    write(args.out, "kit", {**doc, "ok": False, "partial": True})
+    doc["prebuilt"] = prebuilt(device)
+    ok = (not doc["missing"] and set(doc["kit_prebuilt"]) <= set(doc["prebuilt_found"]) and doc["prebuilt"]["ok"])
     write(args.out, "kit", {**doc, "ok": ok})
+    for problem in doc["prebuilt"]["problems"]:
+        print(f"kit: {problem}")
+    for load in doc["prebuilt"]["loads"]:
+        state = "loaded, ldd -r clean" if load["ok"] else f"FAILED {load['ldd_problems']} {load['load_error']}"
+        print(f"prebuilt {load['name'][:48]}: {state}")
     for s in doc["modules"]:
         where = "prebuilt (kit)" if s["aot"] else "JIT cache" if s["jit_cached"] else "to compile"
         print(f"flashinfer module {s['name'][:48]}: {where}")

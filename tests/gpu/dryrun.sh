@@ -2,8 +2,10 @@
 # The kit's dry run (`make gpu-kit-dryrun`): the GPU run's own script on this CPU machine, over a stand-in of
 # the GPU image, at tiny size. It proves the kit is complete: the venv sees only the image's packages and
 # the kit's wheels (installed offline, --no-index --no-deps), every import and every check's code path runs,
-# the installed flashinfer finds the kit's prebuilt modules, and nvcc's preprocessor finds every header its
-# JIT sources include in the trimmed tree. It cannot run a CUDA kernel: flashinfer's numbers need the GPU.
+# the kit's MANIFEST matches what flashinfer_modules.py asks for, each prebuilt module passes `ldd -r` and
+# loads through tvm_ffi.load_module (the kit's stub as libcuda.so.1, this toolkit's libcudart.so.13), and
+# nvcc's preprocessor finds every header the JIT sources include in the trimmed tree. It cannot run a CUDA
+# kernel: flashinfer's numbers need the GPU.
 #
 # Stand-ins, said plainly: this machine runs CPython 3.11, the GPU image 3.12, so the kit's three compiled
 # wheels (pydantic-core, apache-tvm-ffi, charset-normalizer) are swapped for the cp311 builds of the same

@@ -26,16 +26,44 @@ class ModuleState:
     sources: int
 
 
+# Each module as the flashinfer generator that makes its JitSpec and that generator's arguments, JSON-able
+# (dtypes by name): the kit's MANIFEST records them next to each prebuilt .so, and the dry run compares.
+# batch prefill: q, kv, o, index dtypes; head_dim_qk, head_dim_vo; pos_encoding NONE; no sliding window,
+# no soft cap, no fp16 qk reduction, no sf
+RECIPES: tuple[tuple[str, tuple], ...] = (
+    ("flashinfer.jit.attention.modules.gen_batch_prefill_module",
+     ("fa3", "bfloat16", "bfloat16", "bfloat16", "int32", 128, 128, 0, False, False, False, False)),
+    ("flashinfer.jit.cascade.gen_cascade_module", ()),
+)
+
+
+def recipes() -> list[dict]:
+    """`RECIPES` as the MANIFEST writes them: {"generator": dotted name, "args": [...]}."""
+    return [{"generator": generator, "args": list(args)} for generator, args in RECIPES]
+
+
+def spec_of(recipe: dict):
+    """The `JitSpec` a recipe describes (generating it writes its sources; nothing compiles)."""
+    import importlib
+
+    import torch
+
+    module, _, function = recipe["generator"].rpartition(".")
+    args = [getattr(torch, a) if a in ("bfloat16", "float16", "float32", "int32", "int64") else a
+            for a in recipe["args"]]
+    return getattr(importlib.import_module(module), function)(*args)
+
+
 def specs() -> list:
     """The `JitSpec`s of the modules the backend needs (generating them writes their sources, no compile)."""
-    import torch
-    from flashinfer.jit.attention.modules import gen_batch_prefill_module
-    from flashinfer.jit.cascade import gen_cascade_module
+    return [spec_of(recipe) for recipe in recipes()]
 
-    dtypes = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int32)
-    # head_dim_qk, head_dim_vo, pos_encoding NONE, no sliding window, no soft cap, no fp16 qk reduction, no sf
-    prefill = gen_batch_prefill_module("fa3", *dtypes, 128, 128, 0, False, False, False, False)
-    return [prefill, gen_cascade_module()]
+
+def expected() -> list[dict]:
+    """What the kit must have prebuilt for this flashinfer: each module's name, recipe and flashinfer version."""
+    import flashinfer
+
+    return [{"name": spec_of(r).name, **r, "flashinfer": flashinfer.__version__} for r in recipes()]
 
 
 def states() -> list[ModuleState]:

@@ -1,0 +1,55 @@
+"""What `bench gpu`'s headline figures mean, checked on the CPU at tiny size (their values are the GPU's).
+
+- Windows are timed at full context: warm-up windows fill it first, so every timed window attends to one
+  context length (up to the page the next release frees), not the growing context of windows 1 and 2.
+- "N sessions" is ONE forward of N: the engine's decode overlap splits a group in halves (two forwards per
+  step), so the bench turns it off and counts the transformer's forwards per window, which shows a split.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from worldstep.bench.archs import bench_arch
+from worldstep.bench.gpu import run_gpu
+from worldstep.bench.gpu_model import edge_model
+from worldstep.bench.gpu_sessions import measure_sessions
+from worldstep.bench.inmemory import build_components
+from worldstep.bench.progress import Progress
+from worldstep.bench.settings import GpuSettings
+
+CPU = torch.device("cpu")
+QUIET = Progress("gpu", quiet=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    arch = bench_arch("tiny")
+    return arch, build_components(arch, CPU, torch.float32, vae_dtype=torch.float32)
+
+
+def test_windows_are_timed_at_full_context(tiny):
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sections=["windows"], steps=[1], guidance=[1.0],
+                           windows=3, context_frames=2)
+    run = run_gpu(settings, QUIET).results["runs"][0]
+    assert run["full_context"] is True and run["warm_up_windows"] >= 2  # window 0 alone does not fill it
+    assert run["timed_windows"] == 3 == len(run["windows"])
+    page_size = tiny[0].page_size
+    contexts = [w["context_tokens"] for w in run["windows"]]
+    assert run["context_tokens_spread"] == max(contexts) - min(contexts) < page_size, contexts
+
+
+def test_n_sessions_take_one_forward_of_n_and_a_split_would_show(tiny):
+    arch, components = tiny
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sessions=[1, 2], session_steps=1, windows=1)
+    bench_model = edge_model(components, arch, CPU, "sdpa")
+    assert bench_model.overlap_decode is False
+    rows = measure_sessions(bench_model, arch, settings, QUIET)
+    assert [r["one_forward_of_n"] for r in rows] == [True, True]
+    assert rows[0]["forwards_per_window"] == rows[1]["forwards_per_window"] > 0
+    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+
+    split = Cosmos3WorldModel(components, device=CPU, page_size=arch.page_size, attention_backend="sdpa",
+                              overlap_decode=True)  # what CUDA does by default: halves
+    rows = measure_sessions(split, arch, settings, QUIET)
+    assert rows[1]["forwards_per_window"] > rows[0]["forwards_per_window"] and rows[1]["one_forward_of_n"] is False
