@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["window"] = compare(one_window(models["reference"], arch), one_window(models["candidate"], arch), WINDOW_BOUND)
     write(args.out, "cosmos3_backends", {**doc, "ok": False, "partial": True})
     doc["rollout"] = compare(rollout(models["reference"], arch), rollout(models["candidate"], arch), ROLLOUT_BOUND)
-    doc["pages_after_close"] = {k: m.kv.table.num_used_pages for k, m in models.items()}
+    doc["pages_after_close"] = {k: m.kv.num_used_pages for k, m in models.items()}
     ok = (all(r["ok"] for r in doc["window"] + doc["rollout"]) and len(doc["rollout"]) == 2 + 2 + 3 * 3
           and not any(doc["pages_after_close"].values()))
     doc["worst"] = {part: max(r["rel_diff"] for r in doc[part]) for part in ("window", "rollout")}
