@@ -207,8 +207,8 @@ def test_timings_and_kv_are_the_engine_records(world):  # noqa: F811
     assert isinstance(info["kv"], KVStats)
     _, _, _, _, info = env.step(zeros(env.action_space))
     assert isinstance(info["timings"], PhaseTimings) and isinstance(info["kv"], KVStats)
-    assert info["timings"].total_s == pytest.approx(
-        info["timings"].denoise_s + info["timings"].commit_s + info["timings"].decode_s)
+    t = info["timings"]  # this session's share of its step's call; other_s: time outside the three phases
+    assert t.total_s == pytest.approx(t.denoise_s + t.commit_s + t.decode_s + t.other_s) and t.other_s >= 0
     assert PhaseTimings(1.0, 2.0, 3.0) == PhaseTimings(4.0, 5.0, 6.0)  # measurements: seeded infos compare equal
     env.close()
     vec = worldstep.world.make_vec_env(world, num_envs=2)

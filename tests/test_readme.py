@@ -29,7 +29,7 @@ LEAVES = {  # a substring of a CLI block -> the files it must leave behind
     "worldstep eval episodes.yaml": ["rollout.mp4", "pusher.mp4", "runs/eval/report.json"],
     "--rerun-save run.rrd": ["rollout.mp4", "rollout.json", "run.rrd"],
     "--rerun-save tiny.rrd": ["tiny.rrd"],
-    "worldstep serve --config pusher": ["serve.log", "ppo_pusher.zip"],
+    "worldstep serve --config pusher": ["serve.log", "train_ppo.py", "ppo_pusher.zip"],
 }
 
 
