@@ -90,7 +90,8 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
 
     out = tmp_path / "run"
     path = main(["--out", str(out), "--small", "--num-clips", "12", "--windows", "2", "--context-frames", "1",
-                 "--vae-steps", "5", "--vae-batch", "1", "--dyn-steps", "40", "--dyn-batch", "4", "--dyn-lr",
+                 "--vae-steps", "5", "--vae-batch", "1", "--dyn-steps", "40", "--dyn-batch", "4", "--dagger-clips", "2",
+                 "--dyn-lr",
                  "3e-3", "--log-every", "1", "--ckpt-every", "1000", "--threads", "1"])
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     # the VAE's last 40% of steps trains on whole clips (9 frames here), the rest on short crops
