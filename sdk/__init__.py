@@ -34,6 +34,12 @@ _EXPORTS = {
     "World": ".world",
     "load": ".world",
     "make_env": ".world",
+    # submodules users reach as attributes after `import worldstep` (worldstep.world.make_vec_env, ...)
+    "world": ".world",
+    "policies": ".policies",
+    "planning": ".planning",
+    "wrappers": ".wrappers",
+    "truth": ".truth",
 }
 
 register_when_gymnasium_loads()
@@ -58,12 +64,18 @@ __all__ = [
     "load",
     "load_config",
     "make_env",
+    "planning",
+    "policies",
+    "truth",
+    "world",
+    "wrappers",
 ]
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        module = importlib.import_module(_EXPORTS[name], __name__)
+        return module if _EXPORTS[name] == f".{name}" else getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

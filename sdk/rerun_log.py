@@ -10,7 +10,7 @@
 | ``{root}/action/{embodiment}`` | a scalar series per action dimension, named (``dx``, ``dy``) | the frame it drives |
 | ``{root}/reward``, ``{root}/success`` | the window's reward and success (0/1) | the window's last frame |
 | ``{root}/kv/pages_in_use`` | KV pages the episode holds | reset and every window's last frame |
-| ``{root}/timings`` | series ``denoise_s``, ``commit_s``, ``decode_s``, ``total_s`` of the window | as the reward |
+| ``{root}/timings`` | series ``denoise_s``, ``commit_s``, ``decode_s``, ``other_s``, ``total_s`` | as the reward |
 | ``{root}/truth/frame``, ``{root}/truth/psnr_db`` | the simulator's frame, the window's mean PSNR | as the model's |
 
 Frames are logged encoded (a 480x640 JPEG is tens of KB), so a long rollout does not hold raw frames; the
@@ -31,7 +31,7 @@ from .fidelity.metrics import psnr
 
 ImageFormat = Literal["jpeg", "png"]
 IMAGE_FORMATS = ("jpeg", "png")
-PHASES = ("denoise_s", "commit_s", "decode_s")
+PHASES = ("denoise_s", "commit_s", "decode_s", "other_s")  # a window's share of its step (PhaseTimings)
 TIMING_SERIES = (*PHASES, "total_s")
 
 # Names of the action dimensions of embodiments whose layout is known (else the index names the dimension).

@@ -92,12 +92,13 @@ def test_every_frame_and_the_timeline_read_back_as_the_rollouts(pusher_run):
         info["kv"].pages_in_use for _, info in infos]
     assert scalars(table["/env/reward"])[4::4] == [reward for reward, _ in infos]
     assert scalars(table["/env/success"])[4::4] == [float(info["is_success"]) for _, info in infos]
-    assert table["/env/timings:SeriesLines:names"] == ["denoise_s", "commit_s", "decode_s", "total_s"]
+    assert table["/env/timings:SeriesLines:names"] == ["denoise_s", "commit_s", "decode_s", "other_s", "total_s"]
     timings = series(table["/env/timings"])
     assert table["/env/timings"][4::4] == [list(row) for row in timings] and len(timings) == 3
     for row, (_, info) in zip(timings, infos):
         t = info["timings"]
-        assert list(row[:3]) == [t.denoise_s, t.commit_s, t.decode_s] and row[3] == pytest.approx(t.total_s, rel=1e-12)
+        assert list(row[:4]) == [t.denoise_s, t.commit_s, t.decode_s, t.other_s]
+        assert row[4] == pytest.approx(t.total_s, rel=1e-12)
 
 
 def test_each_action_dimension_is_a_series_named_from_the_embodiment(pusher_run):
