@@ -106,6 +106,7 @@ def test_ctrl_c_during_rollout(tmp_path, cache_dir):  # noqa: F811
     (tmp_path / "r.json").write_text('{"previous": true}')
     exe = os.path.join(os.path.dirname(sys.executable), "worldstep")
     cmd = [exe, "rollout", "--windows", "1000", "--out", str(out), "--quiet", "--device", "cpu",
+           "--set=max_windows=1000",  # the episode cannot end (by truncation) before the signal, however fast the box
            *[f"--set={k}={v}" for k, v in FAST.items()]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "WORLDSTEP_CACHE": str(cache_dir)})
