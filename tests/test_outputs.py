@@ -108,8 +108,11 @@ def test_ctrl_c_during_rollout(tmp_path, cache_dir):  # noqa: F811
     cmd = [exe, "rollout", "--windows", "1000", "--out", str(out), "--quiet", "--device", "cpu",
            "--set=max_windows=1000",  # the episode cannot end (by truncation) before the signal, however fast the box
            *[f"--set={k}={v}" for k, v in FAST.items()]]
+    # a shell without job control starts background jobs with SIGINT ignored, and a child inherits that: give
+    # the rollout the default disposition, as a terminal's Ctrl-C finds it
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "WORLDSTEP_CACHE": str(cache_dir)})
+                            env={**os.environ, "WORLDSTEP_CACHE": str(cache_dir)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not leftovers(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)  # the partial mp4 appears once the episode has been reset

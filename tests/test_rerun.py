@@ -241,7 +241,9 @@ def test_the_served_web_viewer_answers_over_http_on_loopback(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "worldstep.cli", "rollout", "--windows", "1", "--out", str(tmp_path / "r.mp4"),
            "--rerun-serve", str(port), *FAST]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C ends the serving: the child gets SIGINT's default disposition even where the runner ignores it
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         deadline = time.monotonic() + 300
