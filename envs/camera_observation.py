@@ -35,7 +35,7 @@ class MultiCameraObservation(gym.ObservationWrapper):
         if not isinstance(env, gym.Env):
             raise TypeError(f"env={env!r} is invalid; allowed: a gymnasium.Env")
         cameras, layout = check_cameras(cameras), check_layout(layout)
-        frames = _frames_box(env)
+        frames = frames_box(env)
         view_point = getattr(getattr(env.unwrapped, "conditioning", None), "view_point", None)
         if view_point != CONCAT_VIEW:
             raise ValueError(f"the env's caption view point {view_point!r} is invalid for several cameras; allowed: "
@@ -74,7 +74,8 @@ class MultiCameraObservation(gym.ObservationWrapper):
         return out
 
 
-def _frames_box(env: gym.Env) -> spaces.Box:
+def frames_box(env: gym.Env) -> spaces.Box:
+    """The ``frames`` Box of a worldstep-style observation space, or TypeError."""
     obs_space = env.observation_space
     frames = obs_space.spaces.get("frames") if isinstance(obs_space, spaces.Dict) else None
     if not (isinstance(frames, spaces.Box) and frames.dtype == np.uint8 and len(frames.shape) == 4

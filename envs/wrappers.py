@@ -11,20 +11,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .camera_observation import MultiCameraObservation
+from .camera_observation import MultiCameraObservation, frames_box
 from .robot_state import RobotStateObservation
 from .video import Mp4Writer, frame_fps
-
-
-def _frames_space(env: gym.Env) -> spaces.Box:
-    """The ``frames`` Box of a worldstep-style observation space, or TypeError."""
-    obs_space = env.observation_space
-    frames = obs_space.spaces.get("frames") if isinstance(obs_space, spaces.Dict) else None
-    if not (isinstance(frames, spaces.Box) and frames.dtype == np.uint8 and len(frames.shape) == 4
-            and frames.shape[-1] == 3):
-        raise TypeError(f"env observation_space={obs_space} is invalid; allowed: a Dict with uint8 "
-                        "'frames' of shape (chunk, H, W, 3)")
-    return frames
 
 
 class RecordRollout(gym.Wrapper):
@@ -39,7 +28,7 @@ class RecordRollout(gym.Wrapper):
     def __init__(self, env: gym.Env, video_folder: str | os.PathLike, name_prefix: str = "episode") -> None:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env={env!r} is invalid; allowed: a gymnasium.Env")
-        _frames_space(env)
+        frames_box(env)
         if not isinstance(video_folder, (str, os.PathLike)):
             raise TypeError(f"video_folder={video_folder!r} is invalid; allowed: a str or os.PathLike")
         if not isinstance(name_prefix, str) or not name_prefix or os.sep in name_prefix:
@@ -99,7 +88,7 @@ class ImageObservation(gym.ObservationWrapper):
     def __init__(self, env: gym.Env, frames: Literal["last", "stack"] = "last") -> None:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env={env!r} is invalid; allowed: a gymnasium.Env")
-        box = _frames_space(env)
+        box = frames_box(env)
         if frames not in ("last", "stack"):
             raise ValueError(f"frames={frames!r} is invalid; allowed: 'last' or 'stack'")
         super().__init__(env)
