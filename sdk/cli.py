@@ -36,7 +36,7 @@ from .cli_checks import (
     success_judge,
     success_name,
 )
-from .cli_view import add_view_flags, closing_on_error, logged, open_from_args
+from .cli_view import add_view_flags, closing_on_error, logged, open_from_args, wants_view
 from .cli_view import finish as finish_view
 from .registration import WORLD_MODEL_IDS
 from .serve.cli import add_parser as add_serve_parser
@@ -310,9 +310,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = _early_policy(args, config)
     longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
     check_replay_length(policy, longest, args.policy)
-    if (args.rerun or args.rerun_save or args.rerun_serve is not None) and (args.ray or args.batched):
-        raise ValueError("--rerun, --rerun-save and --rerun-serve are invalid with --ray or --batched; allowed: an "
-                         "eval that steps one episode at a time")
+    if wants_view(args) and (args.ray or args.batched):
+        raise ValueError("--rerun, --rerun-connect, --rerun-save and --rerun-serve are invalid with --ray or "
+                         "--batched; allowed: an eval that steps one episode at a time")
     ray = {"backend": "ray", "ray_address": args.ray_address, "num_workers": args.workers} if args.ray else {}
     if args.ray:  # the actors load the model; the driver needs only its config
         from .distributed import driver_target

@@ -1,4 +1,5 @@
-"""The CLI's live-view flags (``--rerun``, ``--rerun-save``, ``--rerun-serve``) for rollout, eval and plan."""
+"""The CLI's live-view flags (``--rerun``, ``--rerun-connect``, ``--rerun-save``, ``--rerun-serve``) for rollout,
+eval and plan."""
 
 from __future__ import annotations
 
@@ -7,29 +8,39 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .viewer import DEFAULT_WEB_PORT, Viewer
+from .viewer import DEFAULT_WEB_PORT, VIEWER_PORT, Viewer
 
 
 def add_view_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("live view (Rerun; pip install 'worldstep[view]')")
     group.add_argument("--rerun", action="store_true",
-                       help="stream the rollout to a Rerun viewer: connects to the one running, else spawns one")
+                       help="stream the rollout to a native Rerun viewer: connects to the one listening on port "
+                            f"{VIEWER_PORT}, else spawns one")
+    group.add_argument("--rerun-connect", metavar="URL",
+                       help="stream the rollout to a running Rerun viewer or server: rerun+http://HOST:PORT/proxy, "
+                            "or a port on 127.0.0.1")
     group.add_argument("--rerun-save", metavar="PATH.rrd", help="write a Rerun recording (open it with `rerun PATH`)")
     group.add_argument("--rerun-serve", metavar="PORT", nargs="?", type=int, const=DEFAULT_WEB_PORT,
                        help=f"serve Rerun's web viewer on PORT (default {DEFAULT_WEB_PORT}) and print its URL; it "
                             "keeps serving after the run until Ctrl-C")
 
 
+def wants_view(args: argparse.Namespace) -> bool:
+    """Whether any live-view flag was given."""
+    return bool(args.rerun or args.rerun_connect is not None or args.rerun_save or args.rerun_serve is not None)
+
+
 def open_from_args(args: argparse.Namespace) -> Viewer | None:
     """The viewer the flags ask for (checked, and printed when served), or None without any."""
-    if not (args.rerun or args.rerun_save or args.rerun_serve is not None):
+    if not wants_view(args):
         return None
     from .outputs import check_output_path
     from .viewer import open_viewer
 
     if args.rerun_save is not None:
         check_output_path(args.rerun_save, "--rerun-save")
-    viewer = open_viewer(spawn=args.rerun, save=args.rerun_save, serve=args.rerun_serve)
+    viewer = open_viewer(spawn=args.rerun, connect=args.rerun_connect, save=args.rerun_save,
+                         serve=args.rerun_serve)
     if viewer.web_url is not None:
         print(f"watch it live: {viewer.web_url}", flush=True)
     return viewer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import os
 import signal
@@ -11,42 +11,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import rerun as rr
 import worldstep
-from PIL import Image
+from rerun_tables import decoded, read_recording, scalars, series
 from worldstep.fidelity.metrics import psnr
 from worldstep.rerun_log import encode_frame
 from worldstep.wrappers import RerunLogger, RerunVectorLogger
-
-
-def read_recording(path) -> dict[str, list]:
-    """Every column of a recording indexed by ``frame``, read back by Rerun's dataframe API on loopback."""
-    with rr.server.Server(host="127.0.0.1", datasets={"run": [str(path)]}) as server:
-        client = server.client()
-        dataset = client.get_dataset("run")
-        table = dataset.reader(index="frame").sort("frame").to_arrow_table().to_pydict()
-        static = dataset.reader(index=None).to_arrow_table().to_pydict()  # the series' names
-    # "/env/frame:EncodedImage:blob" -> "/env/frame", "/env/reward:Scalars:scalars" -> "/env/reward"
-    columns = {name.split(":")[0] if name.endswith((":blob", ":scalars")) else name: values
-               for name, values in table.items()}
-    return {**columns, **{name: values[0] for name, values in static.items() if name.endswith(":names")}}
-
-
-def decoded(blobs: list) -> np.ndarray:
-    return np.stack([np.asarray(Image.open(io.BytesIO(bytes(blob[0])))) for blob in blobs])
-
-
-def scalars(column: list) -> list[float | None]:
-    return [None if cell is None else cell[0] for cell in column]
-
-
-def series(column: list) -> np.ndarray:
-    """The rows of a multi-series Scalars column that hold values, as ``[rows, series]``."""
-    return np.asarray([cell for cell in column if cell is not None])
 
 
 def recording_to(path) -> rr.RecordingStream:
@@ -218,16 +193,29 @@ def test_rollout_truth_saves_a_recording_of_both_sides(tmp_path):
     (["rollout", "--rerun-serve", "70000"], "--rerun-serve 70000 is invalid; allowed: a TCP port in 1..65535"),
     (["rollout", "--rerun-save", "{tmp}"], "--rerun-save='{tmp}' is invalid: it is a folder"),
     (["eval", "{tmp}/eps.yaml", "--batched", "--rerun-save", "{tmp}/e.rrd"], "invalid with --ray or --batched"),
+    (["eval", "{tmp}/eps.yaml", "--batched", "--rerun-connect", "9876"], "invalid with --ray or --batched"),
+    (["rollout", "--rerun-connect", "http://127.0.0.1:9876/proxy"], "--rerun-connect 'http://127.0.0.1:9876/proxy' is "
+                                                                     "invalid; allowed: a TCP port (the viewer on "
+                                                                     "127.0.0.1) or a URL rerun+http://HOST:PORT/proxy"),
+    (["rollout", "--rerun-connect", "rerun+http://127.0.0.1:9876/"], "--rerun-connect 'rerun+http://127.0.0.1:9876/' "
+                                                                     "is invalid; allowed: a TCP port"),
+    (["rollout", "--rerun-connect", "70000"], "--rerun-connect '70000' is invalid; allowed: a TCP port"),
+    (["rollout", "--rerun", "--rerun-connect", "9876"], "--rerun with --rerun-connect '9876' is invalid; allowed: one "
+                                                        "of them"),
+    (["rollout", "--rerun-connect", "{free}"], "--rerun-connect '{free}' is invalid: nothing answers at "
+                                               "rerun+http://127.0.0.1:{free}/proxy; allowed: the URL of a running "
+                                               "Rerun viewer or server"),
 ])
 def test_bad_view_flags_are_one_line_errors_before_the_model_loads(flags, message, tmp_path, capsys):
     from worldstep.cli import main
 
     (tmp_path / "eps.yaml").write_text("- {seed: 1}\n")
-    argv = [f.format(tmp=tmp_path) for f in flags]
+    free = free_port()  # nothing listens there
+    argv = [f.format(tmp=tmp_path, free=free) for f in flags]
     assert main([*argv, "--out" if argv[0] == "rollout" else "--out-dir", str(tmp_path / "o.mp4"
                  if argv[0] == "rollout" else tmp_path / "out"), *FAST]) == 2
     err = capsys.readouterr().err
-    assert message.format(tmp=tmp_path) in err and len(err.strip().splitlines()) == 1
+    assert message.format(tmp=tmp_path, free=free) in err and len(err.strip().splitlines()) == 1
 
 
 def free_port() -> int:
@@ -326,3 +314,95 @@ def test_plan_logs_the_executed_rollout(tmp_path):
                  str(tmp_path / "plan.mp4"), "--rerun-save", str(rrd)]) == 0
     table = read_recording(rrd)
     assert table["frame"] == list(range(5)) and series(table["/env/action/pusher"]).shape == (4, 2)
+
+
+# --- a viewer to stream to: --rerun-connect, and --rerun's connect-or-spawn --------------------------------------
+
+@contextlib.contextmanager
+def saving_viewer(path):
+    """Rerun's own viewer binary on a free loopback port, headless: it saves every stream it receives to ``path``
+    (``rerun --save``), the viewer side of a live run. Yields its port; the file is complete once it exits."""
+    import rerun_cli
+
+    port = free_port()
+    cmd = [str(Path(rerun_cli.__file__).parent / "rerun"), "--bind", "127.0.0.1", "--port", str(port),
+           "--save", str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the viewer did not listen on {port}: {proc.stderr.read() if proc.poll() else ''}")
+                time.sleep(0.2)
+        yield port
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: it closes the file
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("how", ["--rerun-connect URL", "--rerun-connect PORT", "--rerun (one is listening)"])
+def test_the_viewer_receives_every_entity_the_recording_holds(how, tmp_path, monkeypatch):
+    from worldstep import viewer as viewer_module
+    from worldstep.cli import main
+
+    received, twin = tmp_path / "viewer.rrd", tmp_path / "twin.rrd"
+    with saving_viewer(received) as port:
+        flags = {"--rerun-connect URL": ["--rerun-connect", f"rerun+http://127.0.0.1:{port}/proxy"],
+                 "--rerun-connect PORT": ["--rerun-connect", str(port)],
+                 "--rerun (one is listening)": ["--rerun"]}[how]
+        monkeypatch.setattr(viewer_module, "VIEWER_PORT", port)
+        monkeypatch.setenv("PATH", str(tmp_path))  # no `rerun` to spawn: --rerun must connect to the one listening
+        assert main(["rollout", "--windows", "2", "--seed", "4", "--out", str(tmp_path / "r.mp4"), *flags,
+                     "--rerun-save", str(twin), *FAST]) == 0
+    viewer, saved = read_recording(received), read_recording(twin)
+    assert saved["frame"] == list(range(9)) and len(decoded(saved["/env/frame"])) == 9  # 1 + 2 windows x 4
+    assert series(saved["/env/action/droid_lerobot"]).shape == (8, 10)
+    assert sorted(viewer) == sorted(saved)
+    for entity, column in saved.items():
+        assert viewer[entity] == column, entity
+
+
+def test_rerun_without_a_viewer_executable_fails_at_once(tmp_path, monkeypatch, capsys):
+    from worldstep import viewer as viewer_module
+    from worldstep.cli import main
+
+    monkeypatch.setattr(viewer_module, "VIEWER_PORT", free_port())  # nothing listens there
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `rerun` on PATH
+    out = tmp_path / "r.mp4"
+    assert main(["rollout", "--windows", "1", "--out", str(out), "--rerun", *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--rerun: no Rerun viewer listens on 127.0.0.1:" in err and "no `rerun` executable is on PATH" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_rerun_without_a_display_fails_at_once_and_spawns_nothing(tmp_path, monkeypatch, capsys):
+    from worldstep import viewer as viewer_module
+    from worldstep.cli import main
+
+    spawned = tmp_path / "spawned"
+    fake = tmp_path / "bin" / "rerun"  # a `rerun` that records being started
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n: > {spawned}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(viewer_module, "VIEWER_PORT", free_port())
+    monkeypatch.setattr(viewer_module.sys, "platform", "linux")
+    monkeypatch.setenv("PATH", str(fake.parent))
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "WAYLAND_SOCKET"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["rollout", "--windows", "1", "--out", str(tmp_path / "r.mp4"), "--rerun", *FAST]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a native viewer needs a display" in err and "--rerun-serve" in err and len(err.splitlines()) == 1
+    assert not spawned.exists()
+    monkeypatch.setenv("DISPLAY", ":99")  # with a display it spawns: the fake runs, and listens on nothing
+    with pytest.raises(RuntimeError, match="--rerun: the Rerun viewer spawned from .* did not listen on"):
+        viewer_module.open_viewer(spawn=True)
+    assert spawned.exists()
