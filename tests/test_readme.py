@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
 
-PAGES = ("README.md", "docs/usage.md", "docs/embodiments.md", "docs/viewing.md")
+PAGES = ("README.md", "docs/usage.md", "docs/embodiments.md", "docs/viewing.md", "docs/observations.md")
 NOT_RUN = {  # a substring of a block -> why it does not run here
     "needs the Cosmos3-Edge weights": "needs the real Cosmos3-Edge weights",
     "huggingface-cli download": "downloads the real Cosmos3-Edge weights",
@@ -58,7 +58,7 @@ def test_the_blocks_that_do_not_run_are_the_expected_ones():
     assert skipped == sorted([("README.md", "needs the real Cosmos3-Edge weights"),
                               ("README.md", "downloads the real Cosmos3-Edge weights"),
                               ("README.md", "make: installs the venv and runs the suite that runs this test")])
-    assert sum(page == "README.md" for page, _, _ in RUN) >= 5  # three ways, watch it live (2), ...
+    assert sum(page == "README.md" for page, _, _ in RUN) >= 5  # three ways, serving, watch it live
     cli = [code for _, lang, code in RUN if lang == "bash"]
     assert all(any(key in code for key in LEAVES) for code in cli)  # every CLI block says what it leaves
 
