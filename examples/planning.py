@@ -72,7 +72,7 @@ if __name__ == "__main__":
         planned.append(result.sim_success)
         alone.append(baseline.sim_success)
         print(f"seed {seed}: planner {'reached' if result.sim_success else 'missed'} the goal in the simulator "
-              f"({result.windows} windows; the model believed {result.model_success}), "
+              f"({result.episode.windows} windows; the model believed {result.model_success}), "
               f"{args.proposal} alone {'reached' if baseline.sim_success else 'missed'} it")
     env.close()
     print(f"simulator success over {args.episodes} episodes: planner {np.mean(planned):.2f}, "

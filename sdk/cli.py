@@ -182,7 +182,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                              progress=not args.quiet, on_window=record.window_done)
         finally:
             env.close()
-    summary_path = record.finish(**vars(result))
+    summary_path = record.finish(**result.to_dict())
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
@@ -231,10 +231,11 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
             env.close()
             if truth is not None:
                 truth.close()
-    summary_path = record.finish(**vars(result), mean_psnr_db=result.mean_psnr_db)
+    summary_path = record.finish(**result.to_dict())
     psnr = ", ".join(f"{p:.1f}" for p in result.psnr_db)
-    print(f"{result.video}: model | {config.env.simulator}, {result.frames} frames in {result.windows} windows, "
-          f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
+    episode = result.episode
+    print(f"{episode.video}: model | {config.env.simulator}, {episode.frames} frames in {episode.windows} windows, "
+          f"{episode.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
           f"simulator {result.truth_success}; summary {summary_path}")
     finish_view(viewer)
     return 0
@@ -274,11 +275,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                    max_windows=args.windows, observe="simulator")
         finally:
             env.close()
-    figures = {k: v for k, v in vars(result).items() if k != "actions"}
-    summary_path = record.finish(**figures, actions=[a.tolist() for a in result.actions],
-                                 base_sim_success=None if base is None else base.sim_success)
-    line = (f"{result.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
-            f"{result.windows} windows; simulator success {result.sim_success}")
+    summary_path = record.finish(**result.to_dict(), base_sim_success=None if base is None else base.sim_success)
+    line = (f"{result.episode.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
+            f"{result.episode.windows} windows; simulator success {result.sim_success}")
     if result.model_success is not None:
         line += f", model success {result.model_success}"
     if base is not None:

@@ -256,7 +256,7 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
                "max_windows": args.policy_windows, "horizon": args.plan_horizon, "forks": args.plan_forks,
                "confirm_windows": args.confirm_windows, "anchored": {}}
     for observe, anchor in _planner_runs(args):
-        by_seed = {r.seed: r for r in results if r.observe == observe and r.anchor_every == anchor}
+        by_seed = {r.episode.seed: r for r in results if r.observe == observe and r.anchor_every == anchor}
         planner = np.array([by_seed[s].sim_success for s in seeds])
         entry = lift_summary(planner, base_sim, base_loop if observe == "model" else None)
         if observe == "model":
