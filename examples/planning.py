@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
 from worldstep.fidelity.policies import graded_policies
 from worldstep.fidelity.seeds import VALIDATION
+from worldstep.flags import parse_flags
 from worldstep.planning import ModelPredictivePlanner, closed_loop
 
 
@@ -49,7 +49,7 @@ class Args:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

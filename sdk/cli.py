@@ -11,16 +11,11 @@ value and the allowed range (exit code 2; 1 for an unexpected failure, with the 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import importlib
 import importlib.util
-import inspect
 import json
 import os
 import sys
-import textwrap
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +33,7 @@ from .cli_checks import (
 )
 from .cli_view import add_view_flags, closing_on_error, logged, open_from_args
 from .cli_view import finish as finish_view
+from .flags import positive_int
 from .registration import WORLD_MODEL_IDS
 from .serve.cli import add_parser as add_serve_parser
 
@@ -103,54 +99,6 @@ def _add_success_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--success", metavar="JUDGE",
                         help="success judge of each window: sim (the config's simulator's pixel judge; the default "
                              "when the config names a simulator), none, or module:function (frames -> bool)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is invalid; allowed: an int >= 1")
-    return value
-
-
-# --- dataclass flags (examples) ------------------------------------------------------------------
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass body (cleanrl's ``Args`` style)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body, docs = tree.body[0].body, {}
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            docs[node.target.id] = after.value.value
-    return docs
-
-
-def parse_dataclass_args(cls: type, argv: list[str] | None = None):
-    """Parse ``--flag value`` pairs into dataclass ``cls``; each field's docstring is its ``--help``.
-
-    ``bool`` fields get ``--flag/--no-flag``; ``X | None`` fields take an ``X`` and default to None.
-    """
-    parser = argparse.ArgumentParser(description=(cls.__doc__ or "").strip())
-    docs, hints = _field_docs(cls), typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        kind = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = docs.get(f.name, "") + ("" if default is None else f" (default: {default})")
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
-    return cls(**vars(parser.parse_args(argv)))
 
 
 # --- rollout --------------------------------------------------------------------------------------
@@ -499,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(p)
     p.add_argument("--policy", default="sine", help="sine, random, push (PushSim's pixel expert) or replay:PATH.npy "
                                                     "(default sine)")
-    p.add_argument("--windows", type=_positive_int, default=8, help="windows to generate (default 8)")
+    p.add_argument("--windows", type=positive_int, default=8, help="windows to generate (default 8)")
     _add_success_flag(p)
     p.add_argument("--truth", action="store_true",
                    help="step the model's simulator (config env.simulator) with the same actions; the mp4 shows "
@@ -525,14 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_success_flag(p)
     p.add_argument("--out-dir", default="runs/eval", help="report and video folder (default runs/eval)")
     p.add_argument("--batched", action="store_true", help="step episodes together in one vector env")
-    p.add_argument("--batch-size", type=_positive_int, help="episodes per batch (default: all)")
+    p.add_argument("--batch-size", type=positive_int, help="episodes per batch (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of episodes without one: seed + index")
     p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--ray", action="store_true",
                    help="shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')")
     p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
-    p.add_argument("--workers", type=_positive_int, default=2, help="Ray actors with --ray (default 2)")
+    p.add_argument("--workers", type=positive_int, default=2, help="Ray actors with --ray (default 2)")
     add_view_flags(p)
     p.set_defaults(func=cmd_eval)
 
@@ -542,13 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proposal", default="noisy0.8",
                    help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
                         "worldstep.fidelity.policies.graded_policies)")
-    p.add_argument("--candidates", type=_positive_int, default=8, help="chunks imagined per window (default 8)")
+    p.add_argument("--candidates", type=positive_int, default=8, help="chunks imagined per window (default 8)")
     p.add_argument("--approach-weight", type=float, default=0.0,
                    help="weight of the effector-to-block distance in the cost (default 0)")
     p.add_argument("--observe", choices=["model", "simulator"], default="model",
                    help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
                         "model on the simulator's frame every window (MPC)")
-    p.add_argument("--windows", type=_positive_int, default=16, help="windows per episode (default 16)")
+    p.add_argument("--windows", type=positive_int, default=16, help="windows per episode (default 16)")
     p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
     p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
     p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
@@ -558,10 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="model, device, weights and KV memory plan")
     _add_model_flags(p)
-    p.add_argument("--windows", type=_positive_int, default=32, help="episode length for the plan (default 32)")
+    p.add_argument("--windows", type=positive_int, default=32, help="episode length for the plan (default 32)")
     p.add_argument("--context-frames", dest="context_frames", type=int,
                    help="committed latent frames kept in context (default: the config's)")
-    p.add_argument("--text-tokens", type=_positive_int, default=256,
+    p.add_argument("--text-tokens", type=positive_int, default=256,
                    help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
