@@ -31,13 +31,12 @@ from .cli_checks import (
     success_judge,
     success_name,
 )
+from .cli_flags import EvalFlags, InfoFlags, ModelFlags, PlanFlags, RolloutFlags, StatsFlags
 from .cli_view import add_view_flags, closing_on_error, logged, open_from_args
 from .cli_view import finish as finish_view
-from .flags import positive_int
+from .flags import add_flags
 from .registration import WORLD_MODEL_IDS
 from .serve.cli import add_parser as add_serve_parser
-
-DEFAULT_ENV = "worldstep/Tiny-v0"
 
 
 def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, dict[str, Any]]:
@@ -84,21 +83,7 @@ def _early_policy(args: argparse.Namespace, config):
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(WORLD_MODEL_IDS),
-                       help=f"registered env id whose config to use (default {DEFAULT_ENV})")
-    group.add_argument("--config", help="config name (tiny, pusher, cosmos3_edge), .yaml path, checkpoint folder "
-                                        "or hub id")
-    parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the config's)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set num_steps=2 or --set rollout.num_steps=2 "
-                             "(repeatable)")
-
-
-def _add_success_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--success", metavar="JUDGE",
-                        help="success judge of each window: sim (the config's simulator's pixel judge; the default "
-                             "when the config names a simulator), none, or module:function (frames -> bool)")
+    add_flags(parser, ModelFlags)
 
 
 # --- rollout --------------------------------------------------------------------------------------
@@ -280,7 +265,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 target = logged_env = logged(make_env(target, max_windows=longest, success_fn=success), viewer)
                 success = None
             report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
-                              batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
+                              batch_size=args.batch_size, seed=args.seed, record_video=args.video,
                               progress=not args.quiet, run_info=run, **ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
@@ -445,73 +430,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollout", help="closed-loop rollout with a policy; writes an mp4 and a JSON summary")
     _add_model_flags(p)
-    p.add_argument("--policy", default="sine", help="sine, random, push (PushSim's pixel expert) or replay:PATH.npy "
-                                                    "(default sine)")
-    p.add_argument("--windows", type=positive_int, default=8, help="windows to generate (default 8)")
-    _add_success_flag(p)
-    p.add_argument("--truth", action="store_true",
-                   help="step the model's simulator (config env.simulator) with the same actions; the mp4 shows "
-                        "model | simulator side by side and the summary holds PSNR per window")
-    p.add_argument("--out", default="rollout.mp4", help="mp4 path (default rollout.mp4)")
-    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
-    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
-    p.add_argument("--prompt", help="text prompt (default: the config's)")
-    p.add_argument("--embodiment", help="embodiment name, e.g. droid_lerobot (the README's embodiment table; "
-                                        "default: the config's)")
-    p.add_argument("--domain-id", dest="domain_id", type=int, help="action-head domain (default: the config's)")
-    p.add_argument("--image", help="first frame image path (default: the simulator's scene for --seed, else a drawn "
-                                   "tabletop scene)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(p, RolloutFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("eval", help="evaluate a policy on episodes from a YAML file; writes report.json and mp4s")
-    p.add_argument("episodes", help="YAML: a list of episodes (seed, prompt, domain_id, image, max_windows) "
-                                    "or a mapping with an 'episodes' list")
     _add_model_flags(p)
-    p.add_argument("--policy", default="sine", help="sine, random, push or replay:PATH.npy (default sine)")
-    _add_success_flag(p)
-    p.add_argument("--out-dir", default="runs/eval", help="report and video folder (default runs/eval)")
-    p.add_argument("--batched", action="store_true", help="step episodes together in one vector env")
-    p.add_argument("--batch-size", type=positive_int, help="episodes per batch (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of episodes without one: seed + index")
-    p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--ray", action="store_true",
-                   help="shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')")
-    p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
-    p.add_argument("--workers", type=positive_int, default=2, help="Ray actors with --ray (default 2)")
+    add_flags(p, EvalFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plan", help="model-predictive planning in a world model (pusher), judged by its simulator")
     _add_model_flags(p)
     p.set_defaults(env="worldstep/Pusher-v0")
-    p.add_argument("--proposal", default="noisy0.8",
-                   help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
-                        "worldstep.fidelity.policies.graded_policies)")
-    p.add_argument("--candidates", type=positive_int, default=8, help="chunks imagined per window (default 8)")
-    p.add_argument("--approach-weight", type=float, default=0.0,
-                   help="weight of the effector-to-block distance in the cost (default 0)")
-    p.add_argument("--observe", choices=["model", "simulator"], default="model",
-                   help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
-                        "model on the simulator's frame every window (MPC)")
-    p.add_argument("--windows", type=positive_int, default=16, help="windows per episode (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
-    p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
-    p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
-    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
+    add_flags(p, PlanFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_plan, policy="planner", success=None)
 
     p = sub.add_parser("info", help="model, device, weights and KV memory plan")
     _add_model_flags(p)
-    p.add_argument("--windows", type=positive_int, default=32, help="episode length for the plan (default 32)")
-    p.add_argument("--context-frames", dest="context_frames", type=int,
-                   help="committed latent frames kept in context (default: the config's)")
-    p.add_argument("--text-tokens", type=positive_int, default=256,
-                   help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_flags(p, InfoFlags)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
@@ -520,12 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Arm embodiments (DROID, Bridge, fractal, UMI) take 10 numbers per step: the end-effector motion\n"
                "dT = T_t^-1 T_t+1 as translation (3) + the first two rotation columns (6), then the gripper;\n"
                "worldstep.action_data.relative_pose_actions builds them from absolute 4x4 poses.")
-    p.add_argument("source", help=".npy, .npz, a .parquet file or a LeRobot dataset folder (data/**/*.parquet)")
-    p.add_argument("--column", default="action", help="parquet column holding the actions (default action)")
-    p.add_argument("--key", help=".npz array name (default actions, action or the only array)")
-    p.add_argument("--dims", help="keep dimensions START:STOP, e.g. 0:10")
-    p.add_argument("--out", help="write the stats JSON (cosmos-framework's normalizer-stats format) here")
-    p.add_argument("--json", action="store_true", help="print the stats JSON instead of a table")
+    add_flags(p, StatsFlags)
     p.set_defaults(func=cmd_stats)
 
     _add_bench(sub)

@@ -5,19 +5,28 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from .flags import add_flags, flag
 from .viewer import DEFAULT_WEB_PORT, Viewer
 
 
+@dataclass
+class ViewFlags:
+    """Watching a run live and saving its recording."""
+
+    rerun: bool = flag("stream the rollout to a Rerun viewer: connects to the one running, else spawns one",
+                       default=False)
+    rerun_save: str | None = flag("write a Rerun recording (open it with `rerun PATH`)", default=None,
+                                  metavar="PATH.rrd")
+    rerun_serve: int | None = flag(f"serve Rerun's web viewer on PORT (bare flag: {DEFAULT_WEB_PORT}) and print its "
+                                   "URL; it keeps serving after the run until Ctrl-C", default=None, metavar="PORT",
+                                   const=DEFAULT_WEB_PORT)
+
+
 def add_view_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("live view (Rerun; pip install 'worldstep[view]')")
-    group.add_argument("--rerun", action="store_true",
-                       help="stream the rollout to a Rerun viewer: connects to the one running, else spawns one")
-    group.add_argument("--rerun-save", metavar="PATH.rrd", help="write a Rerun recording (open it with `rerun PATH`)")
-    group.add_argument("--rerun-serve", metavar="PORT", nargs="?", type=int, const=DEFAULT_WEB_PORT,
-                       help=f"serve Rerun's web viewer on PORT (default {DEFAULT_WEB_PORT}) and print its URL; it "
-                            "keeps serving after the run until Ctrl-C")
+    add_flags(parser, ViewFlags, title="live view (Rerun; pip install 'worldstep[view]')")
 
 
 def open_from_args(args: argparse.Namespace) -> Viewer | None:

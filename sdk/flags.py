@@ -4,7 +4,8 @@ Each field is one ``--flag`` (``num_steps`` -> ``--num-steps``) with the field's
 ``flag(...)`` text, else the docstring under the field (cleanrl's ``Args`` style). ``bool`` fields take
 ``--flag/--no-flag``; ``list[X]`` fields a comma list (``--sizes 1,2,4``; an empty string is an empty list);
 ``X | None`` fields an ``X``, default None. ``flag`` may also give a field its own ``type`` (for a list, the
-parser of one item), ``choices`` or ``metavar``.
+parser of one item), ``choices`` or ``metavar``, or make it positional, repeatable, a bare flag with a value
+(``const``) or one of a mutually exclusive set.
 """
 
 from __future__ import annotations
@@ -25,9 +26,15 @@ _MISSING = dataclasses.MISSING
 
 
 def flag(help: str = "", *, default: Any = _MISSING, default_factory: Any = _MISSING, type: Callable | None = None,
-         choices: Sequence | None = None, metavar: str | None = None) -> Any:
-    """A dataclass field with what its flag needs beyond the type and default (help, parser, choices)."""
-    meta = {k: v for k, v in (("help", help), ("type", type), ("choices", choices), ("metavar", metavar)) if v}
+         choices: Sequence | None = None, metavar: str | None = None, positional: bool = False, repeat: bool = False,
+         const: Any = None, exclusive: str | None = None) -> Any:
+    """A dataclass field with what its flag needs beyond the type and default: help, its own parser (``type``),
+    ``choices``, ``metavar``; ``positional`` (an argument without ``--``), ``repeat`` (``--set a --set b`` ->
+    ``["a", "b"]``), ``const`` (the value of the bare flag: ``--port`` alone), ``exclusive`` (fields of the same
+    name exclude each other)."""
+    meta = {k: v for k, v in (("help", help), ("type", type), ("choices", choices), ("metavar", metavar),
+                              ("positional", positional), ("repeat", repeat), ("const", const),
+                              ("exclusive", exclusive)) if v is not None and v is not False and v != ""}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -81,9 +88,12 @@ def _default(f: dataclasses.Field) -> Any:
     return None if f.default is _MISSING else f.default
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
-    """Add one flag per field of dataclass ``cls`` to ``parser`` (a field without a default is required)."""
+def add_flags(parser: argparse.ArgumentParser, cls: type, title: str | None = None) -> None:
+    """Add one flag per field of dataclass ``cls`` to ``parser`` (under the heading ``title`` if given); a field
+    without a default is required."""
     hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    target: Any = parser if title is None else parser.add_argument_group(title)
+    exclusive: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
@@ -91,23 +101,38 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
         default = _default(f)
         shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
         text = meta.get("help") or docs.get(f.name, "")
-        kwargs: dict[str, Any] = {"dest": f.name, "default": default,
-                                  "help": f"{text} (default {shown})".strip() if default is not None else text}
+        kwargs: dict[str, Any] = {"help": f"{text} (default {shown})".strip() if shown not in (None, "") else text}
+        where = target
+        if "exclusive" in meta:
+            if meta["exclusive"] not in exclusive:
+                exclusive[meta["exclusive"]] = target.add_mutually_exclusive_group()
+            where = exclusive[meta["exclusive"]]
+        if meta.get("positional"):  # without --; a list takes one or more values
+            item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
+            where.add_argument(f.name, type=meta.get("type") or item, help=text,
+                               **({"nargs": "+"} if item is not hint else {}))
+            continue
+        kwargs.update(dest=f.name, default=default)
         if f.default is _MISSING and f.default_factory is _MISSING:
             kwargs["required"] = True
         if hint is bool:
-            parser.add_argument(flag_name(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+            where.add_argument(flag_name(f.name), action=argparse.BooleanOptionalAction, **kwargs)
             continue
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) is list or (args and typing.get_origin(args[0]) is list):
-            item = typing.get_args(hint if typing.get_origin(hint) is list else args[0])[0]
-            kind = comma_list(meta.get("type", item))
+        listed = hint if typing.get_origin(hint) is list else next((a for a in args if typing.get_origin(a) is list),
+                                                                   None)
+        if listed is not None and meta.get("repeat"):
+            kind, kwargs["action"] = meta.get("type") or typing.get_args(listed)[0], "append"
+        elif listed is not None:
+            kind = comma_list(meta.get("type") or typing.get_args(listed)[0])
         else:  # int, float, str, or X | None
             kind = meta.get("type") or (args[0] if args else hint)
+        if "const" in meta:
+            kwargs.update(nargs="?", const=meta["const"])
         for key in ("choices", "metavar"):
             if key in meta:
                 kwargs[key] = meta[key]
-        parser.add_argument(flag_name(f.name), type=kind, **kwargs)
+        where.add_argument(flag_name(f.name), type=kind, **kwargs)
 
 
 def from_namespace(cls: type[T], namespace: argparse.Namespace, **values: Any) -> T:

@@ -24,6 +24,21 @@ TRAIN_FLAGS = ("--out", "--budget-minutes", "--seed", "--resume", "--num-clips",
                "--vae-latent-noise", "--ckpt-every", "--encode-clips", "--log-every", "--vae-steps", "--dyn-steps",
                "--threads", "--dagger-clips", "--dagger-checkpoint", "--stop-after-minutes", "--small", "--vae-init",
                "--export-only")
+# every flag of the `worldstep` subcommands as spelled before they were generated from dataclasses
+MODEL = ("--config", "--device", "--env", "--set")
+VIEW = ("--rerun", "--rerun-save", "--rerun-serve")
+CLI_FLAGS = {
+    "rollout": (*MODEL, *VIEW, "--domain-id", "--embodiment", "--image", "--out", "--policy", "--prompt", "--quiet",
+                "--seed", "--success", "--summary", "--truth", "--windows"),
+    "eval": (*MODEL, *VIEW, "--batch-size", "--batched", "--no-video", "--out-dir", "--policy", "--quiet", "--ray",
+             "--ray-address", "--seed", "--success", "--workers"),
+    "plan": (*MODEL, *VIEW, "--approach-weight", "--candidates", "--compare", "--observe", "--out", "--proposal",
+             "--seed", "--summary", "--windows"),
+    "info": (*MODEL, "--context-frames", "--json", "--text-tokens", "--windows"),
+    "stats": ("--column", "--dims", "--json", "--key", "--out"),
+    "serve": (*MODEL, "--host", "--idle-timeout-s", "--max-batch", "--max-message-bytes", "--max-sessions",
+              "--max-wait-ms", "--port", "--tls-cert", "--tls-key", "--token-file"),
+}
 
 
 @dataclass
@@ -76,6 +91,29 @@ def test_train_flags_keep_their_spelling_and_defaults():
     # the run was started with --out runs/pusher5 --stop-after-minutes 145 and every other default
     assert {k: v for k, v in saved.items() if defaults[k] != v} == {"out": "runs/pusher5", "stop_after_minutes": 145.0}
     assert parse_args(["--resume", "--small"]).resume and parse_args(["--small"]).small  # still bare switches
+
+
+def test_cli_flags_keep_their_spelling_and_meaning():
+    import argparse
+
+    from worldstep.cli import build_parser
+    from worldstep.viewer import DEFAULT_WEB_PORT
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, flags in CLI_FLAGS.items():
+        spelled = {s for a in commands[name]._actions for s in a.option_strings}
+        assert set(flags) <= spelled, (name, set(flags) - spelled)
+    parse = build_parser().parse_args
+    args = parse(["eval", "eps.yaml", "--no-video", "--set", "a=1", "--set", "b=2", "--rerun-serve"])
+    assert args.episodes == "eps.yaml" and args.video is False and args.set == ["a=1", "b=2"]
+    assert args.rerun_serve == DEFAULT_WEB_PORT and args.workers == 2 and args.env == "worldstep/Tiny-v0"
+    args = parse(["plan", "--observe", "simulator", "--candidates", "3"])
+    assert args.env == "worldstep/Pusher-v0" and args.policy == "planner" and args.candidates == 3
+    assert parse(["stats", "a.npy", "--dims", "0:3"]).source == "a.npy"
+    for argv in (["rollout", "--env", "worldstep/Tiny-v0", "--config", "tiny"], ["rollout", "--windows", "0"],
+                 ["plan", "--observe", "dreams"]):
+        with pytest.raises(SystemExit):
+            parse(argv)
 
 
 def test_a_run_started_before_resumes(tmp_path):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from ..flags import add_flags, from_namespace
+from ..flags import add_flags, flag, from_namespace
 from .results import BenchResult, render_table
 from .serve import ServeSettings
 from .settings import (
@@ -37,6 +38,15 @@ _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:fun
 }
 
 
+@dataclass
+class BenchFlags:
+    """What every bench takes beside its settings."""
+
+    json: str | None = flag("write the figures to PATH", default=None, metavar="PATH")
+    quiet: bool = flag("no progress lines on stderr", default=False)
+    threads: int | None = flag("torch intra-op threads (default: torch's, the core count)", default=None)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `bench` with its subcommands to a CLI's subparsers; `args.func(args)` runs the bench."""
     bench = subparsers.add_parser("bench", help="measured speed against the alternatives (tables; --json PATH)")
@@ -48,9 +58,7 @@ def _fill(bench: argparse.ArgumentParser) -> None:
     sub = bench.add_subparsers(dest="bench", required=True)
     for name, (cls, _, text) in _BENCHES.items():
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--json", metavar="PATH", help="write the figures to PATH")
-        p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-        p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, the core count)")
+        add_flags(p, BenchFlags)
         add_flags(p, cls)
         p.set_defaults(func=run_command, bench=name)
 
