@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -384,24 +383,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- bench ----------------------------------------------------------------------------------------
-
-
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    """``worldstep bench`` lives in ``sdk/bench.py`` (``add_parser(subparsers)``); a stub until it lands."""
-    if importlib.util.find_spec("worldstep.bench") is not None:
-        importlib.import_module("worldstep.bench").add_parser(sub)
-        return
-    bench = sub.add_parser("bench", help="benchmarks (not available yet)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=lambda args: _unavailable("bench"))
-
-
-def _unavailable(name: str) -> int:
-    print(f"worldstep {name} is not available yet in this version (sdk/bench.py has not landed).", file=sys.stderr)
-    return 2
-
-
 # --- train and fidelity (their own argument parsers) ---------------------------------------------
 
 
@@ -461,7 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, StatsFlags)
     p.set_defaults(func=cmd_stats)
 
-    _add_bench(sub)
+    from .bench import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     add_serve_parser(sub, _add_model_flags, _model_and_overrides)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")

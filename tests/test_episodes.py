@@ -53,16 +53,17 @@ def test_extensions_hold_the_common_result_and_report_it_flat():
 
 
 def per_episode_results(sources: dict[str, str]) -> list[str]:
-    """Dataclasses that declare an episode's own fields: its `seed`, its `windows` and a success verdict."""
+    """Dataclasses that declare an episode's own fields: its `seed`, its `windows` and a success verdict (a bool)."""
     found = []
     for name, text in sources.items():
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef) and any(
                     isinstance(d, (ast.Name, ast.Call, ast.Attribute)) and "dataclass" in ast.unparse(d)
                     for d in node.decorator_list):
-                names = {s.target.id for s in node.body
-                         if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
-                if {"seed", "windows"} <= names and any("success" in n for n in names):
+                fields = {s.target.id: ast.unparse(s.annotation) for s in node.body
+                          if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+                if {"seed", "windows"} <= set(fields) and any("success" in n and "bool" in kind
+                                                             for n, kind in fields.items()):
                     found.append(f"{name}:{node.name}")
     return found
 
