@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import worldstep  # noqa: F401 - registers the worldstep/* env ids
-from worldstep.cli import parse_dataclass_args
 from worldstep.envs import RecordRollout
+from worldstep.flags import parse_flags
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Args:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
 from worldstep.envs import Mp4Writer, frame_fps
 from worldstep.envs.push_sim import detect_objects
+from worldstep.flags import parse_flags
 
 
 @dataclass
@@ -58,7 +58,7 @@ def score(frames: np.ndarray) -> float:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
 from worldstep.envs import Mp4Writer, frame_fps
 from worldstep.envs.push_sim import detect_objects
+from worldstep.flags import parse_flags
 
 
 @dataclass
@@ -81,7 +81,7 @@ def fmt(point: np.ndarray | None) -> str:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
 from worldstep.envs import Mp4Writer, frame_fps
+from worldstep.flags import parse_flags
 from worldstep.policy_server import PolicyServer
 from worldstep.remote_policy import DROID_OBS_KEYS, RemotePolicy
 
@@ -98,7 +98,7 @@ def first_views(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) ->
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

@@ -13,10 +13,10 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-from worldstep.cli import parse_dataclass_args
 from worldstep.engine.attention import PagedAttentionBatch, paged_attention
 from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
 from worldstep.engine.windowing import WindowSchedule
+from worldstep.flags import parse_flags
 
 
 @dataclass
@@ -55,7 +55,7 @@ def random_kv(args: Args, n: int, gen: torch.Generator) -> tuple[torch.Tensor, t
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     gen = torch.Generator().manual_seed(args.seed)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
+from worldstep.flags import parse_flags
 from worldstep.policies import make_policy
 
 
@@ -47,7 +47,7 @@ class Args:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

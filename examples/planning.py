@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
 from worldstep.fidelity.policies import graded_policies
 from worldstep.fidelity.seeds import VALIDATION
+from worldstep.flags import parse_flags
 from worldstep.planning import ModelPredictivePlanner, closed_loop
 
 
@@ -49,7 +49,7 @@ class Args:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -72,7 +72,7 @@ if __name__ == "__main__":
         planned.append(result.sim_success)
         alone.append(baseline.sim_success)
         print(f"seed {seed}: planner {'reached' if result.sim_success else 'missed'} the goal in the simulator "
-              f"({result.windows} windows; the model believed {result.model_success}), "
+              f"({result.episode.windows} windows; the model believed {result.model_success}), "
               f"{args.proposal} alone {'reached' if baseline.sim_success else 'missed'} it")
     env.close()
     print(f"simulator success over {args.episodes} episodes: planner {np.mean(planned):.2f}, "

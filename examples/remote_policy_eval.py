@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import worldstep
-from worldstep.cli import parse_dataclass_args
+from worldstep.flags import parse_flags
 from worldstep.policy_server import PolicyServer, demo_policy
 from worldstep.remote_policy import RemotePolicy
 
@@ -63,7 +63,7 @@ class Args:
 
 
 if __name__ == "__main__":
-    args = parse_dataclass_args(Args)
+    args = parse_flags(Args)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

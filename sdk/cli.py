@@ -11,16 +11,10 @@ value and the allowed range (exit code 2; 1 for an unexpected failure, with the 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import importlib
-import importlib.util
-import inspect
 import json
 import os
 import sys
-import textwrap
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +30,12 @@ from .cli_checks import (
     success_judge,
     success_name,
 )
+from .cli_flags import EvalFlags, InfoFlags, ModelFlags, PlanFlags, RolloutFlags, StatsFlags
 from .cli_view import add_view_flags, closing_on_error, logged, open_from_args, wants_view
 from .cli_view import finish as finish_view
+from .flags import add_flags
 from .registration import WORLD_MODEL_IDS
 from .serve.cli import add_parser as add_serve_parser
-
-DEFAULT_ENV = "worldstep/Tiny-v0"
 
 
 def _model_and_overrides(args: argparse.Namespace, **extra: Any) -> tuple[str, dict[str, Any]]:
@@ -88,69 +82,7 @@ def _early_policy(args: argparse.Namespace, config):
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--env", default=DEFAULT_ENV, choices=sorted(WORLD_MODEL_IDS),
-                       help=f"registered env id whose config to use (default {DEFAULT_ENV})")
-    group.add_argument("--config", help="config name (tiny, pusher, cosmos3_edge), .yaml path, checkpoint folder "
-                                        "or hub id")
-    parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the config's)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set num_steps=2 or --set rollout.num_steps=2 "
-                             "(repeatable)")
-
-
-def _add_success_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--success", metavar="JUDGE",
-                        help="success judge of each window: sim (the config's simulator's pixel judge; the default "
-                             "when the config names a simulator), none, or module:function (frames -> bool)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is invalid; allowed: an int >= 1")
-    return value
-
-
-# --- dataclass flags (examples) ------------------------------------------------------------------
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass body (cleanrl's ``Args`` style)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body, docs = tree.body[0].body, {}
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            docs[node.target.id] = after.value.value
-    return docs
-
-
-def parse_dataclass_args(cls: type, argv: list[str] | None = None):
-    """Parse ``--flag value`` pairs into dataclass ``cls``; each field's docstring is its ``--help``.
-
-    ``bool`` fields get ``--flag/--no-flag``; ``X | None`` fields take an ``X`` and default to None.
-    """
-    parser = argparse.ArgumentParser(description=(cls.__doc__ or "").strip())
-    docs, hints = _field_docs(cls), typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        kind = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = docs.get(f.name, "") + ("" if default is None else f" (default: {default})")
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
-    return cls(**vars(parser.parse_args(argv)))
+    add_flags(parser, ModelFlags)
 
 
 # --- rollout --------------------------------------------------------------------------------------
@@ -182,7 +114,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                              progress=not args.quiet, on_window=record.window_done)
         finally:
             env.close()
-    summary_path = record.finish(**vars(result))
+    summary_path = record.finish(**result.to_dict())
     print(f"{result.video}: {result.frames} frames in {result.windows} windows, {result.wall_s:.1f} s "
           f"({result.frames_per_second:.1f} frames/s), return {result.episode_return:g}, "
           f"success {result.success}; summary {summary_path}")
@@ -231,10 +163,11 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
             env.close()
             if truth is not None:
                 truth.close()
-    summary_path = record.finish(**vars(result), mean_psnr_db=result.mean_psnr_db)
+    summary_path = record.finish(**result.to_dict())
     psnr = ", ".join(f"{p:.1f}" for p in result.psnr_db)
-    print(f"{result.video}: model | {config.env.simulator}, {result.frames} frames in {result.windows} windows, "
-          f"{result.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
+    episode = result.episode
+    print(f"{episode.video}: model | {config.env.simulator}, {episode.frames} frames in {episode.windows} windows, "
+          f"{episode.wall_s:.1f} s; PSNR per window (dB) {psnr}; success model {result.model_success} / "
           f"simulator {result.truth_success}; summary {summary_path}")
     finish_view(viewer)
     return 0
@@ -274,11 +207,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                    max_windows=args.windows, observe="simulator")
         finally:
             env.close()
-    figures = {k: v for k, v in vars(result).items() if k != "actions"}
-    summary_path = record.finish(**figures, actions=[a.tolist() for a in result.actions],
-                                 base_sim_success=None if base is None else base.sim_success)
-    line = (f"{result.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
-            f"{result.windows} windows; simulator success {result.sim_success}")
+    summary_path = record.finish(**result.to_dict(), base_sim_success=None if base is None else base.sim_success)
+    line = (f"{result.episode.video}: planner ({args.candidates} x {args.proposal}, observing the {args.observe}) "
+            f"{result.episode.windows} windows; simulator success {result.sim_success}")
     if result.model_success is not None:
         line += f", model success {result.model_success}"
     if base is not None:
@@ -333,7 +264,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 target = logged_env = logged(make_env(target, max_windows=longest, success_fn=success), viewer)
                 success = None
             report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
-                              batch_size=args.batch_size, seed=args.seed, record_video=not args.no_video,
+                              batch_size=args.batch_size, seed=args.seed, record_video=args.video,
                               progress=not args.quiet, run_info=run, **ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
@@ -452,24 +383,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- bench ----------------------------------------------------------------------------------------
-
-
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    """``worldstep bench`` lives in ``sdk/bench.py`` (``add_parser(subparsers)``); a stub until it lands."""
-    if importlib.util.find_spec("worldstep.bench") is not None:
-        importlib.import_module("worldstep.bench").add_parser(sub)
-        return
-    bench = sub.add_parser("bench", help="benchmarks (not available yet)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=lambda args: _unavailable("bench"))
-
-
-def _unavailable(name: str) -> int:
-    print(f"worldstep {name} is not available yet in this version (sdk/bench.py has not landed).", file=sys.stderr)
-    return 2
-
-
 # --- train and fidelity (their own argument parsers) ---------------------------------------------
 
 
@@ -498,73 +411,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollout", help="closed-loop rollout with a policy; writes an mp4 and a JSON summary")
     _add_model_flags(p)
-    p.add_argument("--policy", default="sine", help="sine, random, push (PushSim's pixel expert) or replay:PATH.npy "
-                                                    "(default sine)")
-    p.add_argument("--windows", type=_positive_int, default=8, help="windows to generate (default 8)")
-    _add_success_flag(p)
-    p.add_argument("--truth", action="store_true",
-                   help="step the model's simulator (config env.simulator) with the same actions; the mp4 shows "
-                        "model | simulator side by side and the summary holds PSNR per window")
-    p.add_argument("--out", default="rollout.mp4", help="mp4 path (default rollout.mp4)")
-    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
-    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
-    p.add_argument("--prompt", help="text prompt (default: the config's)")
-    p.add_argument("--embodiment", help="embodiment name, e.g. droid_lerobot (the README's embodiment table; "
-                                        "default: the config's)")
-    p.add_argument("--domain-id", dest="domain_id", type=int, help="action-head domain (default: the config's)")
-    p.add_argument("--image", help="first frame image path (default: the simulator's scene for --seed, else a drawn "
-                                   "tabletop scene)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(p, RolloutFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("eval", help="evaluate a policy on episodes from a YAML file; writes report.json and mp4s")
-    p.add_argument("episodes", help="YAML: a list of episodes (seed, prompt, domain_id, image, max_windows) "
-                                    "or a mapping with an 'episodes' list")
     _add_model_flags(p)
-    p.add_argument("--policy", default="sine", help="sine, random, push or replay:PATH.npy (default sine)")
-    _add_success_flag(p)
-    p.add_argument("--out-dir", default="runs/eval", help="report and video folder (default runs/eval)")
-    p.add_argument("--batched", action="store_true", help="step episodes together in one vector env")
-    p.add_argument("--batch-size", type=_positive_int, help="episodes per batch (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of episodes without one: seed + index")
-    p.add_argument("--no-video", action="store_true", help="skip the mp4 files")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--ray", action="store_true",
-                   help="shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')")
-    p.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local one)")
-    p.add_argument("--workers", type=_positive_int, default=2, help="Ray actors with --ray (default 2)")
+    add_flags(p, EvalFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plan", help="model-predictive planning in a world model (pusher), judged by its simulator")
     _add_model_flags(p)
     p.set_defaults(env="worldstep/Pusher-v0")
-    p.add_argument("--proposal", default="noisy0.8",
-                   help="graded pusher policy whose chunks the planner scores (default noisy0.8; see "
-                        "worldstep.fidelity.policies.graded_policies)")
-    p.add_argument("--candidates", type=_positive_int, default=8, help="chunks imagined per window (default 8)")
-    p.add_argument("--approach-weight", type=float, default=0.0,
-                   help="weight of the effector-to-block distance in the cost (default 0)")
-    p.add_argument("--observe", choices=["model", "simulator"], default="model",
-                   help="model: act on imagined frames, the simulator replays (default); simulator: re-anchor the "
-                        "model on the simulator's frame every window (MPC)")
-    p.add_argument("--windows", type=_positive_int, default=16, help="windows per episode (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
-    p.add_argument("--compare", action="store_true", help="also run the proposal policy alone on the simulator")
-    p.add_argument("--out", default="plan.mp4", help="mp4: what the planner saw | simulator (default plan.mp4)")
-    p.add_argument("--summary", help="JSON summary path (default: --out with .json)")
+    add_flags(p, PlanFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_plan, policy="planner", success=None)
 
     p = sub.add_parser("info", help="model, device, weights and KV memory plan")
     _add_model_flags(p)
-    p.add_argument("--windows", type=_positive_int, default=32, help="episode length for the plan (default 32)")
-    p.add_argument("--context-frames", dest="context_frames", type=int,
-                   help="committed latent frames kept in context (default: the config's)")
-    p.add_argument("--text-tokens", type=_positive_int, default=256,
-                   help="prompt tokens assumed when the checkpoint cannot be loaded (default 256)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_flags(p, InfoFlags)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
@@ -573,15 +439,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Arm embodiments (DROID, Bridge, fractal, UMI) take 10 numbers per step: the end-effector motion\n"
                "dT = T_t^-1 T_t+1 as translation (3) + the first two rotation columns (6), then the gripper;\n"
                "worldstep.action_data.relative_pose_actions builds them from absolute 4x4 poses.")
-    p.add_argument("source", help=".npy, .npz, a .parquet file or a LeRobot dataset folder (data/**/*.parquet)")
-    p.add_argument("--column", default="action", help="parquet column holding the actions (default action)")
-    p.add_argument("--key", help=".npz array name (default actions, action or the only array)")
-    p.add_argument("--dims", help="keep dimensions START:STOP, e.g. 0:10")
-    p.add_argument("--out", help="write the stats JSON (cosmos-framework's normalizer-stats format) here")
-    p.add_argument("--json", action="store_true", help="print the stats JSON instead of a table")
+    add_flags(p, StatsFlags)
     p.set_defaults(func=cmd_stats)
 
-    _add_bench(sub)
+    from .bench import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     add_serve_parser(sub, _add_model_flags, _model_and_overrides)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")

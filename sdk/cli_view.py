@@ -6,23 +6,31 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+from .flags import add_flags, flag
 from .viewer import DEFAULT_WEB_PORT, VIEWER_PORT, Viewer
 
 
+@dataclass
+class ViewFlags:
+    """Watching a run live and saving its recording."""
+
+    rerun: bool = flag(f"stream the rollout to a native Rerun viewer: connects to the one listening on port "
+                       f"{VIEWER_PORT}, else spawns one", default=False)
+    rerun_connect: str | None = flag("stream the rollout to a running Rerun viewer or server: "
+                                     "rerun+http://HOST:PORT/proxy, or a port on 127.0.0.1", default=None,
+                                     metavar="URL")
+    rerun_save: str | None = flag("write a Rerun recording (open it with `rerun PATH`)", default=None,
+                                  metavar="PATH.rrd")
+    rerun_serve: int | None = flag(f"serve Rerun's web viewer on PORT (bare flag: {DEFAULT_WEB_PORT}) and print its "
+                                   "URL; it keeps serving after the run until Ctrl-C", default=None, metavar="PORT",
+                                   const=DEFAULT_WEB_PORT)
+
+
 def add_view_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("live view (Rerun; pip install 'worldstep[view]')")
-    group.add_argument("--rerun", action="store_true",
-                       help="stream the rollout to a native Rerun viewer: connects to the one listening on port "
-                            f"{VIEWER_PORT}, else spawns one")
-    group.add_argument("--rerun-connect", metavar="URL",
-                       help="stream the rollout to a running Rerun viewer or server: rerun+http://HOST:PORT/proxy, "
-                            "or a port on 127.0.0.1")
-    group.add_argument("--rerun-save", metavar="PATH.rrd", help="write a Rerun recording (open it with `rerun PATH`)")
-    group.add_argument("--rerun-serve", metavar="PORT", nargs="?", type=int, const=DEFAULT_WEB_PORT,
-                       help=f"serve Rerun's web viewer on PORT (default {DEFAULT_WEB_PORT}) and print its URL; it "
-                            "keeps serving after the run until Ctrl-C")
+    add_flags(parser, ViewFlags, title="live view (Rerun; pip install 'worldstep[view]')")
 
 
 def wants_view(args: argparse.Namespace) -> bool:

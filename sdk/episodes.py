@@ -1,5 +1,9 @@
 """What an evaluation runs and reports: episode configs, per-episode results and the report, shared by the
-local runner and the Ray backend."""
+local runner and the Ray backend.
+
+``EpisodeResult`` is the one per-episode result: a run that reports more about an episode (the truth
+comparison, the planner's closed loop, the fidelity report's episodes) holds an ``EpisodeResult`` as its
+``episode`` and adds only its own fields."""
 
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ class EpisodeConfig(StrictModel):
 
 @dataclass
 class EpisodeResult:
-    """What one episode did; ``video`` is the mp4 path (None when not recorded)."""
+    """What one episode did; ``video`` is the mp4 path (None when not recorded). ``success`` is the episode's
+    verdict as its runner judges it (an env's success judge; with a simulator beside the model, the
+    simulator's)."""
 
     index: int
     seed: int
@@ -51,6 +57,19 @@ class EpisodeResult:
     status: Literal["ok", "failed", "interrupted"] = "ok"
     error: str | None = None
     """why a failed episode stopped (its policy raised, or its Ray worker died past the retries)"""
+
+    @classmethod
+    def of_env(cls, env: Any, *, seed: int | None, index: int = 0,
+               options: dict[str, Any] | None = None) -> EpisodeResult:
+        """A new episode of ``env``: its prompt and domain are the reset ``options``' or the env's own."""
+        inner = getattr(env, "unwrapped", env)
+        given = options or {}
+        return cls(index=index, seed=-1 if seed is None else seed,
+                   prompt=given.get("prompt") or getattr(inner, "prompt", None),
+                   domain_id=given.get("domain_id", getattr(inner, "domain_id", None)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
     def fail(self, err: BaseException | str) -> EpisodeResult:
         """Mark the episode failed: the report keeps it (with what it did so far) instead of dropping it."""
@@ -106,7 +125,7 @@ class EvalReport:
             "total_wall_s": self.wall_s,
             "frames_per_second": frames / self.wall_s if self.wall_s > 0 else 0.0,
             "run": self.run,
-            "episodes": [asdict(e) for e in self.episodes],
+            "episodes": [e.to_dict() for e in self.episodes],
         }
 
 

@@ -44,11 +44,7 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
     if policy_errors not in ("raise", "record"):
         raise ValueError(f"policy_errors={policy_errors!r} is invalid; allowed: 'raise' or 'record'")
     start = time.perf_counter()
-    inner = getattr(env, "unwrapped", env)
-    given = options or {}
-    result = EpisodeResult(index=index, seed=-1 if seed is None else seed,
-                           prompt=given.get("prompt") or getattr(inner, "prompt", None),
-                           domain_id=given.get("domain_id", getattr(inner, "domain_id", None)))
+    result = EpisodeResult.of_env(env, seed=seed, index=index, options=options)
     try:
         policy.reset(seed)
     except Exception as err:

@@ -28,7 +28,9 @@ of two ways (``observe``):
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -36,6 +38,7 @@ from worldstep.engine.checks import check_int
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
 from worldstep.envs.video import frame_fps, video_writer
 
+from .episodes import EpisodeResult
 from .policies import Policy
 
 __all__ = ["BlockToGoal", "ClosedLoopResult", "ModelPredictivePlanner", "closed_loop"]
@@ -161,19 +164,16 @@ OBSERVE = ("model", "simulator")
 
 @dataclass
 class ClosedLoopResult:
-    """One closed-loop episode scored by the simulator."""
+    """One closed-loop episode scored by the simulator: the common ``episode`` result (its ``success`` is the
+    simulator's verdict on the executed chunks) and what the closed loop adds."""
 
-    seed: int
+    episode: EpisodeResult
     policy: str
     observe: str = "model"
-    windows: int = 0
     model_success: bool | None = None
     """success judged from the model's frames (what the agent believes; held for ``confirm_windows``
     windows); None when it saw the simulator"""
-    sim_success: bool = False
-    """success of the same chunks replayed in the simulator (what happened)"""
     actions: list[np.ndarray] = field(default_factory=list)
-    video: str | None = None
     stop: str = "max_windows"
     """why the episode ended: ``believed_success``, ``sim_success`` (observe="simulator"), ``env_end``
     (the env terminated or truncated) or ``max_windows``"""
@@ -181,6 +181,34 @@ class ClosedLoopResult:
     cost_rank_correlation: list[float | None] = field(default_factory=list)
     """per window of a planner: Spearman between its imagined candidate costs and the same candidates'
     costs when their chunks are replayed in a copy of the simulator (None: undefined, e.g. equal costs)"""
+
+    RECORD_KEYS = ("seed", "policy", "observe", "windows", "model_success", "sim_success", "actions", "stop",
+                   "anchor_every", "cost_rank_correlation")
+    """The fields of a planner episode's record (the fidelity report's ``planning.jsonl``), in order."""
+
+    @property
+    def sim_success(self) -> bool:
+        """Success of the executed chunks in the simulator (what happened; the episode's ``success``)."""
+        return self.episode.success
+
+    def to_dict(self) -> dict[str, Any]:
+        """The episode's fields and the closed loop's, flat (a summary JSON); actions as nested lists."""
+        return {**self.episode.to_dict(), "policy": self.policy, "observe": self.observe,
+                "model_success": self.model_success, "sim_success": self.sim_success,
+                "actions": [np.asarray(a).tolist() for a in self.actions], "stop": self.stop,
+                "anchor_every": self.anchor_every, "cost_rank_correlation": list(self.cost_rank_correlation)}
+
+    def to_record(self) -> dict[str, Any]:
+        """The ``RECORD_KEYS`` of ``to_dict``."""
+        flat = self.to_dict()
+        return {k: flat[k] for k in self.RECORD_KEYS}
+
+    @classmethod
+    def from_record(cls, row: dict[str, Any], index: int = 0) -> ClosedLoopResult:
+        """The result a ``to_record`` row describes (episode ``index`` of its run)."""
+        episode = EpisodeResult(index=index, seed=row["seed"], windows=row["windows"], success=row["sim_success"])
+        return cls(episode, row["policy"], row["observe"], row["model_success"], row["actions"], row["stop"],
+                   row["anchor_every"], row["cost_rank_correlation"])
 
 
 def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 16, observe: str = "model",
@@ -214,8 +242,10 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     from .truth import side_by_side
 
     sim = simulator if simulator is not None else PushSimEnv(chunk_size=env.action_space.shape[0])
-    result = ClosedLoopResult(seed=seed, policy=getattr(policy, "name", type(policy).__name__), observe=observe,
-                              anchor_every=anchor_every)
+    start = time.perf_counter()
+    result = ClosedLoopResult(EpisodeResult.of_env(env, seed=seed), getattr(policy, "name", type(policy).__name__),
+                              observe=observe, anchor_every=anchor_every)
+    episode = result.episode
     policy.reset(seed)
     obs, info = env.reset(seed=seed)
     sim_obs, _ = sim.reset(seed=info.get("scene_seed", seed))
@@ -226,7 +256,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     with video_writer(video_path, frame_fps(env)) as writer:  # an exception leaves video_path as it was
         if writer is not None:
             writer.write(side_by_side(obs["frames"][:1], sim_obs["frames"][:1], scale))
-            result.video = str(writer.path)
+            episode.video = str(writer.path)
         for window in range(max_windows):
             if observe == "simulator":
                 if window:  # imagine from where the simulator is now
@@ -240,15 +270,18 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
             if observe == "model":
                 obs, _, terminated, truncated, _ = env.step(actions)
             sim_obs, *_ = sim.step(actions)
-            result.windows += 1
+            seen = obs["frames"] if observe == "model" else sim_obs["frames"]
+            episode.windows += 1
+            episode.frames += len(seen)
+            if observe == "model":
+                episode.terminated, episode.truncated = bool(terminated), bool(truncated)
             result.actions.append(np.asarray(actions, dtype=np.float32))
-            result.sim_success = result.sim_success or PushSimEnv.success_from_frames(first, sim_obs["frames"])
+            episode.success = episode.success or bool(PushSimEnv.success_from_frames(first, sim_obs["frames"]))
             if observe == "model":
                 streak = streak + 1 if PushSimEnv.success_from_frames(first, obs["frames"]) else 0
                 result.model_success = streak >= confirm_windows
             if writer is not None:
-                writer.write(side_by_side(obs["frames"] if observe == "model" else sim_obs["frames"],
-                                          sim_obs["frames"], scale))
+                writer.write(side_by_side(seen, sim_obs["frames"], scale))
             if result.model_success:
                 result.stop = "believed_success"
             elif observe == "simulator" and result.sim_success:
@@ -257,6 +290,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                 result.stop = "env_end"
             if result.stop != "max_windows":
                 break
+    episode.finish(start)
     return result
 
 

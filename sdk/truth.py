@@ -20,6 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from worldstep.envs.video import frame_fps, video_writer
 
+from .episodes import EpisodeResult
 from .fidelity.metrics import psnr
 from .policies import Policy
 
@@ -28,23 +29,28 @@ __all__ = ["TruthComparison", "rollout_with_truth", "side_by_side"]
 
 @dataclass
 class TruthComparison:
-    """One episode in the model and the simulator; ``psnr_db[k]`` is window k's mean per-frame PSNR (the
-    metric of ``worldstep fidelity``)."""
+    """One episode in the model and the simulator: the common ``episode`` result (its ``success`` is the
+    simulator's verdict), ``psnr_db[k]``, window k's mean per-frame PSNR (the metric of ``worldstep
+    fidelity``), and the verdict on the model's own frames."""
 
-    seed: int
-    windows: int = 0
-    frames: int = 0
+    episode: EpisodeResult
     psnr_db: list[float] = field(default_factory=list)
     model_success: bool = False
     """success judged from the model's frames by the simulator's pixel judge (``success_from_frames``)"""
-    truth_success: bool = False
-    """success judged from the simulator's frames by the same judge"""
-    wall_s: float = 0.0
-    video: str | None = None
+
+    @property
+    def truth_success(self) -> bool:
+        """Success judged from the simulator's frames by the same judge (the episode's ``success``)."""
+        return self.episode.success
 
     @property
     def mean_psnr_db(self) -> float:
         return float(np.mean(self.psnr_db)) if self.psnr_db else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The episode's fields and the comparison's, flat (a summary JSON)."""
+        return {**self.episode.to_dict(), "psnr_db": list(self.psnr_db), "model_success": self.model_success,
+                "truth_success": self.truth_success, "mean_psnr_db": self.mean_psnr_db}
 
 
 HEADER_PX = 32
@@ -117,7 +123,8 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
                          "(config env.simulator, e.g. worldstep/Pusher-v0)")
     start = time.perf_counter()
-    result = TruthComparison(seed=seed)
+    result = TruthComparison(EpisodeResult.of_env(env, seed=seed))
+    episode = result.episode
     policy.reset(seed)
     obs, info = env.reset(seed=seed)
     truth_obs, _ = truth.reset(seed=info.get("scene_seed", seed))
@@ -134,26 +141,28 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
         if writer is not None:
             writer.write(side_by_side(obs["frames"][:1], truth_obs["frames"][:1], scale, labels=labels,
                                       caption=_caption(None, None)))
-            result.video = str(writer.path)
+            episode.video = str(writer.path)
         for _ in range(max_windows):
             actions = policy(obs)
-            obs, _, terminated, truncated, info = env.step(actions)
+            obs, reward, terminated, truncated, info = env.step(actions)
             truth_obs, *_ = truth.step(actions)
             if on_truth is not None:
                 on_truth(truth_obs["frames"])
-            result.windows += 1
-            result.frames += len(obs["frames"])
+            episode.windows += 1
+            episode.frames += len(obs["frames"])
+            episode.episode_return += float(reward)
+            episode.terminated, episode.truncated = bool(terminated), bool(truncated)
             result.psnr_db.append(float(psnr(obs["frames"], truth_obs["frames"]).mean()))
             if judge is not None:
                 result.model_success = result.model_success or bool(judge(first, obs["frames"]))
-                result.truth_success = result.truth_success or bool(judge(first, truth_obs["frames"]))
+                episode.success = episode.success or bool(judge(first, truth_obs["frames"]))
             if writer is not None:
-                caption = _caption(result.windows - 1, result.psnr_db[-1])
+                caption = _caption(episode.windows - 1, result.psnr_db[-1])
                 writer.write(side_by_side(obs["frames"], truth_obs["frames"], scale, labels=labels, caption=caption))
             bar.update(1)
             if on_window is not None:
                 on_window()
             if terminated or truncated:
                 break
-    result.wall_s = time.perf_counter() - start
+    episode.finish(start)
     return result

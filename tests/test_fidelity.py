@@ -55,8 +55,8 @@ def test_rank_correlations():
 def test_pixel_policies_are_graded_in_the_simulator():
     seeds = list(range(100, 106))
     results = sim_episodes([PixelPushPolicy(0.0), IdlePolicy()], seeds, max_windows=16, chunk=4)
-    expert = np.mean([r.success for r in results if r.policy == "oracle_noise0"])  # the default name
-    idle = np.mean([r.success for r in results if r.policy == "idle"])
+    expert = np.mean([r.episode.success for r in results if r.policy == "oracle_noise0"])  # the default name
+    idle = np.mean([r.episode.success for r in results if r.policy == "idle"])
     assert expert >= 0.5 and idle == 0.0
 
 

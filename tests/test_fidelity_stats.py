@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from worldstep.episodes import EpisodeResult
 from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_window, score_frames
 from worldstep.fidelity.policies import FLOOR, graded_policies
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
@@ -45,7 +46,8 @@ def test_wilson_interval_and_rate_dict():
 def _results(table: np.ndarray, names: list[str], seeds: list[int], sim: bool,
              replay: np.ndarray | None = None) -> list[EpisodeOutcome]:
     replay = table if replay is None else replay
-    return [EpisodeOutcome(n, s, bool(table[p, e]), 1, None if sim else bool(replay[p, e]))
+    return [EpisodeOutcome(EpisodeResult(index=0, seed=s, windows=1, success=bool(table[p, e])), n,
+                           None if sim else bool(replay[p, e]))
             for p, n in enumerate(names) for e, s in enumerate(seeds)]
 
 
@@ -165,7 +167,8 @@ def test_graded_policies_spread_in_the_simulator():
     seeds = list(range(300, 330))
     chosen = [p for p in policies if p.name in ("expert", "noisy0.8", "noisy2", "idle")]
     results = sim_episodes(chosen, seeds, max_windows=16, chunk=4)
-    rate = {n: np.mean([r.success for r in results if r.policy == n]) for n in ("expert", "noisy0.8", "noisy2", "idle")}
+    rate = {n: np.mean([r.episode.success for r in results if r.policy == n])
+            for n in ("expert", "noisy0.8", "noisy2", "idle")}
     assert rate["expert"] > rate["noisy0.8"] > rate["noisy2"] >= rate["idle"] == 0.0
 
 

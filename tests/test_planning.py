@@ -87,7 +87,7 @@ def test_closed_loop_in_both_modes(pusher_env):
     planner = ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0, name="noisy1"), candidates=2)
     for observe in ("model", "simulator"):
         result = closed_loop(pusher_env, planner, seed=3, max_windows=2, observe=observe)
-        assert 1 <= result.windows <= 2 and len(result.actions) == result.windows
+        assert 1 <= result.episode.windows <= 2 and len(result.actions) == result.episode.windows
         assert (result.model_success is None) == (observe == "simulator")
         assert pusher_env.unwrapped.model.live_sessions == 1
     with pytest.raises(ValueError, match="observe"):
@@ -112,7 +112,7 @@ def test_closed_loop_replays_chunks_in_the_simulator(pusher_env):
         obs, *_ = sim.step(actions)
         success = success or PushSimEnv.success_from_frames(first, obs["frames"])
     assert success == result.sim_success
-    assert result.sim_success == (result.windows < 4 or success)
+    assert result.sim_success == (result.episode.windows < 4 or success)
 
 
 def test_plan_command(pusher_checkpoint, tmp_path):
@@ -142,7 +142,7 @@ def test_a_failed_closed_loop_leaves_the_video_path_as_it_was(pusher_env, tmp_pa
         closed_loop(pusher_env, Crashes(0.0), seed=3, max_windows=4, video_path=video)
     assert video.read_bytes() == b"an earlier run" and sorted(p.name for p in tmp_path.iterdir()) == ["loop.mp4"]
     result = closed_loop(pusher_env, PixelPushPolicy(0.0), seed=3, max_windows=2, video_path=video)
-    assert result.video == str(video) and video.read_bytes() != b"an earlier run"
+    assert result.episode.video == str(video) and video.read_bytes() != b"an earlier run"
 
 
 def test_planner_imagines_horizon_windows_in_forks_and_checks_its_knobs(pusher_env):
@@ -211,7 +211,7 @@ def test_a_model_loop_stops_only_on_its_own_belief_held_k_windows(pusher_env, mo
 
     monkeypatch.setattr(PushSimEnv, "success_from_frames", staticmethod(success))
     result = closed_loop(pusher_env, _Believer(), seed=3, max_windows=4, observe="model", confirm_windows=2)
-    assert result.windows == 4 and result.stop == "believed_success" and result.model_success
+    assert result.episode.windows == 4 and result.stop == "believed_success" and result.model_success
     assert result.sim_success is False  # the simulator's outcome never stopped it
     with pytest.raises(ValueError, match="confirm_windows"):
         closed_loop(pusher_env, _Believer(), seed=3, confirm_windows=0)
@@ -229,12 +229,12 @@ def test_re_anchoring_restarts_the_model_from_the_simulator_every_k_windows(push
 
     monkeypatch.setattr(pusher_env, "reset", reset)
     result = closed_loop(pusher_env, PixelPushPolicy(0.8, name="noisy0.8"), seed=4, max_windows=4, anchor_every=2)
-    assert result.anchor_every == 2 and images[0] is None and len(images) == 1 + (result.windows - 1) // 2
+    assert result.anchor_every == 2 and images[0] is None and len(images) == 1 + (result.episode.windows - 1) // 2
 
 
 def test_the_planner_s_imagined_costs_are_ranked_against_the_simulator(pusher_env):
     planner = ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0, name="noisy1"), candidates=3, forks=1,
                                      goal=(32.0, 32.0))
     result = closed_loop(pusher_env, planner, seed=6, max_windows=2, observe="model")
-    assert len(result.cost_rank_correlation) == result.windows
+    assert len(result.cost_rank_correlation) == result.episode.windows
     assert all(r is None or -1.0 <= r <= 1.0 for r in result.cost_rank_correlation)

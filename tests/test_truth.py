@@ -77,7 +77,7 @@ def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, 
 
     result = rollout_with_truth(env, truth, Recording(), seed=4, max_windows=3, video_path=tmp_path / "both.mp4")
     env.close()
-    assert result.windows == 3 and result.frames == 12 and len(result.psnr_db) == 3
+    assert result.episode.windows == 3 and result.episode.frames == 12 and len(result.psnr_db) == 3
     # the simulator's side is exactly the replay of the actions the policy chose from the model's frames
     replay = PushSimEnv()
     obs, _ = replay.reset(seed=4)
@@ -85,7 +85,7 @@ def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, 
     for actions in chosen:
         obs, *_ = replay.step(actions)
         frames.append(obs["frames"])
-    with av.open(str(result.video)) as container:
+    with av.open(str(result.episode.video)) as container:
         video = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(video) == 13 and video[0].shape == (HEADER_PX + 256, 520, 3)  # a label strip over the halves
     right = np.concatenate(frames)[:, ::1].repeat(4, 1).repeat(4, 2)

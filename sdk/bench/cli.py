@@ -1,17 +1,16 @@
 """`worldstep bench <rollout|decode|vector|soak|gpu|profile|view> [--json PATH] [size flags]`.
 
-Flags are generated from the settings dataclasses (one flag per field, `--num-steps 2`, lists as
-`--sizes 1,2,4`), so the CLI holds no bench logic. Tables go to stdout, progress to stderr.
+Flags are generated from the settings dataclasses by `worldstep.flags` (one flag per field, `--num-steps 2`,
+lists as `--sizes 1,2,4`), so the CLI holds no bench logic. Tables go to stdout, progress to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-import typing
-from collections.abc import Callable
+from dataclasses import dataclass
 
+from ..flags import add_flags, flag, from_namespace
 from .results import BenchResult, render_table
 from .serve import ServeSettings
 from .settings import (
@@ -39,33 +38,13 @@ _BENCHES: dict[str, tuple[type, str, str]] = {  # name -> (settings, "module:fun
 }
 
 
-def _parse_list(kind: type) -> Callable[[str], list]:
-    def parse(text: str) -> list:
-        try:
-            return [kind(item) for item in text.split(",") if item.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a comma list of {kind.__name__}") from None
+@dataclass
+class BenchFlags:
+    """What every bench takes beside its settings."""
 
-    return parse
-
-
-def _add_fields(parser: argparse.ArgumentParser, cls: type) -> None:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        shown = ",".join(map(str, default)) if isinstance(default, list) else default
-        text = f"{f.metadata.get('help', '')} (default {shown})"
-        if hint is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text)
-            continue
-        args = typing.get_args(hint)
-        if typing.get_origin(hint) is list:
-            kind = _parse_list(args[0])
-        else:  # int, float, str, or X | None
-            kind = next(a for a in args if a is not type(None)) if args else hint
-        parser.add_argument(flag, dest=f.name, type=kind, default=default, help=text)
+    json: str | None = flag("write the figures to PATH", default=None, metavar="PATH")
+    quiet: bool = flag("no progress lines on stderr", default=False)
+    threads: int | None = flag("torch intra-op threads (default: torch's, the core count)", default=None)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -79,10 +58,8 @@ def _fill(bench: argparse.ArgumentParser) -> None:
     sub = bench.add_subparsers(dest="bench", required=True)
     for name, (cls, _, text) in _BENCHES.items():
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("--json", metavar="PATH", help="write the figures to PATH")
-        p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-        p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's, the core count)")
-        _add_fields(p, cls)
+        add_flags(p, BenchFlags)
+        add_flags(p, cls)
         p.set_defaults(func=run_command, bench=name)
 
 
@@ -104,7 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads {args.threads} is invalid; allowed: an int >= 1")
         torch.set_num_threads(args.threads)
     try:
-        settings = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        settings = from_namespace(cls, args)
         module, function = target.split(":")
         run = getattr(importlib.import_module(f"{__package__}.{module}"), function)
         result: BenchResult = run(settings, Progress(args.bench, quiet=args.quiet))

@@ -12,13 +12,14 @@ markers); tests/test_bench.py checks that the repository's blocks match `docs/be
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..flags import flag, parse_flags
 from .machine import machine_line
 from .results import Table, format_cell, render_table
 
@@ -181,13 +182,16 @@ def update(path: str | Path, docs: list[Doc]) -> bool:
     return new != text
 
 
+@dataclass
+class ReportArgs:
+    json: list[str] = flag("files written by worldstep bench ... --json", positional=True)
+    headline: bool = flag("only the headline table", default=False)
+    update: list[str] = flag("rewrite FILE's generated blocks in place instead of printing (repeatable)",
+                             default_factory=list, repeat=True, metavar="FILE")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worldstep.bench.report", description=__doc__.splitlines()[0])
-    parser.add_argument("json", nargs="+", help="files written by worldstep bench ... --json")
-    parser.add_argument("--headline", action="store_true", help="only the headline table")
-    parser.add_argument("--update", action="append", default=[], metavar="FILE",
-                        help="rewrite FILE's generated blocks in place instead of printing (repeatable)")
-    args = parser.parse_args(argv)
+    args = parse_flags(ReportArgs, argv, prog="python -m worldstep.bench.report", description=__doc__.splitlines()[0])
     docs = load_docs(args.json)
     if args.update:
         for path in args.update:

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..flags import flag
 from .machine import describe_machine
 from .measure import interleave, median, ratio, rss_bytes
 from .progress import Progress
@@ -30,22 +31,18 @@ TARGET_SERVER_VS_VECTOR = 0.9
 TARGET_OVERHEAD = 1.05
 
 
-def _help(text: str, **kwargs):
-    return field(metadata={"help": text}, **kwargs)
-
-
 @dataclass
 class ServeSettings:
-    config: str = _help("served model: a config name (pusher, tiny) or checkpoint folder", default="pusher")
-    clients: int = _help("client processes (and local envs, and the vector env's N)", default=8)
-    rounds: int = _help("measured steps per client per block", default=4)
-    warmup: int = _help("steps per client run first in each block and discarded", default=1)
-    overhead_rounds: int = _help("measured steps of the one-client overhead comparison", default=8)
-    cycles: int = _help("connect/reset/step/disconnect cycles of the memory check", default=1000)
-    max_wait_ms: float = _help("the server's batching window (a loaded 2-core box schedules 8 client processes "
+    config: str = flag("served model: a config name (pusher, tiny) or checkpoint folder", default="pusher")
+    clients: int = flag("client processes (and local envs, and the vector env's N)", default=8)
+    rounds: int = flag("measured steps per client per block", default=4)
+    warmup: int = flag("steps per client run first in each block and discarded", default=1)
+    overhead_rounds: int = flag("measured steps of the one-client overhead comparison", default=8)
+    cycles: int = flag("connect/reset/step/disconnect cycles of the memory check", default=1000)
+    max_wait_ms: float = flag("the server's batching window (a loaded 2-core box schedules 8 client processes "
                                "tens of ms apart)", default=100.0)
-    num_steps: int | None = _help("denoise steps per window (default: the config's)", default=None)
-    cache_dir: str | None = _help("checkpoint cache (default $WORLDSTEP_CACHE)", default=None)
+    num_steps: int | None = flag("denoise steps per window (default: the config's)", default=None)
+    cache_dir: str | None = flag("checkpoint cache (default $WORLDSTEP_CACHE)", default=None)
 
 
 def actions(shape: tuple[int, ...], k: int, seed: int) -> np.ndarray:

@@ -9,15 +9,24 @@ test range is never used here.
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
+from ..flags import flag, parse_flags, positive_int
 from .seeds import VALIDATION
 from .stats import rate_dict
+
+
+@dataclass
+class DemoSeedArgs:
+    config: str = flag("model config or checkpoint folder", default="pusher")
+    seeds: int = flag("validation seeds for the agreement rate", default=50, type=positive_int)
+    windows: int = flag("windows per episode, as make demo runs", default=16)
+    out: str = flag("JSON with every seed's verdicts", default="runs/demo_seed.json")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -25,14 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     from worldstep.policies import make_policy
     from worldstep.truth import rollout_with_truth
 
-    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.demo_seed", description=__doc__)
-    p.add_argument("--config", default="pusher", help="model config or checkpoint folder (default pusher)")
-    p.add_argument("--seeds", type=int, default=50, help="validation seeds for the agreement rate (default 50)")
-    p.add_argument("--windows", type=int, default=16, help="windows per episode, as make demo runs (default 16)")
-    p.add_argument("--out", default="runs/demo_seed.json", help="JSON with every seed's verdicts")
-    args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error(f"--seeds={args.seeds} is invalid; allowed: >= 1")
+    args = parse_flags(DemoSeedArgs, argv, prog="python -m worldstep.fidelity.demo_seed", description=__doc__)
     # as `worldstep rollout --truth` makes it: success is judged on both sides by rollout_with_truth every
     # window, so the env's own judge is off and no episode ends before --windows
     env = worldstep.make_env(args.config, max_windows=args.windows, success_fn="none")

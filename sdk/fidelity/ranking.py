@@ -28,8 +28,12 @@ from .stats import bootstrap, rate_dict
 
 def outcome_table(results: list[EpisodeOutcome], names: list[str], seeds: list[int],
                   field: str = "success") -> np.ndarray:
-    """`[P, E]` bool: `field` of each (policy, seed) episode; KeyError when one is missing."""
-    index = {(r.policy, r.seed): getattr(r, field) for r in results}
+    """`[P, E]` bool: `field` (`success` or `replay_success`) of each (policy, seed) episode; KeyError when one
+    is missing."""
+    if field not in ("success", "replay_success"):
+        raise ValueError(f"field={field!r} is invalid; allowed: 'success' or 'replay_success'")
+    index = {(r.policy, r.episode.seed): r.episode.success if field == "success" else r.replay_success
+             for r in results}
     return np.array([[bool(index[(name, seed)]) for seed in seeds] for name in names])
 
 

@@ -6,12 +6,13 @@ Exit status 0 when each section recomputed from the per-unit records equals the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..flags import flag, parse_flags
 from .records import read_records
 from .report import FidelityArgs, sections
 
@@ -36,10 +37,14 @@ def recompute(out: Path) -> tuple[dict[str, Any], list[str]]:
     return rebuilt, differences({k: report.get(k) for k in rebuilt}, rebuilt)
 
 
+@dataclass
+class RecomputeArgs:
+    out: str = flag("a report folder written by worldstep fidelity (report.json and records/)", positional=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.recompute", description=__doc__)
-    p.add_argument("out", help="a report folder written by worldstep fidelity (report.json and records/)")
-    out = Path(p.parse_args(argv).out)
+    out = Path(parse_flags(RecomputeArgs, argv, prog="python -m worldstep.fidelity.recompute",
+                           description=__doc__).out)
     rebuilt, diffs = recompute(out)
     for line in diffs:
         print(line)

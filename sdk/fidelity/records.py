@@ -10,7 +10,7 @@ them against `report.json`.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,9 @@ def write_records(out: Path, records: Records) -> list[str]:
             lines["openloop.jsonl"].append(json.dumps(row))
     for e in records.episodes:
         world = "simulator" if e.replay_success is None else "model"
-        lines["episodes.jsonl"].append(json.dumps({"world": world, **asdict(e)}))
+        lines["episodes.jsonl"].append(json.dumps({"world": world, **e.to_record()}))
     for p in records.plans:
-        row = {k: v for k, v in asdict(p).items() if k != "video"}
+        row = p.to_record()
         row["actions"] = [np.asarray(a, dtype=np.float32).round(5).tolist() for a in p.actions]
         lines["planning.jsonl"].append(json.dumps(row))
     paths = []
@@ -83,7 +83,6 @@ def read_records(out: Path) -> Records:
                   for f in SCORE_FIELDS}
         arrays["moved"] = arrays["moved"].astype(bool)
         records.scores[name] = FrameScores(**arrays)
-    records.episodes = [EpisodeOutcome(**{k: v for k, v in r.items() if k != "world"})
-                        for r in _read(folder / "episodes.jsonl")]
-    records.plans = [ClosedLoopResult(**r) for r in _read(folder / "planning.jsonl")]
+    records.episodes = [EpisodeOutcome.from_record(r, i) for i, r in enumerate(_read(folder / "episodes.jsonl"))]
+    records.plans = [ClosedLoopResult.from_record(r, i) for i, r in enumerate(_read(folder / "planning.jsonl"))]
     return records

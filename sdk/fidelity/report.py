@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
+from ..flags import add_flags, flag, from_namespace
 from .lift import lift_summary
 from .openloop import (
     FrameScores,
@@ -49,9 +50,9 @@ from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run
 
 _PRESETS = {
     "small": {"clips": 2, "windows": 2, "episodes": 2, "policy_windows": 2, "num_steps": 1, "video_clips": 1,
-              "plan_episodes": 2, "candidates": 2, "plan_anchor": "2"},
+              "plan_episodes": 2, "candidates": 2, "plan_anchor": [2]},
     "full": {"clips": 64, "windows": 16, "episodes": 50, "policy_windows": 16, "num_steps": 4, "video_clips": 3,
-             "plan_episodes": 50, "candidates": 8, "plan_anchor": "1,2,4,8,16"},
+             "plan_episodes": 50, "candidates": 8, "plan_anchor": [1, 2, 4, 8, 16]},
 }
 TINY_64 = {  # the embedded tiny architecture at 64x64, for `--budget small` without a checkpoint
     "transformer": {"hidden_size": 32, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
@@ -70,73 +71,55 @@ OBSERVE_CHOICES = ("model", "simulator")
 SECTIONS = ("openloop", "policies", "planning")
 
 
+def _preset(name: str) -> Any:
+    return flag(f"override the preset's {name}", default=None)
+
+
 @dataclass
 class FidelityArgs:
-    checkpoint: str | None
-    out: str
-    split: str
-    budget: str
-    clips: int
-    windows: int
-    episodes: int
-    policy_windows: int
-    num_steps: int
-    video_clips: int
-    plan_episodes: int
-    candidates: int
-    base_policy: str
-    plan_observe: list[str]
-    plan_anchor: list[int]
-    plan_horizon: int
-    plan_forks: int
-    confirm_windows: int
-    context_frames: int
-    flow_shift: float
-    threads: int
-    workers: int
-    sections: list[str]
+    """The report's arguments, one flag each (``worldstep.flags``); ``report.json`` holds them as ``args``."""
+
+    checkpoint: str | None = flag("diffusers-layout folder (default with --budget small: a tiny random one)",
+                                  default=None)
+    out: str = flag("report folder (JSON, PNGs, mp4)", default="runs/fidelity")
+    split: str = flag("seed range: validation (development), test (SEALED: once, for reported figures) or test_read "
+                      "(the previous sealed range, read once already: reproduces its report)", default="validation",
+                      choices=("validation", "test", "test_read"))
+    budget: str = flag("preset sizes below", default="full", choices=sorted(_PRESETS))
+    clips: int | None = _preset("clips")
+    windows: int | None = _preset("windows")
+    episodes: int | None = _preset("episodes")
+    policy_windows: int | None = _preset("policy_windows")
+    num_steps: int | None = _preset("num_steps")
+    video_clips: int | None = _preset("video_clips")
+    plan_episodes: int | None = _preset("plan_episodes")
+    candidates: int | None = _preset("candidates")
+    base_policy: str = flag("graded policy the planner proposes from", default="noisy0.8")
+    plan_observe: list[str] = flag("planner runs, comma-separated: model (decisions in imagination, simulator "
+                                   "replays), simulator (MPC re-anchored on the simulator's frames each window); "
+                                   "empty: none", default_factory=lambda: list(OBSERVE_CHOICES))
+    plan_anchor: list[int] | None = flag("model-loop planner runs re-anchored on the simulator every k windows, "
+                                         "comma-separated (empty: none; default: the preset's)", default=None)
+    plan_horizon: int = flag("windows a planner candidate imagines", default=2)
+    plan_forks: int = flag("forks (diffusion noises) per planner candidate", default=2)
+    confirm_windows: int = flag("a model-loop planner stops once its frames show success this many windows in a "
+                                "row", default=2)
+    context_frames: int = flag("rollout context_frames (the model's config)", default=4)
+    flow_shift: float = flag("rollout flow_shift", default=5.0)
+    threads: int = flag("torch threads per process", default=1)
+    workers: int = flag("processes for model work (1: inline)", default=1)
+    sections: list[str] = flag(f"comma-separated subset of {','.join(SECTIONS)} (development runs; a report runs "
+                               "all)", default_factory=lambda: list(SECTIONS))
 
 
 def parse_args(argv: list[str] | None) -> FidelityArgs:
     p = argparse.ArgumentParser(prog="python -m worldstep.fidelity", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", help="diffusers-layout folder (default with --budget small: a tiny random one)")
-    p.add_argument("--out", default="runs/fidelity", help="report folder (JSON, PNGs, mp4)")
-    p.add_argument("--split", choices=["validation", "test", "test_read"], default="validation",
-                   help="seed range: validation (development), test (SEALED: once, for reported figures) or "
-                        "test_read (the previous sealed range, read once already: reproduces its report)")
-    p.add_argument("--budget", choices=sorted(_PRESETS), default="full", help="preset sizes below")
-    for name in ("clips", "windows", "episodes", "policy_windows", "num_steps", "video_clips", "plan_episodes",
-                 "candidates"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the preset's {name}")
-    p.add_argument("--base-policy", default="noisy0.8", help="graded policy the planner proposes from")
-    p.add_argument("--plan-observe", default="model,simulator",
-                   help="planner runs, comma-separated: model (decisions in imagination, simulator replays), "
-                        "simulator (MPC re-anchored on the simulator's frames each window); empty: none")
-    p.add_argument("--plan-anchor", default=None,
-                   help="model-loop planner runs re-anchored on the simulator every k windows, comma-separated "
-                        "(empty: none; default: the preset's)")
-    p.add_argument("--plan-horizon", type=int, default=2, help="windows a planner candidate imagines")
-    p.add_argument("--plan-forks", type=int, default=2, help="forks (diffusion noises) per planner candidate")
-    p.add_argument("--confirm-windows", type=int, default=2,
-                   help="a model-loop planner stops once its frames show success this many windows in a row")
-    p.add_argument("--context-frames", type=int, default=4, help="rollout context_frames (the model's config)")
-    p.add_argument("--flow-shift", type=float, default=5.0, help="rollout flow_shift")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--workers", type=int, default=1, help="processes for model work (1: inline)")
-    p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated subset of {','.join(SECTIONS)} (development runs; a report runs all)")
-    ns = vars(p.parse_args(argv))
-    ns["sections"] = [x for x in ns["sections"].split(",") if x]
-    for key, value in _PRESETS[ns["budget"]].items():
-        if ns[key] is None:
-            ns[key] = value
-    ns["plan_observe"] = [o for o in ns["plan_observe"].split(",") if o]
-    try:
-        ns["plan_anchor"] = [int(k) for k in ns["plan_anchor"].split(",") if k]
-    except ValueError:
-        p.error(f"--plan-anchor={ns['plan_anchor']} is invalid; allowed: comma-separated ints >= 1")
-    args = FidelityArgs(**ns)
+    add_flags(p, FidelityArgs)
+    ns = p.parse_args(argv)
+    preset = {k: list(v) if isinstance(v, list) else v for k, v in _PRESETS[ns.budget].items()
+              if getattr(ns, k) is None}  # the flags given override the preset
+    args = from_namespace(FidelityArgs, ns, **preset)
     if args.checkpoint is None and args.budget != "small":
         p.error("--checkpoint is required unless --budget small")
     if any(k < 1 for k in args.plan_anchor):
@@ -256,7 +239,7 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
                "max_windows": args.policy_windows, "horizon": args.plan_horizon, "forks": args.plan_forks,
                "confirm_windows": args.confirm_windows, "anchored": {}}
     for observe, anchor in _planner_runs(args):
-        by_seed = {r.seed: r for r in results if r.observe == observe and r.anchor_every == anchor}
+        by_seed = {r.episode.seed: r for r in results if r.observe == observe and r.anchor_every == anchor}
         planner = np.array([by_seed[s].sim_success for s in seeds])
         entry = lift_summary(planner, base_sim, base_loop if observe == "model" else None)
         if observe == "model":

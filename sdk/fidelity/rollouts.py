@@ -10,6 +10,8 @@ import torch
 from worldstep.engine.models.cosmos3 import RolloutKnobs
 from worldstep.envs.push_sim import PushSimEnv, frame_success
 
+from ..episodes import EpisodeResult
+
 
 @dataclass(frozen=True)
 class RolloutRecipe:
@@ -56,19 +58,31 @@ def open_loop(world, first_frames: np.ndarray, actions: np.ndarray, recipe: Roll
 
 @dataclass
 class EpisodeOutcome:
-    """One episode of one policy from one start seed; `replay_success`: the model episode's chunks replayed
+    """One episode of one policy from one start seed: the common `episode` result (`success`: the frames the
+    policy saw showed success) and what the report adds. `replay_success`: the model episode's chunks replayed
     in the simulator (None for simulator episodes). `actions` holds the chunks it chose, `stop` why it ended
-    (`success`: the frames it saw showed success; `max_windows`), and `detections` per window what the
-    detector found in the last frame of each world (`model`, `sim`: effector and block centres or None)."""
+    (`success` or `max_windows`), and `detections` per window what the detector found in the last frame of each
+    world (`model`, `sim`: effector and block centres or None)."""
 
+    episode: EpisodeResult
     policy: str
-    seed: int
-    success: bool
-    windows: int
     replay_success: bool | None = None
     actions: list = field(default_factory=list)
     stop: str = "max_windows"
     detections: list = field(default_factory=list)
+
+    def to_record(self) -> dict[str, Any]:
+        """The episode's row in `episodes.jsonl` (without its `world`)."""
+        e = self.episode
+        return {"policy": self.policy, "seed": e.seed, "success": e.success, "windows": e.windows,
+                "replay_success": self.replay_success, "actions": self.actions, "stop": self.stop,
+                "detections": self.detections}
+
+    @classmethod
+    def from_record(cls, row: dict[str, Any], index: int = 0) -> EpisodeOutcome:
+        """The outcome a `to_record` row describes (episode `index` of its run)."""
+        episode = EpisodeResult(index=index, seed=row["seed"], windows=row["windows"], success=row["success"])
+        return cls(episode, row["policy"], row["replay_success"], row["actions"], row["stop"], row["detections"])
 
 
 def detections_of(frame: np.ndarray) -> dict[str, list[float] | None]:
@@ -88,15 +102,17 @@ def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int)
             obs, _ = env.reset(seed=seed)
             policy.reset(seed=seed)
             goal = _goal(obs)
-            outcome = EpisodeOutcome(policy.name, seed, False, 0)
-            while outcome.windows < max_windows and not outcome.success:
+            outcome = EpisodeOutcome(EpisodeResult(index=len(results), seed=seed), policy.name)
+            episode = outcome.episode
+            while episode.windows < max_windows and not episode.success:
                 actions = policy(obs)
                 obs, *_ = env.step(actions)
-                outcome.windows += 1
-                outcome.success = any(frame_success(f, goal) for f in obs["frames"])
+                episode.windows += 1
+                episode.frames += len(obs["frames"])
+                episode.success = any(frame_success(f, goal) for f in obs["frames"])
                 outcome.actions.append(np.asarray(actions, dtype=np.float32).round(5).tolist())
-                outcome.detections.append({"sim": detections_of(obs["frames"][-1]), "sim_success": outcome.success})
-            outcome.stop = "success" if outcome.success else "max_windows"
+                outcome.detections.append({"sim": detections_of(obs["frames"][-1]), "sim_success": episode.success})
+            outcome.stop = "success" if episode.success else "max_windows"
             results.append(outcome)
     return results
 
@@ -123,9 +139,9 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, re
                                          knobs=recipe.knobs_for(mode),
                                          generator=torch.Generator().manual_seed(noise_seed(seed, p_index)),
                                          action_width=sim.action_space.shape[1])
-            jobs.append({"agent": agent, "seed": seed, "obs": obs, "goal": _goal(obs), "session": session,
-                         "sim": sim, "done": False, "success": False, "replay": False, "windows": 0,
-                         "actions": [], "detections": []})
+            outcome = EpisodeOutcome(EpisodeResult(index=len(jobs), seed=seed), agent.name, replay_success=False)
+            jobs.append({"agent": agent, "obs": obs, "goal": _goal(obs), "session": session, "sim": sim,
+                         "done": False, "outcome": outcome})
     try:
         for _ in range(max_windows):
             live = [j for j in jobs if not j["done"]]
@@ -134,23 +150,25 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, re
             chunks = [j["agent"](j["obs"]) for j in live]
             results = world.step([j["session"] for j in live], chunks)
             for job, result, actions in zip(live, results, chunks):
+                outcome = job["outcome"]
                 job["obs"] = {"frames": result.frames}
-                job["windows"] += 1
+                outcome.episode.windows += 1
+                outcome.episode.frames += len(result.frames)
                 sim_obs, *_ = job["sim"].step(actions)
-                job["replay"] = job["replay"] or any(frame_success(f, job["goal"]) for f in sim_obs["frames"])
-                job["actions"].append(np.asarray(actions, dtype=np.float32).round(5).tolist())
+                outcome.replay_success = outcome.replay_success or any(frame_success(f, job["goal"])
+                                                                       for f in sim_obs["frames"])
+                outcome.actions.append(np.asarray(actions, dtype=np.float32).round(5).tolist())
                 model_success = any(frame_success(f, job["goal"]) for f in result.frames)
-                job["detections"].append({"model": detections_of(result.frames[-1]),
-                                          "sim": detections_of(sim_obs["frames"][-1]),
-                                          "model_success": model_success, "sim_success": job["replay"]})
+                outcome.detections.append({"model": detections_of(result.frames[-1]),
+                                           "sim": detections_of(sim_obs["frames"][-1]),
+                                           "model_success": model_success, "sim_success": outcome.replay_success})
                 if model_success:
-                    job["success"], job["done"] = True, True
+                    outcome.episode.success, outcome.stop, job["done"] = True, "success", True
                     world.close(job["session"])
     finally:
         for j in jobs:
             world.close(j["session"])
-    return [EpisodeOutcome(j["agent"].name, j["seed"], j["success"], j["windows"], j["replay"], j["actions"],
-                           "success" if j["success"] else "max_windows", j["detections"]) for j in jobs]
+    return [j["outcome"] for j in jobs]
 
 
 def noise_seed(seed: int, policy_index: int) -> int:

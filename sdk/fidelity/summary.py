@@ -5,10 +5,12 @@ The docs paste this output, so every figure they state comes from a `report.json
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..flags import flag, parse_flags
 
 WINDOWS = (1, 4, 8, 12, 16)
 
@@ -132,10 +134,14 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
+@dataclass
+class SummaryArgs:
+    report: str = flag("a report.json written by worldstep fidelity", positional=True)
+
+
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.summary", description=__doc__)
-    p.add_argument("report", help="a report.json written by worldstep fidelity")
-    text = render(json.loads(Path(p.parse_args(argv).report).read_text()))
+    args = parse_flags(SummaryArgs, argv, prog="python -m worldstep.fidelity.summary", description=__doc__)
+    text = render(json.loads(Path(args.report).read_text()))
     print(text)
     return text
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "cmd_serve", "read_token"]
+from ..flags import add_flags, flag, from_namespace, positive_int
+
+__all__ = ["ServeFlags", "add_parser", "cmd_serve", "read_token"]
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -25,28 +29,25 @@ def add_parser(sub: argparse._SubParsersAction, add_model_flags: Callable[[argpa
     p = sub.add_parser("serve", help="serve one loaded model to many env clients over a websocket "
                                      "(docs/serving.md)")
     add_model_flags(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: loopback only)")
-    p.add_argument("--port", type=int, default=0, help="port (default 0: a free one; the first line printed "
-                                                       "says which)")
-    p.add_argument("--token-file", help="file holding the token clients must send (Authorization: Api-Key)")
-    p.add_argument("--max-sessions", type=_positive_int, default=64, help="open sessions over all clients "
-                                                                         "(default 64)")
-    p.add_argument("--max-batch", type=_positive_int, default=16, help="steps in one engine call (default 16)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="how long a step waits for other clients' steps to join its batch (default 2)")
-    p.add_argument("--idle-timeout-s", type=float, default=300.0,
-                   help="close a connection silent this long, freeing its sessions (default 300)")
-    p.add_argument("--max-message-bytes", type=_positive_int, default=None,
-                   help="largest request accepted (default 8 MiB); a bigger one closes its connection")
-    p.add_argument("--tls-cert", help="PEM certificate chain: serve wss://")
-    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    add_flags(p, ServeFlags)
     p.set_defaults(func=functools.partial(cmd_serve, model_and_overrides=model_and_overrides))
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= 1")
-    return int(text)
+@dataclass
+class ServeFlags:
+    """``worldstep serve``'s own flags (beside the model flags); ``cmd_serve`` turns them into ``ServeOptions``."""
+
+    host: str = flag("address to bind (127.0.0.1: loopback only)", default="127.0.0.1")
+    port: int = flag("port (0: a free one; the first line printed says which)", default=0)
+    token_file: str | None = flag("file holding the token clients must send (Authorization: Api-Key)", default=None)
+    max_sessions: int = flag("open sessions over all clients", default=64, type=positive_int)
+    max_batch: int = flag("steps in one engine call", default=16, type=positive_int)
+    max_wait_ms: float = flag("how long a step waits for other clients' steps to join its batch", default=2.0)
+    idle_timeout_s: float = flag("close a connection silent this long, freeing its sessions", default=300.0)
+    max_message_bytes: int | None = flag("largest request accepted (default 8 MiB); a bigger one closes its "
+                                         "connection", default=None, type=positive_int)
+    tls_cert: str | None = flag("PEM certificate chain: serve wss://", default=None)
+    tls_key: str | None = flag("PEM private key of --tls-cert", default=None)
 
 
 def read_token(path: str | None) -> str | None:
@@ -67,11 +68,9 @@ def cmd_serve(args: argparse.Namespace, model_and_overrides: ModelFlags) -> int:
     from ..world import load
     from .server import ServeOptions, WorldModelServer
 
-    options = ServeOptions(**{k: v for k, v in dict(
-        host=args.host, port=args.port, token=read_token(args.token_file), max_sessions=args.max_sessions,
-        max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, idle_timeout_s=args.idle_timeout_s,
-        max_message_bytes=args.max_message_bytes, tls_cert=args.tls_cert, tls_key=args.tls_key).items()
-        if v is not None})
+    given = dataclasses.asdict(from_namespace(ServeFlags, args))
+    given["token"] = read_token(given.pop("token_file"))
+    options = ServeOptions(**{k: v for k, v in given.items() if v is not None})
     if options.host not in LOOPBACK and options.token is None:
         print(f"worldstep serve: warning: --host {options.host} without --token-file admits anyone who can reach "
               "it (docs/serving.md)", file=sys.stderr)

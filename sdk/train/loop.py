@@ -7,7 +7,6 @@ busy the machine is; with a phase's steps set to 0 it runs for its share of `--b
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -21,6 +20,7 @@ import torch
 from tqdm import tqdm
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
+from ..flags import flag, parse_flags
 from .dagger import model_loop_clips
 from .data import (
     CLIP_KINDS,
@@ -67,103 +67,81 @@ EMBODIMENT = PUSHER_EMBODIMENT
 
 @dataclass
 class TrainArgs:
+    """The run's arguments: one flag each (``worldstep.flags``); ``args.json`` in the run folder holds them."""
+
     out: str = "runs/pusher"
+    """run folder (logs, phase checkpoints, checkpoint/)"""
     budget_minutes: float = 80.0
+    """total wall budget of the phases whose steps are 0 (see --vae-steps, --dyn-steps)"""
     seed: int = 0
+    """seeds data, init and noise"""
     resume: bool = False
+    """continue from the phase checkpoints in --out; a phase already under way keeps its budget, phases not yet
+    started share --budget-minutes counted from now"""
     num_clips: int = 4000
+    """simulator clips"""
     windows: int = 8
+    """windows per training clip"""
     chunk: int = 4
+    """actions per window (4 or 8)"""
     context_frames: int = 4
+    """latent frames of committed context a window sees (the rollout's context_frames; 0 = all)"""
     vae_share: float = 0.45
+    """budget share of the VAE"""
     vae_batch: int = 8
+    """9-frame crops per VAE step"""
     vae_long_share: float = 0.4
+    """last share of the VAE phase trained on long crops (the causal caches must stay stable over a whole
+    rollout, not only the 3 latents of a short crop)"""
     vae_long_frames: int = 33
+    """frames of a long crop (1 + 4k; capped at a clip's 1 + windows * chunk)"""
     vae_lr: float = 2e-3
+    """VAE learning rate"""
     dyn_batch: int = 16
+    """clips per dynamics step"""
     dyn_lr: float = 2e-3
+    """dynamics learning rate"""
     ema: float = 0.98
+    """EMA decay cap of the exported dynamics weights (a CPU budget gives few steps)"""
     context_noise: float = 0.03
+    """max std of noise on clean context latents (robustness to own errors)"""
     own_context_share: float = 0.5
+    """share of dynamics steps whose committed windows are the model's own one-step estimates (what a rollout
+    commits) instead of the true latents"""
     moving_weight: float = 2.0
+    """extra flow-matching loss weight on latent cells the effector or block covers"""
     vae_latent_noise: float = 0.1
+    """max noise on the VAE's latents before decoding, relative to each channel's spread"""
     ckpt_every: int = 20
+    """steps between checkpoints"""
     encode_clips: int = 4000
+    """training clips encoded to latents for the dynamics phase"""
     log_every: int = 10
+    """steps between log lines"""
     vae_steps: int = 1600
+    """VAE steps (0: its share --vae-share of --budget-minutes)"""
     dyn_steps: int = 10000
+    """dynamics steps (0: what is left of --budget-minutes)"""
     threads: int = 1
+    """torch threads (1: on a shared 2-core box two threads ran 5x slower per step)"""
     dagger_clips: int = 600
+    """clips of the DAgger round: graded policies acting closed loop on --dagger-checkpoint, their actions
+    replayed in the simulator (0: none)"""
     dagger_checkpoint: str = "pusher"
+    """the world model whose loop the DAgger round follows (a config name or a checkpoint folder)"""
     stop_after_minutes: float = 0.0
+    """wall time of this stretch: checkpoint and exit cleanly when it is spent; continue with --resume (0: run to
+    the end)"""
     small: bool = False
-    vae_init: str | None = None
-    export_only: str | None = None
+    """tiny models and data (smoke tests)"""
+    vae_init: str | None = flag("start the VAE from the weights in another run's vae_state.pt", default=None,
+                                metavar="VAE_STATE")
+    export_only: str | None = flag("write a checkpoint from --out's latest phase checkpoints (EMA weights) to DIR "
+                                   "and exit; safe while the run continues", default=None, metavar="DIR")
 
 
 def parse_args(argv: list[str] | None) -> TrainArgs:
-    parser = argparse.ArgumentParser(prog="python -m worldstep.train", description=__doc__)
-    defaults = TrainArgs()
-    parser.add_argument("--out", default=defaults.out, help="run folder (logs, phase checkpoints, checkpoint/)")
-    parser.add_argument("--budget-minutes", type=float, default=defaults.budget_minutes,
-                        help="total wall budget of the phases whose steps are 0 (see --vae-steps, --dyn-steps)")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seeds data, init and noise")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the phase checkpoints in --out; a phase already under way keeps its "
-                             "budget, phases not yet started share --budget-minutes counted from now")
-    parser.add_argument("--num-clips", type=int, default=defaults.num_clips, help="simulator clips")
-    parser.add_argument("--windows", type=int, default=defaults.windows, help="windows per training clip")
-    parser.add_argument("--context-frames", type=int, default=defaults.context_frames,
-                        help="latent frames of committed context a window sees (the rollout's context_frames; 0 = all)")
-    parser.add_argument("--chunk", type=int, default=defaults.chunk, help="actions per window (4 or 8)")
-    parser.add_argument("--vae-share", type=float, default=defaults.vae_share, help="budget share of the VAE")
-    parser.add_argument("--vae-batch", type=int, default=defaults.vae_batch, help="9-frame crops per VAE step")
-    parser.add_argument("--vae-long-share", type=float, default=defaults.vae_long_share,
-                        help="last share of the VAE phase trained on long crops (the causal caches must stay stable "
-                             "over a whole rollout, not only the 3 latents of a short crop)")
-    parser.add_argument("--vae-long-frames", type=int, default=defaults.vae_long_frames,
-                        help="frames of a long crop (1 + 4k; capped at a clip's 1 + windows * chunk)")
-    parser.add_argument("--vae-lr", type=float, default=defaults.vae_lr)
-    parser.add_argument("--dyn-batch", type=int, default=defaults.dyn_batch)
-    parser.add_argument("--dyn-lr", type=float, default=defaults.dyn_lr)
-    parser.add_argument("--ema", type=float, default=defaults.ema,
-                        help="EMA decay cap of the exported dynamics weights (a CPU budget gives few steps)")
-    parser.add_argument("--context-noise", type=float, default=defaults.context_noise,
-                        help="max std of noise on clean context latents (robustness to own errors)")
-    parser.add_argument("--own-context-share", type=float, default=defaults.own_context_share,
-                        help="share of dynamics steps whose committed windows are the model's own one-step "
-                             "estimates (what a rollout commits) instead of the true latents")
-    parser.add_argument("--moving-weight", type=float, default=defaults.moving_weight,
-                        help="extra flow-matching loss weight on latent cells the effector or block covers")
-    parser.add_argument("--vae-latent-noise", type=float, default=defaults.vae_latent_noise,
-                        help="max noise on the VAE's latents before decoding, relative to each channel's spread")
-    parser.add_argument("--encode-clips", type=int, default=defaults.encode_clips,
-                        help="training clips encoded to latents for the dynamics phase")
-    parser.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every, help="steps between checkpoints")
-    parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps between log lines")
-    parser.add_argument("--vae-steps", type=int, default=defaults.vae_steps,
-                        help="VAE steps (0: its share --vae-share of --budget-minutes)")
-    parser.add_argument("--dyn-steps", type=int, default=defaults.dyn_steps,
-                        help="dynamics steps (0: what is left of --budget-minutes)")
-    parser.add_argument("--threads", type=int, default=defaults.threads,
-                        help="torch threads (1: on a shared 2-core box two threads ran 5x slower per step)")
-    parser.add_argument("--dagger-clips", type=int, default=defaults.dagger_clips,
-                        help="clips of the DAgger round: graded policies acting closed loop on --dagger-checkpoint, "
-                             "their actions replayed in the simulator (0: none)")
-    parser.add_argument("--dagger-checkpoint", default=defaults.dagger_checkpoint,
-                        help="the world model whose loop the DAgger round follows "
-                             "(a config name or a checkpoint folder)")
-    parser.add_argument("--stop-after-minutes", type=float, default=defaults.stop_after_minutes,
-                        help="wall time of this stretch: checkpoint and exit cleanly when it is spent; continue "
-                             "with --resume (0: run to the end)")
-    parser.add_argument("--small", action="store_true", help="tiny models and data (smoke tests)")
-    parser.add_argument("--vae-init", metavar="VAE_STATE", default=None,
-                        help="start the VAE from the weights in another run's vae_state.pt")
-    parser.add_argument("--export-only", metavar="DIR", default=None,
-                        help="write a checkpoint from --out's latest phase checkpoints (EMA weights) to DIR and exit; "
-                             "safe while the run continues")
-    ns = parser.parse_args(argv)
-    args = TrainArgs(**{k: getattr(ns, k) for k in asdict(defaults)})
+    args = parse_flags(TrainArgs, argv, prog="python -m worldstep.train", description=__doc__)
     if args.chunk not in (4, 8):
         raise ValueError(f"chunk={args.chunk} is invalid; allowed: 4 or 8")
     if args.windows < 1 or args.budget_minutes <= 0 or not 0 < args.vae_share < 1:
