@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from importlib.resources import files
 
 import flashinfer_emulation
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from host_sync import HostSyncError, refuse_host_syncs
 from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
 from worldstep.engine.scheduler import Scheduler
@@ -121,17 +123,76 @@ def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_bac
     assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
 
 
-def test_the_denoise_loop_reads_timesteps_from_the_host(checkpoint, monkeypatch):
-    """`Tensor.item` (a host wait on a GPU) is never called while a window denoises."""
+def _guarded_step(model, monkeypatch, knobs: RolloutKnobs, sessions: int = 2) -> list[list[str]]:
+    """One step with the host-read guard around every window's denoise loop (and nowhere else)."""
+    from worldstep.engine.models.cosmos3 import window
+
+    entered: list[list[str]] = []
+
+    @contextmanager
+    def guard():
+        with refuse_host_syncs() as refused:
+            entered.append(refused)
+            yield
+
+    opened = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(sessions)]
+    monkeypatch.setattr(window, "denoise_loop_guard", guard)
+    try:
+        model.step(opened, [np.zeros((4, model.spec.action_dim), np.float32)] * sessions)
+    finally:
+        monkeypatch.undo()
+        model.close_all()
+    return entered
+
+
+@pytest.mark.parametrize("knobs", [dict(num_steps=4), dict(num_steps=3, guidance_scale=2.0, window_mode="chained")])
+def test_the_denoise_loop_never_reads_a_tensor_on_the_host(checkpoint, monkeypatch, knobs):
+    """No `.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `bool()`, `.to("cpu")` while a window denoises (each is a
+    host wait on a GPU): the scheduler's coefficients are host floats computed before the loop."""
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
-    session = model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=4, decode=False))
-    calls = []
-    real_item = torch.Tensor.item
-    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(self.shape) or real_item(self))
-    model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
-    monkeypatch.undo()
-    assert calls == []
-    model.close(session)
+    entered = _guarded_step(model, monkeypatch, RolloutKnobs(**knobs))
+    entered += _guarded_step(model, monkeypatch, RolloutKnobs(**knobs))  # a window with committed context
+    assert len(entered) == 2 and entered == [[], []]
+
+
+def test_the_host_read_guard_catches_an_injected_item(checkpoint, monkeypatch):
+    """The guard is live inside the loop: one `.item()` added to the UniPC step fails the window."""
+    from worldstep.engine.models.cosmos3 import unipc
+
+    real = unipc.UniPCStepper.step
+    monkeypatch.setattr(unipc.UniPCStepper, "step", lambda self, v, x: (v.abs().max().item(), real(self, v, x))[1])
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    with pytest.raises(HostSyncError, match=r"Tensor.item inside a loop"):
+        _guarded_step(model, monkeypatch, RolloutKnobs(num_steps=2, decode=False), sessions=1)
+    assert model.kv.table.num_used_pages == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch, backend):
+    """On a GPU: the denoise loop of a fresh window and of one with context runs under
+    `torch.cuda.set_sync_debug_mode("error")` (any host wait raises)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from worldstep.engine.models.cosmos3 import window
+
+    @contextmanager
+    def no_sync():
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cuda", dtype=torch.bfloat16, height=32, width=32,
+                                              attention_backend=backend)
+    sessions = [model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=4)) for _ in range(2)]
+    monkeypatch.setattr(window, "denoise_loop_guard", no_sync)
+    for _ in range(2):
+        results = model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
+        assert all(np.isfinite(r.latents.numpy()).all() for r in results)
+    model.close_all()
+    assert model.kv.table.num_used_pages == 0
 
 
 def test_cuda_graphs_are_refused_where_they_cannot_run(checkpoint):
