@@ -101,12 +101,33 @@ def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
     everyone = [*sessions, other]
     actions = [np.zeros((4, model.spec.action_dim), np.float32)] * len(everyone)
 
-    def parts_of(split: bool) -> list[list[int]]:
-        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions)
+    def parts_of(split: bool, decodes=lambda s: True) -> list[list[int]]:
+        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions, decodes)
         return [[w.index for w in group] for group in batch.groups]
 
     assert parts_of(split=False) == [[0, 1, 2, 3, 4], [5]]
     assert parts_of(split=True) == [[0, 1], [2, 3, 4], [5]]  # a lone session is not split
+    assert parts_of(split=True, decodes=lambda s: False) == [[0, 1, 2, 3, 4], [5]]  # nothing to overlap
+    assert parts_of(split=True, decodes=lambda s: s is not sessions[0]) == [[0, 1, 2, 3, 4], [5]]
+    model.close_all()
+
+
+@pytest.mark.parametrize("decoding_sessions,step_decodes,groups", [(False, True, 1), (True, False, 1), (True, True, 2)])
+def test_overlap_splits_a_group_of_8_only_when_it_decodes(checkpoint, monkeypatch, decoding_sessions, step_decodes,
+                                                          groups):
+    """With overlap on (CUDA's default), 8 sessions that are not decoded run as ONE window: one forward of 8 per
+    denoise step; only a decoding step splits them (two forwards of 4, one half's decode overlapping the other)."""
+    from worldstep.engine.models.cosmos3 import stepping
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=True)
+    knobs = RolloutKnobs(num_steps=1, decode=decoding_sessions)
+    sessions = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(8)]
+    sizes = []
+    real = stepping.run_window
+    monkeypatch.setattr(stepping, "run_window", lambda ctx, group, clock: sizes.append(len(group))
+                        or real(ctx, group, clock))
+    model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 8, decode=step_decodes)
+    assert sizes == ([8] if groups == 1 else [4, 4])
     model.close_all()
 
 

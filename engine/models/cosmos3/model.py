@@ -45,8 +45,9 @@ class Cosmos3WorldModel:
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
                  width: int | None = None, fps: float | None = None, name: str | None = None,
                  overlap_decode: bool | None = None, cuda_graphs: bool = False) -> None:
-        """``overlap_decode``: split a step's batch in halves so one half's decode (on its own CUDA stream)
-        overlaps the other's denoise; None: on for CUDA, off on a CPU (where nothing can overlap).
+        """``overlap_decode``: split a group of sessions that all decode in halves so one half's decode (on its own
+        CUDA stream) overlaps the other's denoise; a step that does not decode always runs ONE forward per group.
+        None: on for CUDA, off on a CPU (where nothing can overlap).
         ``cuda_graphs``: replay each window's denoise steps from one captured CUDA graph (CUDA, sdpa)."""
         self.components = components
         self.transformer, self.vae, self.device = components.transformer, components.vae, device
@@ -246,7 +247,7 @@ class Cosmos3WorldModel:
                 stack.enter_context(s.busy)
             for s in sessions:
                 s.check_open()  # closed by another thread while we waited
-            batch = self.scheduler.schedule(sessions, checked)
+            batch = self.scheduler.schedule(sessions, checked, lambda s: decode and s.decode_stream is not None)
             try:
                 outputs = self.runner.run(batch, decode)
             except SessionClosedError as e:
