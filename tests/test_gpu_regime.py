@@ -189,12 +189,11 @@ def test_the_host_read_guard_catches_an_injected_item(checkpoint, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["sdpa", "auto"])
 def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch, backend):
     """On a GPU: the denoise loop of a fresh window and of one with context runs under
     `torch.cuda.set_sync_debug_mode("error")` (any host wait raises)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     from worldstep.engine.models.cosmos3 import window
 
     @contextmanager
