@@ -226,15 +226,89 @@ def test_cuda_graphs_are_refused_where_they_cannot_run(checkpoint):
         worldstep.load_config("tiny").with_overrides(cuda_graphs="true")
 
 
+def _emulated_graphs(model, monkeypatch):
+    """CUDA-graph capture emulated on a CPU: "replay" recomputes from the graph's static buffers only (its own
+    hidden input, rotary tables and gathered context, no host checks), so a window bound wrongly gives other
+    latents than eager. Returns the model's `GraphCache`."""
+    from dataclasses import replace
+    from unittest import mock
+
+    from worldstep.engine.models.cosmos3 import graphs
+    from worldstep.engine.models.cosmos3.runner import gen_forward
+
+    def capture(steps):
+        out = gen_forward(steps.transformer, steps.static_in, steps.cos, steps.sin, steps.batch).hidden
+
+        def replay():
+            with mock.patch.object(steps.batch.cache, "check_current", lambda table: None):
+                out.copy_(gen_forward(steps.transformer, steps.static_in, steps.cos, steps.sin, steps.batch).hidden)
+
+        return mock.Mock(replay=replay), out
+
+    monkeypatch.setattr(graphs.GraphedSteps, "_capture", capture)
+    cache = graphs.GraphCache()
+    object.__setattr__(model.runner, "ctx", replace(model.runner.ctx, graphs=cache))
+    return cache
+
+
+def test_graphs_are_captured_once_per_geometry_and_batch_and_replayed_after(checkpoint, monkeypatch):
+    """Capture mocked: a window whose rows have the fresh-token counts and committed lengths of an earlier one
+    reuses its graph (static buffers refilled), the latents equal eager, and close_all frees the graphs. A page
+    of 5 tokens (one window's) keeps the committed length steady once the context is full."""
+    from worldstep.engine.models.cosmos3 import graphs
+
+    kwargs = dict(device="cpu", height=32, width=32, page_size=5)
+    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=5, decode=False)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs)
+    cache = _emulated_graphs(model, monkeypatch)
+    keys = []
+    real_key = graphs.graph_key
+    monkeypatch.setattr(graphs, "graph_key", lambda *a: keys.append(real_key(*a)) or keys[-1])
+    replayed = _rollout(model, windows=5, decode=False)
+    for a, b in zip(eager, replayed):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y.latents, x.latents, atol=0, rtol=0)
+    assert len(keys) == 5 and keys[-1] == keys[-2] == keys[-3]  # full context: one geometry from here on
+    assert cache.captures == len(cache) == len(set(keys)) < 5
+    assert sum(g.replays for g in cache._graphs.values()) == 5 * 3  # every denoise step of every window
+    model.close_all()
+    assert len(cache) == 0
+
+
+def test_graph_key_is_the_rows_fresh_tokens_and_committed_lengths(checkpoint):
+    from worldstep.engine.attention import PagedAttentionBatch
+    from worldstep.engine.kv import StreamKey, StreamLabel
+    from worldstep.engine.models.cosmos3.graphs import graph_key
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    for name, n in (("a", 3), ("b", 3), ("c", 5)):
+        model.kv.create_stream(StreamKey(name, StreamLabel.MAIN))
+        k = torch.zeros(model.kv.num_layers, n, model.kv.num_kv_heads, model.kv.head_dim)
+        model.kv.append(StreamKey(name, StreamLabel.MAIN), k, k)
+
+    def key(*names, q=None):
+        tables = [model.kv.page_table(StreamKey(n, StreamLabel.MAIN)) for n in names]
+        return graph_key(PagedAttentionBatch(model.kv, tables, list(q or [4] * len(names)), "sdpa"), 32)
+
+    assert key("a", "b") == key("b", "a") == ((4, 4), (3, 3), 32)  # other streams, one geometry
+    assert key("a", "c") != key("a", "b") and key("a", "b", q=(4, 6)) != key("a", "b")
+    assert key("a") != key("a", "b")  # another batch
+
+
 @pytest.mark.gpu
 def test_cuda_graph_replay_equals_eager_steps(checkpoint):
-    """On a GPU: each window's denoise steps replayed from one captured graph give the eager latents."""
+    """On a GPU: denoise steps replayed from graphs captured once per window geometry give the eager latents; with
+    a page of one window's tokens the context stops growing, and later windows replay the graph of an earlier one."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    kwargs = dict(device="cuda", dtype=torch.bfloat16, height=32, width=32, attention_backend="sdpa")
-    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=3, num_steps=6)
-    graphed = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, cuda_graphs=True, **kwargs), windows=3,
-                       num_steps=6)
+    kwargs = dict(device="cuda", dtype=torch.bfloat16, height=32, width=32, attention_backend="sdpa", page_size=5)
+    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=5, num_steps=6)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, cuda_graphs=True, **kwargs)
+    graphed = _rollout(model, windows=5, num_steps=6)
     for a, b in zip(eager, graphed):
         for x, y in zip(a, b):
             torch.testing.assert_close(y.latents, x.latents, atol=1e-2, rtol=0)  # bf16: the same kernels
+    graphs = model.runner.ctx.graphs
+    assert 0 < graphs.captures < 5 and sum(g.replays for g in graphs._graphs.values()) == 5 * 6
+    model.close_all()
+    assert len(graphs) == 0

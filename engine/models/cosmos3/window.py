@@ -24,7 +24,7 @@ from ...kv import PagedKVCache, StreamLabel
 from ...lanes import PhaseClock
 from ...scheduler import ScheduledWindow
 from ...windowing import WindowPlan
-from .graphs import GraphedSteps
+from .graphs import GraphCache, GraphedSteps
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
 from .session import RolloutSession, SessionClosedError
@@ -49,7 +49,7 @@ class WindowContext:
     device: torch.device
     dtype: torch.dtype
     kernels: FlashinferKernels | None = None  # the model's, when its backend is flashinfer
-    cuda_graphs: bool = False  # replay each window's denoise steps from one captured graph (graphs.py)
+    graphs: GraphCache | None = None  # the model's captured denoise steps, when `cuda_graphs` is on (graphs.py)
 
 
 @dataclass
@@ -150,8 +150,11 @@ def _plan(ctx: WindowContext, session: RolloutSession) -> UniPCPlan:
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     plan = _plan(ctx, jobs[0].session)
     stepper = UniPCStepper(plan)
-    graphed = GraphedSteps(ctx.transformer, cos, sin, batch) if ctx.cuda_graphs else None
-    prime(batch, ctx.transformer.config.num_attention_heads)  # gathers or plans before the loop: no copies in it
+    graphed = None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
+    if ctx.graphs is not None:
+        graphed = ctx.graphs.steps(ctx.transformer, cos, sin, batch)
+    else:
+        prime(batch, ctx.transformer.config.num_attention_heads)
     with denoise_loop_guard():
         for step in plan.timesteps:  # host floats
             _denoise_step(ctx, jobs, batch, cos, sin, graphed, stepper, step)
