@@ -190,10 +190,10 @@ def test_the_host_read_guard_catches_an_injected_item(checkpoint, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("backend", ["sdpa", "auto"])
-def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch, backend):
+def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch):
     """On a GPU: the denoise loop of a fresh window and of one with context runs under
-    `torch.cuda.set_sync_debug_mode("error")` (any host wait raises)."""
+    `torch.cuda.set_sync_debug_mode("error")` (any host wait raises). sdpa: the tiny model's head_dim (8) is
+    not one flashinfer's kernels take."""
     from worldstep.engine.models.cosmos3 import window
 
     @contextmanager
@@ -205,7 +205,7 @@ def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch, 
             torch.cuda.set_sync_debug_mode(0)
 
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cuda", dtype=torch.bfloat16, height=32, width=32,
-                                              attention_backend=backend)
+                                              attention_backend="sdpa")
     sessions = [model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=4)) for _ in range(2)]
     monkeypatch.setattr(window, "denoise_loop_guard", no_sync)
     for _ in range(2):
