@@ -142,6 +142,35 @@ def paged_attention(
     return _BACKENDS[batch.backend](q, k_new, v_new, batch, layer)
 
 
+def prime(batch: PagedAttentionBatch, num_qo_heads: int) -> None:
+    """Do before a window's denoise loop what its first step would: gather every row's committed K/V (sdpa)
+    or plan the layout (flashinfer). Both copy page indices from the host, so the loop itself then never does."""
+    cache = batch.cache
+    if batch.backend is AttentionBackendName.FLASHINFER:
+        if batch.kernels is None:
+            batch.kernels = FlashinferKernels(cache.device)
+        layout = Layout.of(batch.tables, batch.q_lens, num_qo_heads, cache.num_kv_heads, cache.head_dim,
+                           cache.page_size, cache.kv.dtype)
+        with batch.kernels.lock:
+            batch.kernels.plan(layout)
+        return
+    for i, (table, n) in enumerate(zip(batch.tables, batch.q_lens)):
+        for layer in range(cache.num_layers):
+            _gathered(batch, i, layer, table.seq_len + n)
+
+
+def regather(batch: PagedAttentionBatch, tables: list[PageTable]) -> None:
+    """Refill ``batch``'s primed gather buffers, row by row, with the committed K/V of ``tables`` (the same lengths):
+    a CUDA graph captured over ``batch`` then reads another window's context."""
+    if [t.seq_len for t in tables] != [t.seq_len for t in batch.tables]:
+        raise ValueError(f"tables of committed lengths {[t.seq_len for t in tables]} cannot refill a batch of "
+                         f"lengths {[t.seq_len for t in batch.tables]}")
+    for own, table in zip(batch.tables, tables):
+        for layer in range(batch.cache.num_layers):
+            entry = batch._gathered[(own.key, layer)]
+            batch.cache.gather_table(table, layer, out_k=entry.k, out_v=entry.v)
+
+
 def _check_inputs(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, batch: PagedAttentionBatch) -> None:
     cache = batch.cache
     kv_shape = (batch.num_tokens, cache.num_kv_heads, cache.head_dim)
@@ -186,17 +215,8 @@ def _stream_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[committed | fresh] K/V of stream ``i``; the committed part is gathered once per epoch."""
     table = batch.tables[i]
-    entry = batch._gathered.get((table.key, layer))
     needed = table.seq_len + k_new.shape[0]
-    if entry is not None and entry.epoch == table.prefix_epoch and entry.k.shape[0] >= needed:
-        batch.cache.check_current(table)
-    else:
-        if entry is None or entry.k.shape[0] < needed:
-            shape = (needed, *k_new.shape[1:])  # [S+n, Hkv, D]
-            entry = _Gathered(table.prefix_epoch, k_new.new_empty(shape), v_new.new_empty(shape))
-        batch.cache.gather_table(table, layer, out_k=entry.k, out_v=entry.v)
-        entry.epoch = table.prefix_epoch
-        batch._gathered[(table.key, layer)] = entry
+    entry = _gathered(batch, i, layer, needed)
     committed = slice(0, table.seq_len)
     if torch.is_grad_enabled() and (k_new.requires_grad or v_new.requires_grad):
         # autograd must not see an in-place write into a buffer an earlier graph saved
@@ -204,6 +224,22 @@ def _stream_kv(
     entry.k[table.seq_len : needed] = k_new
     entry.v[table.seq_len : needed] = v_new
     return entry.k[:needed], entry.v[:needed]
+
+
+def _gathered(batch: PagedAttentionBatch, i: int, layer: int, needed: int) -> _Gathered:
+    """Stream ``i``'s gather buffers for ``layer`` with room for ``needed`` tokens, its committed K/V current."""
+    table, cache = batch.tables[i], batch.cache
+    entry = batch._gathered.get((table.key, layer))
+    if entry is not None and entry.epoch == table.prefix_epoch and entry.k.shape[0] >= needed:
+        cache.check_current(table)
+        return entry
+    if entry is None or entry.k.shape[0] < needed:
+        shape = (needed, cache.num_kv_heads, cache.head_dim)  # [S+n, Hkv, D]
+        entry = _Gathered(table.prefix_epoch, cache.kv.new_empty(shape), cache.kv.new_empty(shape))
+    cache.gather_table(table, layer, out_k=entry.k, out_v=entry.v)
+    entry.epoch = table.prefix_epoch
+    batch._gathered[(table.key, layer)] = entry
+    return entry
 
 
 # flashinfer

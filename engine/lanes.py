@@ -5,12 +5,17 @@ by an event (never a device-wide synchronize), so the decode of one group overla
 On a CPU there is one lane: work runs in place, in submission order. A `PhaseClock` times phases with CUDA
 events on CUDA (read once the work is done, when the results are fetched anyway) and with the host clock on a
 CPU, so timing never adds a synchronisation point.
+
+Memory that crosses streams is handed over with `hand_over`, the one place that rule lives: the reading stream
+waits for the event recorded after the memory was last written (`written_event`), and each tensor is recorded
+on the reading stream, so the caching allocator gives its memory to no other work (on the stream that made it)
+until the reader's queued work is done, even when the host drops the tensor at once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,3 +74,31 @@ class DecodeLane:
     def run(self, fn: Callable[[], Any]) -> Any:
         with self.after_current_work():
             return fn()
+
+
+def streams_enabled(device: torch.device) -> bool:
+    """Whether work on ``device`` is queued on CUDA streams (the only case in which memory can cross them)."""
+    return device.type == "cuda"
+
+
+def hand_over(device: torch.device, tensors: Iterable[torch.Tensor], written: Any = None) -> None:
+    """Let the current stream use ``tensors``, whichever stream made them and last wrote them (``written``: the
+    event `written_event` recorded there, or None): it waits for that event, and records each tensor, so its
+    memory is not reused before the current stream's work on it has run."""
+    if not streams_enabled(device):
+        return
+    stream = torch.cuda.current_stream(device)
+    if written is not None:
+        stream.wait_event(written)
+    for t in tensors:
+        t.record_stream(stream)
+
+
+def written_event(device: torch.device) -> Any:
+    """An event after the work queued so far on the current stream (None without streams): what a reader on
+    another stream passes to `hand_over`."""
+    if not streams_enabled(device):
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event

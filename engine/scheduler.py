@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -68,7 +68,8 @@ class Scheduler(Generic[S]):
     """The live sessions over ``cache``'s page pool; admits windows, offloading idle sessions LRU first."""
 
     def __init__(self, cache: PagedKVCache, *, split_groups: bool = False) -> None:
-        """``split_groups``: run a group of two or more as two halves (one's decode overlaps the other's denoise)."""
+        """``split_groups``: run a group of two or more whose every window decodes (`schedule`'s ``decodes``) as
+        two halves, so one half's decode overlaps the other's denoise; a group that does not decode stays one."""
         self.cache = cache
         self.split_groups = split_groups
         self._live: dict[str, S] = {}
@@ -100,8 +101,10 @@ class Scheduler(Generic[S]):
 
     # one step
 
-    def schedule(self, sessions: Sequence[S], actions: Sequence[Any]) -> StepBatch[S]:
-        """Each session's next window, admitted into the pool, in groups that run together."""
+    def schedule(self, sessions: Sequence[S], actions: Sequence[Any],
+                 decodes: Callable[[S], bool] = lambda s: False) -> StepBatch[S]:
+        """Each session's next window, admitted into the pool, in groups that run together (``decodes``: whether
+        a session's window is decoded in this step; only groups that all decode are split)."""
         windows = [ScheduledWindow(i, s, a, s.plan) for i, (s, a) in enumerate(zip(sessions, actions, strict=True))]
         self.admit([s.session_id for s in sessions], self.pages_to_commit(windows))
         groups: dict[Hashable, list[ScheduledWindow[S]]] = {}
@@ -110,7 +113,8 @@ class Scheduler(Generic[S]):
         parts = []
         for members in groups.values():
             half = len(members) // 2
-            parts.extend([members[:half], members[half:]] if self.split_groups and half else [members])
+            split = self.split_groups and half and all(decodes(w.session) for w in members)
+            parts.extend([members[:half], members[half:]] if split else [members])
         return StepBatch(tuple(tuple(p) for p in parts))
 
     # admission maths

@@ -53,3 +53,12 @@ def test_n_sessions_take_one_forward_of_n_and_a_split_would_show(tiny):
                               overlap_decode=True)  # what CUDA does by default: halves
     rows = measure_sessions(split, arch, settings, QUIET)
     assert rows[1]["forwards_per_window"] > rows[0]["forwards_per_window"] and rows[1]["one_forward_of_n"] is False
+
+
+def test_overlap_section_sets_one_forward_of_n_against_two_overlapped_halves():
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sections=["overlap"], sessions=[1, 2], session_steps=1,
+                           windows=1)
+    f = run_gpu(settings, QUIET).results["overlap"]
+    assert f["sessions"] == 2 and f["forwards_halves"] == 2 * f["forwards_one"] > 0
+    assert f["ms_one_forward"] > 0 and f["ms_overlapped_halves"] > 0
+    assert f["overlap_wins"] == (f["ms_overlapped_halves"] < f["ms_one_forward"])

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from importlib.resources import files
 
 import flashinfer_emulation
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from host_sync import HostSyncError, refuse_host_syncs
 from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
 from worldstep.engine.scheduler import Scheduler
@@ -99,12 +101,33 @@ def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
     everyone = [*sessions, other]
     actions = [np.zeros((4, model.spec.action_dim), np.float32)] * len(everyone)
 
-    def parts_of(split: bool) -> list[list[int]]:
-        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions)
+    def parts_of(split: bool, decodes=lambda s: True) -> list[list[int]]:
+        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions, decodes)
         return [[w.index for w in group] for group in batch.groups]
 
     assert parts_of(split=False) == [[0, 1, 2, 3, 4], [5]]
     assert parts_of(split=True) == [[0, 1], [2, 3, 4], [5]]  # a lone session is not split
+    assert parts_of(split=True, decodes=lambda s: False) == [[0, 1, 2, 3, 4], [5]]  # nothing to overlap
+    assert parts_of(split=True, decodes=lambda s: s is not sessions[0]) == [[0, 1, 2, 3, 4], [5]]
+    model.close_all()
+
+
+@pytest.mark.parametrize("decoding_sessions,step_decodes,groups", [(False, True, 1), (True, False, 1), (True, True, 2)])
+def test_overlap_splits_a_group_of_8_only_when_it_decodes(checkpoint, monkeypatch, decoding_sessions, step_decodes,
+                                                          groups):
+    """With overlap on (CUDA's default), 8 sessions that are not decoded run as ONE window: one forward of 8 per
+    denoise step; only a decoding step splits them (two forwards of 4, one half's decode overlapping the other)."""
+    from worldstep.engine.models.cosmos3 import stepping
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=True)
+    knobs = RolloutKnobs(num_steps=1, decode=decoding_sessions)
+    sessions = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(8)]
+    sizes = []
+    real = stepping.run_window
+    monkeypatch.setattr(stepping, "run_window", lambda ctx, group, clock: sizes.append(len(group))
+                        or real(ctx, group, clock))
+    model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 8, decode=step_decodes)
+    assert sizes == ([8] if groups == 1 else [4, 4])
     model.close_all()
 
 
@@ -121,17 +144,75 @@ def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_bac
     assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
 
 
-def test_the_denoise_loop_reads_timesteps_from_the_host(checkpoint, monkeypatch):
-    """`Tensor.item` (a host wait on a GPU) is never called while a window denoises."""
+def _guarded_step(model, monkeypatch, knobs: RolloutKnobs, sessions: int = 2) -> list[list[str]]:
+    """One step with the host-read guard around every window's denoise loop (and nowhere else)."""
+    from worldstep.engine.models.cosmos3 import window
+
+    entered: list[list[str]] = []
+
+    @contextmanager
+    def guard():
+        with refuse_host_syncs() as refused:
+            entered.append(refused)
+            yield
+
+    opened = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(sessions)]
+    monkeypatch.setattr(window, "denoise_loop_guard", guard)
+    try:
+        model.step(opened, [np.zeros((4, model.spec.action_dim), np.float32)] * sessions)
+    finally:
+        monkeypatch.undo()
+        model.close_all()
+    return entered
+
+
+@pytest.mark.parametrize("knobs", [dict(num_steps=4), dict(num_steps=3, guidance_scale=2.0, window_mode="chained")])
+def test_the_denoise_loop_never_reads_a_tensor_on_the_host(checkpoint, monkeypatch, knobs):
+    """No `.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `bool()`, `.to("cpu")` while a window denoises (each is a
+    host wait on a GPU): the scheduler's coefficients are host floats computed before the loop."""
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
-    session = model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=4, decode=False))
-    calls = []
-    real_item = torch.Tensor.item
-    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append(self.shape) or real_item(self))
-    model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
-    monkeypatch.undo()
-    assert calls == []
-    model.close(session)
+    entered = _guarded_step(model, monkeypatch, RolloutKnobs(**knobs))
+    entered += _guarded_step(model, monkeypatch, RolloutKnobs(**knobs))  # a window with committed context
+    assert len(entered) == 2 and entered == [[], []]
+
+
+def test_the_host_read_guard_catches_an_injected_item(checkpoint, monkeypatch):
+    """The guard is live inside the loop: one `.item()` added to the UniPC step fails the window."""
+    from worldstep.engine.models.cosmos3 import unipc
+
+    real = unipc.UniPCStepper.step
+    monkeypatch.setattr(unipc.UniPCStepper, "step", lambda self, v, x: (v.abs().max().item(), real(self, v, x))[1])
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    with pytest.raises(HostSyncError, match=r"Tensor.item inside a loop"):
+        _guarded_step(model, monkeypatch, RolloutKnobs(num_steps=2, decode=False), sessions=1)
+    assert model.kv.table.num_used_pages == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch):
+    """On a GPU: the denoise loop of a fresh window and of one with context runs under
+    `torch.cuda.set_sync_debug_mode("error")` (any host wait raises). sdpa: the tiny model's head_dim (8) is
+    not one flashinfer's kernels take."""
+    from worldstep.engine.models.cosmos3 import window
+
+    @contextmanager
+    def no_sync():
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cuda", dtype=torch.bfloat16, height=32, width=32,
+                                              attention_backend="sdpa")
+    sessions = [model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=4)) for _ in range(2)]
+    monkeypatch.setattr(window, "denoise_loop_guard", no_sync)
+    for _ in range(2):
+        results = model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
+        assert all(np.isfinite(r.latents.numpy()).all() for r in results)
+    model.close_all()
+    assert model.kv.table.num_used_pages == 0
 
 
 def test_cuda_graphs_are_refused_where_they_cannot_run(checkpoint):
@@ -145,15 +226,89 @@ def test_cuda_graphs_are_refused_where_they_cannot_run(checkpoint):
         worldstep.load_config("tiny").with_overrides(cuda_graphs="true")
 
 
+def _emulated_graphs(model, monkeypatch):
+    """CUDA-graph capture emulated on a CPU: "replay" recomputes from the graph's static buffers only (its own
+    hidden input, rotary tables and gathered context, no host checks), so a window bound wrongly gives other
+    latents than eager. Returns the model's `GraphCache`."""
+    from dataclasses import replace
+    from unittest import mock
+
+    from worldstep.engine.models.cosmos3 import graphs
+    from worldstep.engine.models.cosmos3.runner import gen_forward
+
+    def capture(steps):
+        out = gen_forward(steps.transformer, steps.static_in, steps.cos, steps.sin, steps.batch).hidden
+
+        def replay():
+            with mock.patch.object(steps.batch.cache, "check_current", lambda table: None):
+                out.copy_(gen_forward(steps.transformer, steps.static_in, steps.cos, steps.sin, steps.batch).hidden)
+
+        return mock.Mock(replay=replay), out
+
+    monkeypatch.setattr(graphs.GraphedSteps, "_capture", capture)
+    cache = graphs.GraphCache()
+    object.__setattr__(model.runner, "ctx", replace(model.runner.ctx, graphs=cache))
+    return cache
+
+
+def test_graphs_are_captured_once_per_geometry_and_batch_and_replayed_after(checkpoint, monkeypatch):
+    """Capture mocked: a window whose rows have the fresh-token counts and committed lengths of an earlier one
+    reuses its graph (static buffers refilled), the latents equal eager, and close_all frees the graphs. A page
+    of 5 tokens (one window's) keeps the committed length steady once the context is full."""
+    from worldstep.engine.models.cosmos3 import graphs
+
+    kwargs = dict(device="cpu", height=32, width=32, page_size=5)
+    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=5, decode=False)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs)
+    cache = _emulated_graphs(model, monkeypatch)
+    keys = []
+    real_key = graphs.graph_key
+    monkeypatch.setattr(graphs, "graph_key", lambda *a: keys.append(real_key(*a)) or keys[-1])
+    replayed = _rollout(model, windows=5, decode=False)
+    for a, b in zip(eager, replayed):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y.latents, x.latents, atol=0, rtol=0)
+    assert len(keys) == 5 and keys[-1] == keys[-2] == keys[-3]  # full context: one geometry from here on
+    assert cache.captures == len(cache) == len(set(keys)) < 5
+    assert sum(g.replays for g in cache._graphs.values()) == 5 * 3  # every denoise step of every window
+    model.close_all()
+    assert len(cache) == 0
+
+
+def test_graph_key_is_the_rows_fresh_tokens_and_committed_lengths(checkpoint):
+    from worldstep.engine.attention import PagedAttentionBatch
+    from worldstep.engine.kv import StreamKey, StreamLabel
+    from worldstep.engine.models.cosmos3.graphs import graph_key
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    for name, n in (("a", 3), ("b", 3), ("c", 5)):
+        model.kv.create_stream(StreamKey(name, StreamLabel.MAIN))
+        k = torch.zeros(model.kv.num_layers, n, model.kv.num_kv_heads, model.kv.head_dim)
+        model.kv.append(StreamKey(name, StreamLabel.MAIN), k, k)
+
+    def key(*names, q=None):
+        tables = [model.kv.page_table(StreamKey(n, StreamLabel.MAIN)) for n in names]
+        return graph_key(PagedAttentionBatch(model.kv, tables, list(q or [4] * len(names)), "sdpa"), 32)
+
+    assert key("a", "b") == key("b", "a") == ((4, 4), (3, 3), 32)  # other streams, one geometry
+    assert key("a", "c") != key("a", "b") and key("a", "b", q=(4, 6)) != key("a", "b")
+    assert key("a") != key("a", "b")  # another batch
+
+
 @pytest.mark.gpu
 def test_cuda_graph_replay_equals_eager_steps(checkpoint):
-    """On a GPU: each window's denoise steps replayed from one captured graph give the eager latents."""
+    """On a GPU: denoise steps replayed from graphs captured once per window geometry give the eager latents; with
+    a page of one window's tokens the context stops growing, and later windows replay the graph of an earlier one."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    kwargs = dict(device="cuda", dtype=torch.bfloat16, height=32, width=32, attention_backend="sdpa")
-    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=3, num_steps=6)
-    graphed = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, cuda_graphs=True, **kwargs), windows=3,
-                       num_steps=6)
+    kwargs = dict(device="cuda", dtype=torch.bfloat16, height=32, width=32, attention_backend="sdpa", page_size=5)
+    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=5, num_steps=6)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, cuda_graphs=True, **kwargs)
+    graphed = _rollout(model, windows=5, num_steps=6)
     for a, b in zip(eager, graphed):
         for x, y in zip(a, b):
             torch.testing.assert_close(y.latents, x.latents, atol=1e-2, rtol=0)  # bf16: the same kernels
+    graphs = model.runner.ctx.graphs
+    assert 0 < graphs.captures < 5 and sum(g.replays for g in graphs._graphs.values()) == 5 * 6
+    model.close_all()
+    assert len(graphs) == 0

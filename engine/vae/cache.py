@@ -33,6 +33,12 @@ def slot_tensors(slots: list[Slot]) -> Iterator[torch.Tensor]:
     return (s for s in slots if isinstance(s, torch.Tensor))
 
 
+def stream_tensors(stream) -> list[torch.Tensor]:
+    """Every tensor a `DecodeStream` holds between windows: its cache slots and its retained context."""
+    context = [] if stream.context is None else [stream.context]
+    return [*slot_tensors(stream.slots or []), *context]
+
+
 def cache_nbytes(slots: list[Slot] | None) -> int:
     return 0 if slots is None else sum(t.nbytes for t in slot_tensors(slots))
 

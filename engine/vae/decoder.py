@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .cache import compact, compact_slots, count_slots
+from ..lanes import hand_over, written_event
+from .cache import compact, compact_slots, count_slots, stream_tensors
 from .jobs import Output, WindowJob, WindowRunner, stacked_batches
 from .latents import LatentNorm
 from .options import DecoderOptions
@@ -118,6 +119,7 @@ class WarmWanDecoder:
                 frames_decoded=stream.frames_decoded,
                 grid=stream.grid,
                 context=stream.context,
+                written=stream.written,
             )
             if stream.path is StreamPath.WARM:
                 fork.path = self._choose_path(fork)
@@ -193,10 +195,14 @@ class WarmWanDecoder:
             for s in streams:
                 if s.path is None:
                     s.path = self._choose_path(s)
+            for s, z in zip(streams, windows):  # made or last written maybe on another stream (decode lane)
+                hand_over(self.device, [z, *stream_tensors(s)], s.written)
             jobs = [self._job(s, z, output) for s, z in zip(streams, windows)]
             self._run_jobs(jobs)
+            written = written_event(self.device)
             for job in jobs:
                 self._commit(job)
+                job.stream.written = written
         return [job.result() for job in jobs]
 
     def _job(self, stream: DecodeStream, z: torch.Tensor, output: Output) -> WindowJob:

@@ -6,6 +6,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -50,6 +51,8 @@ class DecodeStream:
     context: torch.Tensor | None = field(default=None, repr=False)
     # Gives the warm slot back (once): called by close, or by the collector for a dropped stream.
     slot_release: weakref.finalize | None = field(default=None, repr=False)
+    # The CUDA event after the last decode wrote `slots`/`context` (on whichever stream ran it); None on a CPU.
+    written: Any = field(default=None, repr=False)
     # Held while a decode, fork or close works on this stream.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -13,6 +13,8 @@ float32 as `load()` builds it today), and run at 832x480 with 16-action windows.
 - ``official``: NVIDIA's diffusers recipe (`official.py`) on the same modules and GPU, next to
   worldstep's env step at the same steps.
 - ``backends``: ms per denoise step with sdpa and with flashinfer on the same modules (decode off).
+- ``overlap``: N decoding sessions as one forward of N vs two halves with one half's decode overlapped
+  (`gpu_overlap.py`): whether the engine's decode overlap pays on this GPU.
 
 Figures of each finished section go to `--partial-json` at once, so a run cut short keeps them. Without
 CUDA it prints why and exits 0 (`--allow-cpu` runs the same code on the CPU, for tests with `--arch tiny`).
@@ -35,7 +37,7 @@ from .progress import Progress
 from .results import BenchResult, Table
 from .settings import GpuSettings
 
-SECTIONS = ("windows", "sessions", "official", "backends")
+SECTIONS = ("windows", "sessions", "official", "backends", "overlap")
 VAE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -87,6 +89,11 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
 
             result.results["official"] = measure_official(components, model, arch, settings, progress)
             result.tables.append(official_table(result.results))
+        elif section == "overlap":
+            from .gpu_overlap import measure_overlap, overlap_table
+
+            result.results["overlap"] = measure_overlap(components, model, arch, settings, progress)
+            result.tables.append(overlap_table(result.results))
         else:
             result.results["backends"] = _measure_backends(components, arch, settings, device, progress)
             result.tables.append(_backends_table(result.results))

@@ -63,7 +63,7 @@ class SoakSettings:
 @dataclass
 class GpuSettings:
     arch: str = flag("architecture (edge: Cosmos3-Edge at full size)", default="edge")
-    sections: list[str] = flag("what to measure, in order: windows, sessions, official, backends",
+    sections: list[str] = flag("what to measure, in order: windows, sessions, official, backends, overlap",
                                 default_factory=lambda: ["windows", "sessions", "official", "backends"])
     attention_backend: str = flag("attention backend of the windows/sessions/official sections: auto, sdpa, "
                                    "flashinfer", default="auto")

@@ -11,9 +11,12 @@
 #   bench_headline    headline: `bench gpu` windows at full context (>= 5 timed windows at one context
 #                     length: ms per window, MFU, real-time factor), sessions 1/4/8 (one forward of N:
 #                     throughput, memory), the official recipe side by side
-#   gpu_tests         the `gpu`-marked tests (CUDA-graph replay equals eager, flashinfer equals sdpa, ...)
+#   gpu_tests         the `gpu`-marked tests: CUDA graphs captured once and replayed equal eager; a window's
+#                     denoise loop under set_sync_debug_mode("error"); 8 sessions with decode overlap equal
+#                     the same decoded in turn, frame for frame; flashinfer equals sdpa
 #   cosmos3_backends  check_cosmos3_backends.py: Edge windows and a rollout, flashinfer vs sdpa
-#   bench_backends    `bench gpu` backends: ms per denoise step, sdpa next to flashinfer
+#   bench_backends    `bench gpu` backends: ms per denoise step, sdpa next to flashinfer; overlap: N decoding
+#                     sessions as one forward of N vs two halves with the decode overlapped (does it pay?)
 # Every figure is JSON under $OUT; summary.json (headline figures, then each step's exit code, seconds and
 # limit) is rewritten after EVERY step, so a run cut short returns what finished; logs/ holds the output.
 # A failed step makes the exit status 1 and the later steps still run; a step that would start past the
@@ -122,10 +125,10 @@ step attention 45 "$PY" tests/gpu/check_attention.py "${CHECK[@]}"
 step bench_headline 180 "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" \
   --sections windows,sessions,official --sessions "${SESSIONS:-1,4,8}" --windows "$TIMED_WINDOWS" \
   --json "$OUT/bench_gpu_headline.json" --partial-json "$OUT/bench_gpu_headline.json"
-step gpu_tests 60 "$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_gpu_regime.py \
-  tests/test_attention.py --junitxml "$OUT/gpu_tests.xml"
+step gpu_tests 90 "$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_gpu_regime.py \
+  tests/test_stream_handover.py tests/test_attention.py --junitxml "$OUT/gpu_tests.xml"
 step cosmos3_backends 90 "$PY" tests/gpu/check_cosmos3_backends.py "${CHECK[@]}"
-step bench_backends 90 "${BENCH[@]}" --attention-backend sdpa --sections backends --sessions "${SESSIONS:-1,8}" \
+step bench_backends 90 "${BENCH[@]}" --attention-backend sdpa --sections backends,overlap --sessions "${SESSIONS:-1,8}" \
   --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_backends.json" --partial-json "$OUT/bench_gpu_backends.json"
 
 summarize --final

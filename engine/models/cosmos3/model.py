@@ -20,7 +20,7 @@ from ...vae import DecoderOptions, WarmWanDecoder
 from .conditioning import Conditioning, resolve_conditioning, resolve_env_conditioning
 from .embodiments import folder_registry
 from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
-from .graphs import check_cuda_graphs
+from .graphs import GraphCache, check_cuda_graphs
 from .knobs import RolloutKnobs
 from .loader import Cosmos3Components, load_components, model_spec
 from .prompt import session_prompt_ids
@@ -45,9 +45,10 @@ class Cosmos3WorldModel:
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
                  width: int | None = None, fps: float | None = None, name: str | None = None,
                  overlap_decode: bool | None = None, cuda_graphs: bool = False) -> None:
-        """``overlap_decode``: split a step's batch in halves so one half's decode (on its own CUDA stream)
-        overlaps the other's denoise; None: on for CUDA, off on a CPU (where nothing can overlap).
-        ``cuda_graphs``: replay each window's denoise steps from one captured CUDA graph (CUDA, sdpa)."""
+        """``overlap_decode``: split a group of sessions that all decode in halves so one half's decode (on its own
+        CUDA stream) overlaps the other's denoise; a step that does not decode always runs ONE forward per group.
+        None: on for CUDA, off on a CPU (where nothing can overlap).
+        ``cuda_graphs``: replay denoise steps from CUDA graphs captured once per window geometry (CUDA, sdpa)."""
         self.components = components
         self.transformer, self.vae, self.device = components.transformer, components.vae, device
         self.dtype = next(self.transformer.parameters()).dtype
@@ -62,7 +63,7 @@ class Cosmos3WorldModel:
         self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
         backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
         kernels = FlashinferKernels(device) if backend is AttentionBackendName.FLASHINFER else None
-        graphs = check_cuda_graphs(cuda_graphs, device, backend)
+        graphs = GraphCache() if check_cuda_graphs(cuda_graphs, device, backend) else None
         ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
                             components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
         self.runner = WindowRunner(ctx, self.decoder, DecodeLane(device))
@@ -129,7 +130,7 @@ class Cosmos3WorldModel:
         except BaseException:
             self._release(session)
             raise
-        self._register(session)
+        self.scheduler.add(session)
         return session
 
     @contextmanager
@@ -196,7 +197,7 @@ class Cosmos3WorldModel:
         except BaseException:
             self._release(fork)
             raise
-        self._register(fork)
+        self.scheduler.add(fork)
         return fork
 
     def close(self, session: RolloutSession) -> None:
@@ -207,8 +208,11 @@ class Cosmos3WorldModel:
             self._close_locked(session)
 
     def close_all(self) -> None:
+        """Close every session and free the captured CUDA graphs (recaptured when needed)."""
         for session in self.scheduler.sessions():
             self.close(session)
+        if self.runner.ctx.graphs is not None:
+            self.runner.ctx.graphs.clear()
 
     def kv_stats(self, session: RolloutSession) -> KVStats:
         if session.closed:
@@ -216,9 +220,6 @@ class Cosmos3WorldModel:
         table = self.kv.page_table(session.stream_keys()[0])
         return KVStats(self.kv.pages_in_use(session.session_id), table.protected_prefix_tokens,
                        table.released_tokens, table.seq_len)
-
-    def _register(self, session: RolloutSession) -> None:
-        self.scheduler.add(session)
 
     def _close_locked(self, session: RolloutSession) -> None:
         if not session.closed:
@@ -246,7 +247,7 @@ class Cosmos3WorldModel:
                 stack.enter_context(s.busy)
             for s in sessions:
                 s.check_open()  # closed by another thread while we waited
-            batch = self.scheduler.schedule(sessions, checked)
+            batch = self.scheduler.schedule(sessions, checked, lambda s: decode and s.decode_stream is not None)
             try:
                 outputs = self.runner.run(batch, decode)
             except SessionClosedError as e:

@@ -10,6 +10,7 @@ is elementwise per sample, so each row gets exactly what a scheduler of its own 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,18 +18,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...attention import AttentionBackendName, PagedAttentionBatch
+from ...attention import AttentionBackendName, PagedAttentionBatch, prime
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamLabel
 from ...lanes import PhaseClock
 from ...scheduler import ScheduledWindow
 from ...windowing import WindowPlan
-from .graphs import GraphedSteps
+from .graphs import GraphCache, GraphedSteps
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
 from .session import RolloutSession, SessionClosedError
 from .spec import ModelSpec
 from .tokens import embed_actions, embed_vision, project_out, timestep_embedding, unpatchify
+from .unipc import UniPCPlan, UniPCStepper, unipc_plan
+
+denoise_loop_guard = nullcontext
+"""Entered around a window's denoise loop and nothing else: a test swaps in a guard that refuses host syncs."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class WindowContext:
     device: torch.device
     dtype: torch.dtype
     kernels: FlashinferKernels | None = None  # the model's, when its backend is flashinfer
-    cuda_graphs: bool = False  # replay each window's denoise steps from one captured graph (graphs.py)
+    graphs: GraphCache | None = None  # the model's captured denoise steps, when `cuda_graphs` is on (graphs.py)
 
 
 @dataclass
@@ -135,43 +140,46 @@ def _velocity(ctx: WindowContext, job: _Job, out: torch.Tensor) -> torch.Tensor:
     return velocity
 
 
-def _scheduler(ctx: WindowContext, session: RolloutSession):
-    """A UniPC scheduler for this window (the native flow schedule when the checkpoint says so)."""
-    from diffusers import UniPCMultistepScheduler
-
+def _plan(ctx: WindowContext, session: RolloutSession) -> UniPCPlan:
+    """The window's UniPC schedule, computed once per (steps, shift) on the host (the native flow schedule when
+    the checkpoint says so)."""
     knobs = session.knobs
-    scheduler = UniPCMultistepScheduler.from_config(ctx.scheduler_config, flow_shift=float(knobs.flow_shift))
-    if ctx.native_flow_schedule:
-        sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0, knobs.num_steps + 1)[:-1]
-        scheduler.set_timesteps(knobs.num_steps, device=ctx.device, sigmas=sigmas)
-    else:
-        scheduler.set_timesteps(knobs.num_steps, device=ctx.device)
-    scheduler.set_begin_index(0)  # else its first step finds its own index with a host wait (`.item()`)
-    return scheduler
+    return unipc_plan(ctx.scheduler_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
 
 
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
-    scheduler = _scheduler(ctx, jobs[0].session)
-    graphed = GraphedSteps(ctx.transformer, cos, sin, batch) if ctx.cuda_graphs else None
-    for t, step in zip(scheduler.timesteps, scheduler.timesteps.tolist()):  # host floats: no sync per step
-        hidden = _hidden(ctx, jobs, step)
-        out = graphed(hidden) if graphed is not None else gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
-        offset, velocity = 0, []
-        for job in jobs:
-            rows = []
-            for _ in job.session.labels:
-                rows.append(_velocity(ctx, job, out[offset: offset + job.num_tokens]))
-                offset += job.num_tokens
-            if len(rows) == 2:  # text-only CFG: v = v_u + g (v_c - v_u)
-                rows[0] = rows[1] + job.session.knobs.guidance_scale * (rows[0] - rows[1])
-            velocity.append(rows[0])
-        stacked = torch.stack([job.latents for job in jobs])
-        stepped = scheduler.step(torch.stack(velocity), t, stacked, return_dict=False)[0]
-        for row, job in enumerate(jobs):
-            job.latents = stepped[row]
-        closed = [job.session.session_id for job in jobs if job.session.abort.is_set()]
-        if closed:  # stop before the commit: nothing of this window reached any stream
-            raise SessionClosedError(f"session(s) {', '.join(closed)} closed while a window was running")
+    plan = _plan(ctx, jobs[0].session)
+    stepper = UniPCStepper(plan)
+    graphed = None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
+    if ctx.graphs is not None:
+        graphed = ctx.graphs.steps(ctx.transformer, cos, sin, batch)
+    else:
+        prime(batch, ctx.transformer.config.num_attention_heads)
+    with denoise_loop_guard():
+        for step in plan.timesteps:  # host floats
+            _denoise_step(ctx, jobs, batch, cos, sin, graphed, stepper, step)
+
+
+def _denoise_step(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin,
+                  graphed: GraphedSteps | None, stepper: UniPCStepper, step: float) -> None:
+    hidden = _hidden(ctx, jobs, step)
+    out = graphed(hidden) if graphed is not None else gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
+    offset, velocity = 0, []
+    for job in jobs:
+        rows = []
+        for _ in job.session.labels:
+            rows.append(_velocity(ctx, job, out[offset: offset + job.num_tokens]))
+            offset += job.num_tokens
+        if len(rows) == 2:  # text-only CFG: v = v_u + g (v_c - v_u)
+            rows[0] = rows[1] + job.session.knobs.guidance_scale * (rows[0] - rows[1])
+        velocity.append(rows[0])
+    stacked = torch.stack([job.latents for job in jobs])
+    stepped = stepper.step(torch.stack(velocity), stacked)
+    for row, job in enumerate(jobs):
+        job.latents = stepped[row]
+    closed = [job.session.session_id for job in jobs if job.session.abort.is_set()]
+    if closed:  # stop before the commit: nothing of this window reached any stream
+        raise SessionClosedError(f"session(s) {', '.join(closed)} closed while a window was running")
 
 
 def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
