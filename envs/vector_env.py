@@ -28,9 +28,17 @@ class WorldModelVectorEnv(VectorEnv):
     linear layers run one GEMM over every session's tokens, which may round differently with the row
     count (latents within 1e-5, frames within 1 uint8 level; docs/exactness.md).
 
-    Autoreset is ``AutoresetMode.NEXT_STEP``: the step after a sub-environment terminates or truncates
-    resets it (with the options of its last reset, a fresh draw from its RNG) and ignores its action;
-    that step returns the reset observation with reward 0 and neither flag set.
+    ``autoreset_mode`` (an ``AutoresetMode`` or its value) says how a sub-environment that terminated or
+    truncated starts its next episode, with the options of its last reset and a fresh draw from its RNG:
+
+    * ``NEXT_STEP`` (default, gymnasium's): the next step resets it and ignores its action; that step returns
+      the reset observation with reward 0 and neither flag set.
+    * ``SAME_STEP`` (SB3's convention): the step that ends it resets it at once and returns the new episode's
+      first observation; the last one and its info are in ``infos["final_obs"]`` / ``infos["final_info"]``.
+    * ``DISABLED`` (what torchrl's ``GymWrapper`` takes: its reader of ``final_info`` under ``SAME_STEP`` cannot
+      read the nested ``timings``/``kv`` infos): nothing resets on its own; ``reset(options={"reset_mask": mask})``
+      resets the sub-environments where ``mask`` (a ``(num_envs,)`` bool array) is True and leaves the others
+      running. Stepping one that ended without such a reset raises ``ResetNeeded`` naming it.
 
     ``reset(seed=s)`` seeds sub-environment ``i`` with ``s + i`` (or ``seed[i]`` for a list). Each
     ``options`` key (``image``, ``prompt``, ``domain_id``) takes one value for every sub-environment or a
@@ -44,49 +52,68 @@ class WorldModelVectorEnv(VectorEnv):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24,
                 "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, model, num_envs: int, knobs=None, **env_kwargs: Any) -> None:
+    def __init__(self, model, num_envs: int, knobs=None, *,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **env_kwargs: Any) -> None:
         if not is_int(num_envs) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r} is invalid; allowed: an int >= 1")
+        mode = check_autoreset_mode(autoreset_mode)
         self.num_envs = int(num_envs)
         self.envs = [WorldModelEnv(model, knobs, **env_kwargs) for _ in range(self.num_envs)]
         self.model = model
         first = self.envs[0]
         self.render_mode = first.render_mode
         self.metadata = {**type(self).metadata, "render_fps": first.metadata["render_fps"],
-                         "frame_fps": first.metadata["frame_fps"]}
+                         "frame_fps": first.metadata["frame_fps"], "autoreset_mode": mode}
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)
+        self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)  # ended: the next step resets (or refuses)
         self._options: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self._observations: list[dict[str, np.ndarray]] = [  # the last observation of each, for a masked reset
+            {"frames": np.zeros(self.single_observation_space["frames"].shape, np.uint8)} for _ in range(self.num_envs)]
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        return self.metadata["autoreset_mode"]
 
     def reset(self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None):
+        """Reset every sub-environment, or with ``options["reset_mask"]`` those where the mask is True (the
+        others keep their episodes; their observations come back unchanged and their infos empty)."""
+        options = dict(options) if isinstance(options, dict) else options
+        mask = self._reset_mask(options.pop("reset_mask")) if isinstance(options, dict) and "reset_mask" in options \
+            else np.ones(self.num_envs, dtype=np.bool_)
         seeds = self._split_seed(seed)
         per_env = self._split_options(options)
-        for env, opts in zip(self.envs, per_env):  # every check before any session opens
+        for i in np.flatnonzero(mask):  # every check before any session opens
+            env, opts = self.envs[i], per_env[i]
             request = reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
             env.rules.conditioning(request.domain_id)
             if request.image is not None:
                 env.rules.check_frame(request.image, "options['image']")
-        super().reset(seed=seeds[0])
-        results = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, per_env)]
-        self._options = per_env
-        self._autoreset[:] = False
+        if mask.all():
+            super().reset(seed=seeds[0])
         infos: dict[str, Any] = {}
-        for i, (_, info) in enumerate(results):
+        for i in np.flatnonzero(mask):
+            self._observations[i], info = self.envs[i].reset(seed=seeds[i], options=per_env[i])
+            self._options[i], self._autoreset[i] = per_env[i], False
             infos = self._add_info(infos, _flat_records(info), i)
-        return self._stack([obs for obs, _ in results]), infos
+        return self._stack(self._observations), infos
 
     def step(self, actions: np.ndarray):
         actions = np.asarray(actions) if not hasattr(actions, "detach") else actions.detach().cpu().numpy()
         if actions.shape != self.action_space.shape:
             raise ValueError(f"actions.shape={actions.shape} is invalid; allowed: {self.action_space.shape} "
                              "(num_envs, chunk_size, action width)")
+        mode = self.autoreset_mode
+        if mode is AutoresetMode.DISABLED and self._autoreset.any():
+            ended = np.flatnonzero(self._autoreset).tolist()
+            raise gym.error.ResetNeeded(f"sub-environments {ended} ended and autoreset_mode is DISABLED; call "
+                                        "reset(options={'reset_mask': mask}) with mask True there first")
         # each live episode is read once, here: a concurrent close() cannot swap it away mid-step
         live = {i: self.envs[i].live_episode() for i in range(self.num_envs) if not self._autoreset[i]}
         outcomes: dict[int, tuple] = {}
-        for i in np.flatnonzero(self._autoreset):
+        for i in np.flatnonzero(self._autoreset):  # NEXT_STEP: this step is the reset
             obs, info = self.envs[i].reset(options=self._options[i])
             outcomes[i] = (obs, 0.0, False, False, info)
         outcomes.update(self._step_live(live, actions))
@@ -98,9 +125,13 @@ class WorldModelVectorEnv(VectorEnv):
         observations = []
         for i in range(self.num_envs):
             obs, rewards[i], terminations[i], truncations[i], info = outcomes[i]
+            if mode is AutoresetMode.SAME_STEP and (terminations[i] or truncations[i]):
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": _flat_records(info)}, i)
+                obs, info = self.envs[i].reset(options=self._options[i])
             observations.append(obs)
             infos = self._add_info(infos, _flat_records(info), i)
-        self._autoreset = terminations | truncations
+        self._observations = observations
+        self._autoreset = (terminations | truncations) & (mode is not AutoresetMode.SAME_STEP)
         return self._stack(observations), rewards, terminations, truncations, infos
 
     def render(self) -> tuple[np.ndarray | None, ...] | None:
@@ -133,6 +164,13 @@ class WorldModelVectorEnv(VectorEnv):
                 "the vector env was closed while step() ran; call reset() to start new episodes") from err
         return {i: e.outcome(r, np.asarray(actions[i], np.float32), prepared[i][1])
                 for (i, e), r in zip(live.items(), results)}
+
+    def _reset_mask(self, mask: Any) -> np.ndarray:
+        if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)
+                and mask.any()):
+            raise ValueError(f"options['reset_mask']={mask!r} is invalid; allowed: a numpy bool array of shape "
+                             f"({self.num_envs},) with at least one True")
+        return mask
 
     def _split_seed(self, seed) -> list[int | None]:
         if seed is None:
@@ -174,6 +212,17 @@ class WorldModelVectorEnv(VectorEnv):
     def _stack(self, observations: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         out = create_empty_array(self.single_observation_space, self.num_envs)
         return concatenate(self.single_observation_space, observations, out)
+
+
+def check_autoreset_mode(mode: Any) -> AutoresetMode:
+    """An ``AutoresetMode``, its value (``"SameStep"``) or its name in any case (``"same_step"``)."""
+    if isinstance(mode, AutoresetMode):
+        return mode
+    for known in AutoresetMode:
+        if isinstance(mode, str) and mode.lower() in (known.value.lower(), known.name.lower()):
+            return known
+    raise ValueError(f"autoreset_mode={mode!r} is invalid; allowed: "
+                     f"{', '.join(repr(m.name.lower()) for m in AutoresetMode)} or an AutoresetMode")
 
 
 def _flat_records(info: dict[str, Any]) -> dict[str, Any]:

@@ -244,15 +244,19 @@ def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", nu
     """A :class:`worldstep.envs.WorldModelVectorEnv` of ``num_envs`` episodes batched through one model.
 
     ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")`` calls this;
-    ``max_episode_steps`` (from the registration) caps ``max_windows``.
+    ``max_episode_steps`` (from the registration) caps ``max_windows``. ``autoreset_mode``: ``"next_step"``
+    (default), ``"same_step"`` or ``"disabled"`` (see ``WorldModelVectorEnv``; torchrl takes the last two).
     """
     from worldstep.envs import WorldModelVectorEnv
+    from worldstep.envs.vector_env import check_autoreset_mode
 
-    runtime, overrides = _split_env_kwargs(dict(kwargs))
+    kwargs = dict(kwargs)
+    mode = check_autoreset_mode(kwargs.pop("autoreset_mode", "next_step"))  # before the model loads
+    runtime, overrides = _split_env_kwargs(kwargs)
     if max_episode_steps is not None and "max_windows" not in overrides:
         overrides["max_windows"] = max_episode_steps
     world = load(model, **overrides)
-    return WorldModelVectorEnv(world.model, num_envs, world.knobs, **_env_kwargs(world, runtime))
+    return WorldModelVectorEnv(world.model, num_envs, world.knobs, autoreset_mode=mode, **_env_kwargs(world, runtime))
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import VectorEnv, VectorWrapper
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from worldstep.engine.checks import is_int
 
 from .rerun_log import IMAGE_FORMATS, ImageFormat, RolloutLog, rerun_module
@@ -119,8 +119,9 @@ class RerunLogger(gym.Wrapper):
 class RerunVectorLogger(VectorWrapper):
     """:class:`RerunLogger` for a gymnasium ``VectorEnv``: sub-environment ``i`` logs under ``{entity}/{i}``.
 
-    The ``NEXT_STEP`` autoreset step of a finished sub-environment logs its new episode's first frame.
-    Arguments as :class:`RerunLogger`, without ``truth``.
+    A sub-environment's new episode logs its first frame when it starts: on the ``NEXT_STEP`` autoreset step,
+    after the ending window on a ``SAME_STEP`` one (that window logged from ``final_obs``), or on a masked
+    ``reset`` under ``DISABLED``. Arguments as :class:`RerunLogger`, without ``truth``.
     """
 
     def __init__(self, env: VectorEnv, recording: Any = None, *, embodiment: str | None = None,
@@ -140,8 +141,9 @@ class RerunVectorLogger(VectorWrapper):
     def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None):
         obs, infos = self.env.reset(seed=seed, options=options)
         for i, log in enumerate(self.logs):
-            log.reset(obs["frames"][i][0], _record_at(infos, "kv", i))
-        self._autoreset[:] = False
+            if _has(infos, "frame_start", i):  # a masked reset leaves the others' episodes (and logs) running
+                log.reset(obs["frames"][i][0], _record_at(infos, "kv", i))
+                self._autoreset[i] = False
         return obs, infos
 
     def step(self, actions):
@@ -150,11 +152,18 @@ class RerunVectorLogger(VectorWrapper):
         for i, log in enumerate(self.logs):
             if self._autoreset[i]:
                 log.reset(obs["frames"][i][0], _record_at(infos, "kv", i))
-            elif _has(infos, "frame_start", i):  # a window with frames (not one that ran out of pages)
-                log.window(int(infos["window_index"][i]), int(infos["frame_start"][i]), obs["frames"][i],
-                           actions[i], float(rewards[i]), bool(infos["is_success"][i]),
-                           _record_at(infos, "timings", i), _record_at(infos, "kv", i))
-        self._autoreset = np.logical_or(terminations, truncations)
+                continue
+            ended_here = _has(infos, "final_obs", i)  # SAME_STEP: obs is already the next episode's
+            frames, window_info = (infos["final_obs"][i]["frames"], infos["final_info"]) if ended_here else (
+                obs["frames"][i], infos)
+            if _has(window_info, "frame_start", i):  # a window with frames (not one that ran out of pages)
+                log.window(int(window_info["window_index"][i]), int(window_info["frame_start"][i]), frames,
+                           actions[i], float(rewards[i]), bool(window_info["is_success"][i]),
+                           _record_at(window_info, "timings", i), _record_at(window_info, "kv", i))
+            if ended_here:
+                log.reset(obs["frames"][i][0], _record_at(infos, "kv", i))
+        next_step = getattr(self.env, "metadata", {}).get("autoreset_mode") is AutoresetMode.NEXT_STEP
+        self._autoreset = np.logical_or(terminations, truncations) & next_step
         return obs, rewards, terminations, truncations, infos
 
     def close(self, **kwargs: Any) -> None:

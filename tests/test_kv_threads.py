@@ -1,4 +1,5 @@
-"""Two threads hammer one pool (grow / release / offload / reload / fork / remove on their own sessions)."""
+"""Two threads hammer one pool (grow / release / offload / reload / fork / remove on their own sessions) through
+the cache's API, and the cache holds the one lock over its table and offload."""
 
 import random
 import sys
@@ -24,28 +25,28 @@ def worker(cache: PagedKVCache, name: str, seed: int, errors: list[BaseException
     held: list[int] = []
     next_id = seed * 1_000_000
     try:
-        cache.table.create_stream(key)
+        cache.create_stream(key)
         cache.append(key, *tokens(next_id, 6))
         held, next_id = list(range(next_id, next_id + 6)), next_id + 6
-        cache.table.protect_prefix(key, 6)
+        cache.protect_prefix(key, 6)
         policy = RetentionPolicy(protected_tokens=6, context_tokens=12)
         for _ in range(ROUNDS):
             n = rng.randint(1, 9)
             cache.append(key, *tokens(next_id, n))
             held += range(next_id, next_id + n)
             next_id += n
-            released = cache.table.apply_retention(key, policy)
+            released = cache.apply_retention(key, policy)
             first = -(-6 // PS) * PS
             del held[first : first + released]
             op = rng.random()
             if op < 0.3:
-                assert cache.offload.offload(name)
-                assert cache.table.pages_in_use(name) == 0
-                cache.offload.reload(name)
-            elif op < 0.45 and not cache.table.has_stream(fork_key):
-                cache.table.fork(key, fork_key)
-            elif op < 0.6 and cache.table.has_stream(fork_key):
-                cache.table.remove(fork_key)
+                assert cache.offload_session(name)
+                assert cache.pages_in_use(name) == 0
+                cache.reload_session(name)
+            elif op < 0.45 and not cache.stream_keys(fork_key.session_id):
+                cache.fork_session(name, fork_key.session_id)
+            elif op < 0.6 and cache.stream_keys(fork_key.session_id):
+                cache.remove(fork_key)
             k, v = cache.gather(key, rng.randrange(L))
             ids = (k[:, 0, 0] - k[0, 0, 0] + held[0]).round().long().tolist()
             assert ids == held, f"{name}: stream content diverged"
@@ -90,5 +91,26 @@ def test_two_threads_keep_pool_consistent():
         assert cache.page_table(StreamKey(name, StreamLabel.MAIN)).protected_prefix_tokens == 6
         cache.remove_session(name)
         cache.remove_session(name + "-fork")
-    assert cache.table.num_free_pages == 64 and cache.table.num_used_pages == 0
-    assert cache.offload.num_free_pages == 64
+    assert cache.num_free_pages == 64 and cache.num_used_pages == 0
+    assert cache.num_free_cpu_pages == 64
+
+
+def _locks(obj, seen: set[int] | None = None) -> list[tuple[str, object]]:
+    """(owner.attribute, lock) of every lock held by ``obj`` and the KV objects it reaches, each object once."""
+    seen = set() if seen is None else seen
+    seen.add(id(obj))
+    lock_types = (type(threading.Lock()), type(threading.RLock()))
+    found = []
+    for name, value in vars(obj).items():
+        if isinstance(value, lock_types):
+            found.append((f"{type(obj).__name__}.{name}", value))
+        elif type(value).__module__.startswith("worldstep.engine.kv") and id(value) not in seen:
+            found += _locks(value, seen)
+    return found
+
+
+def test_one_lock_over_the_cache_table_and_offload():
+    cache = PagedKVCache(num_layers=L, num_pages=8, page_size=PS, num_kv_heads=HKV, head_dim=D, cpu_offload_pages=8)
+    assert _locks(cache) == [("PagedKVCache.lock", cache.lock)]
+    cache.table.lock = threading.RLock()  # an injected second lock (the table guarding itself) is seen
+    assert sorted(path for path, _ in _locks(cache)) == ["PagedKVCache.lock", "StreamTable.lock"]

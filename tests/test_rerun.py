@@ -125,19 +125,26 @@ def test_a_480p_frame_is_logged_in_a_fraction_of_its_raw_size():
     assert len(encode_frame(frame, "jpeg", 90)) < frame.nbytes / 20
 
 
-def test_the_vector_envs_entities_are_separate(tmp_path):
+@pytest.mark.parametrize("mode", ["next_step", "same_step", "disabled"])
+def test_the_vector_envs_entities_are_separate(tmp_path, mode):
     path = tmp_path / "vector.rrd"
     recording = recording_to(path)
-    envs = RerunLogger(worldstep.world.make_vec_env("tiny", num_envs=2, max_windows=1, num_steps=1), recording,
-                       image_format="png")
+    envs = RerunLogger(worldstep.world.make_vec_env("tiny", num_envs=2, max_windows=1, num_steps=1,
+                                                    autoreset_mode=mode), recording, image_format="png")
     assert isinstance(envs, RerunVectorLogger)
     obs, _ = envs.reset(seed=[0, 5])
     firsts = obs["frames"][:, 0]
     actions = envs.action_space.sample()
-    obs, *_ = envs.step(actions)  # window 0: both episodes end (max_windows=1)
-    window = obs["frames"]
-    obs, *_ = envs.step(envs.action_space.sample())  # the autoreset step: each starts episode 1
-    restarted = obs["frames"][:, 0]
+    obs, _, _, _, infos = envs.step(actions)  # window 0: both episodes end (max_windows=1)
+    if mode == "same_step":  # the ending window is in final_obs; obs already starts episode 1
+        window, restarted = np.stack([infos["final_obs"][i]["frames"] for i in range(2)]), obs["frames"][:, 0]
+    else:
+        window = obs["frames"]
+        if mode == "next_step":
+            obs, *_ = envs.step(envs.action_space.sample())  # the autoreset step: each starts episode 1
+        else:
+            obs, _ = envs.reset(options={"reset_mask": np.array([True, True])})
+        restarted = obs["frames"][:, 0]
     envs.close()
     finish(recording)
     table = read_recording(path)

@@ -5,11 +5,13 @@ Layout: ``kv[layer, page, 0 | 1, slot, kv_head, dim]`` (flashinfer's NHD paged l
 sessions in host memory. This class does what needs the tensor: appends (atomic, copy-on-write of a tail
 page shared with a fork) and gathers; and it is the one door to the bookkeeping for code outside
 ``engine/kv`` (pool counts, streams, prefixes, retention, forks, offload), which never reads ``table`` or
-``offload`` itself.
+``offload`` itself. It owns the one lock over all three: the table and the offload are not thread-safe by
+themselves, and every public method here holds ``lock`` (re-entrant) across what it reads and writes.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,6 +35,7 @@ class PagedKVCache:
         self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
         self.head_dim = check_int("head_dim", head_dim, 1)
         self.table = StreamTable(num_pages, page_size)
+        self.lock = threading.RLock()  # the one lock over the tensor, the table and the offload (re-entrant)
         check_int("cpu_offload_pages", cpu_offload_pages, 0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype!r} is invalid; allowed: a floating torch.dtype")
@@ -53,11 +56,13 @@ class PagedKVCache:
 
     @property
     def num_free_pages(self) -> int:
-        return self.table.num_free_pages
+        with self.lock:
+            return self.table.num_free_pages
 
     @property
     def num_used_pages(self) -> int:
-        return self.table.num_used_pages
+        with self.lock:
+            return self.table.num_used_pages
 
     @property
     def num_cpu_pages(self) -> int:
@@ -66,56 +71,67 @@ class PagedKVCache:
 
     @property
     def num_free_cpu_pages(self) -> int:
-        return self.offload.num_free_pages
+        with self.lock:
+            return self.offload.num_free_pages
 
     def pages_for(self, tokens: int) -> int:
         """Pages ``tokens`` tokens of one stream fill."""
         return self.table.pages_for(tokens)
 
     def pages_in_use(self, session_id: str) -> int:
-        return self.table.pages_in_use(session_id)
+        with self.lock:
+            return self.table.pages_in_use(session_id)
 
     def held_pages(self, session_id: str) -> int:
         """Device pages the session's streams need (when offloaded: to come back)."""
-        return sum(self.pages_for(self.page_table(key).seq_len) for key in self.stream_keys(session_id))
+        with self.lock:
+            return sum(self.pages_for(self.page_table(key).seq_len) for key in self.stream_keys(session_id))
 
     # streams
 
     def create_stream(self, key: StreamKey) -> None:
-        self.table.create_stream(key)
+        with self.lock:
+            self.table.create_stream(key)
 
     def protect_prefix(self, key: StreamKey, n_tokens: int) -> None:
-        self.table.protect_prefix(key, n_tokens)
+        with self.lock:
+            self.table.protect_prefix(key, n_tokens)
 
     def apply_retention(self, key: StreamKey, policy: RetentionPolicy | None) -> int:
         """Release what ``policy`` says is past the context horizon; returns tokens released."""
-        return self.table.apply_retention(key, policy)
+        with self.lock:
+            return self.table.apply_retention(key, policy)
 
     def fork_session(self, src_session_id: str, dst_session_id: str) -> None:
         """Every stream of ``src_session_id`` shared (pages by reference) under ``dst_session_id``."""
-        self.table.fork_session(src_session_id, dst_session_id)
+        with self.lock:
+            self.table.fork_session(src_session_id, dst_session_id)
 
     def check_current(self, table: PageTable) -> None:
         """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
-        self.table.check_current(table)
+        with self.lock:
+            self.table.check_current(table)
 
     # offload
 
     def is_offloaded(self, session_id: str) -> bool:
-        return self.table.is_offloaded(session_id)
+        with self.lock:
+            return self.table.is_offloaded(session_id)
 
     def offload_session(self, session_id: str) -> bool:
         """Park the session in the CPU pool; False (nothing freed) when it does not fit there."""
-        return self.offload.offload(session_id)
+        with self.lock:
+            return self.offload.offload(session_id)
 
     def reload_session(self, session_id: str) -> None:
         """Bring a parked session back onto device pages, or raise `KVPoolExhausted` (it stays parked)."""
-        self.offload.reload(session_id)
+        with self.lock:
+            self.offload.reload(session_id)
 
     def page_table(self, key: StreamKey) -> PageTable:
         """A frozen snapshot of a stream; while its session is offloaded, ``pages`` is empty."""
         check_stream_key(key)
-        with self.table.lock:
+        with self.lock:
             parked = self.offload.parked().get(key.session_id)
             if parked is not None and key in parked:
                 state = parked[key]
@@ -125,7 +141,7 @@ class PagedKVCache:
 
     def stream_keys(self, session_id: str | None = None) -> list[StreamKey]:
         """Every stream of the pool (or of one session), offloaded ones included."""
-        with self.table.lock:
+        with self.lock:
             parked = [k for sid, states in self.offload.parked().items() for k in states
                       if session_id is None or sid == session_id]
             return self.table.stream_keys(session_id) + parked
@@ -133,7 +149,7 @@ class PagedKVCache:
     def remove(self, key: StreamKey) -> int:
         """Drop one stream, offloaded or not; returns device pages that went back to the free pool."""
         check_stream_key(key)
-        with self.table.lock:
+        with self.lock:
             if self.table.is_offloaded(key.session_id):
                 self.offload.remove_stream(key)
                 return 0
@@ -141,7 +157,7 @@ class PagedKVCache:
 
     def remove_session(self, session_id: str) -> int:
         """Drop every stream of a session, offloaded or not (idempotent); returns device pages freed."""
-        with self.table.lock:
+        with self.lock:
             self.offload.discard(session_id)
             return self.table.remove_session(session_id)
 
@@ -157,7 +173,7 @@ class PagedKVCache:
         k, v = self._check_kv(k, v)
         if k.shape[1] == 0:
             return
-        with self.table.lock:
+        with self.lock:
             plan = self.table.reserve_append(key, k.shape[1])
             try:
                 if plan.copy is not None:
@@ -174,7 +190,7 @@ class PagedKVCache:
 
     def gather(self, key: StreamKey, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of one layer's committed K and V, each ``[seq_len, kv_heads, head_dim]``."""
-        with self.table.lock:
+        with self.lock:
             table = self.table.page_table(key)
             return self._gather_pages(table.pages, table.seq_len, layer, None, None)
 
@@ -185,7 +201,7 @@ class PagedKVCache:
         Raises `StaleStreamError` when the stream changed since ``table`` was taken, so a consumer holding
         a snapshot never reads pages that now hold other tokens.
         """
-        with self.table.lock:
+        with self.lock:
             self.table.check_current(table)
             return self._gather_pages(table.pages, table.seq_len, layer, out_k, out_v)
 

@@ -16,7 +16,7 @@ def check_invariants(cache: PagedKVCache) -> None:
     protected prefix fits inside it.
     """
     table = cache.table
-    with table.lock:
+    with cache.lock:
         live = table.states()
         parked = {key: s for states in cache.offload.parked().values() for key, s in states.items()}
         _check_pool(table.allocator, (s.pages for s in live.values()))

@@ -1,7 +1,8 @@
 """CPU offload: whole sessions parked in a host page pool, and brought back onto fresh device pages.
 
 Which session to offload is the scheduler's choice; this module only moves pages. Copies are synchronous,
-so a device page can be reused as soon as `offload` returns.
+so a device page can be reused as soon as `offload` returns. Not thread-safe by itself: `PagedKVCache`, its one
+owner, serialises every call under its lock.
 """
 
 from __future__ import annotations
@@ -40,56 +41,52 @@ class Offload:
         dropped, so the other session keeps reading them; pages shared between streams of this session are
         saved once.
         """
-        with self.table.lock:
-            if self.table.is_offloaded(session_id):
-                raise ValueError(f"session {session_id!r} is offloaded to CPU already; reload it first")
-            keys = self.table.stream_keys(session_id)
-            if not keys:
-                raise KeyError(f"no KV streams for session {session_id!r}")
-            tables = [self.table.page_table(key) for key in keys]
-            unique = list(dict.fromkeys(p for t in tables for p in t.pages))
-            if not self.allocator.can_allocate(len(unique)):
-                return False
-            host = self.allocator.allocate(len(unique))
-            if unique:
-                self.host_kv[:, host] = self.device_kv[:, unique].cpu()
-            mapping = dict(zip(unique, host))
-            states = self.table.detach(session_id)
-            for state in states.values():
-                state.cpu_pages = [mapping[p] for p in state.pages]
-                state.pages = []
-                self.allocator.share(state.cpu_pages)
-            self.allocator.free(host)  # drop the allocation's own reference
-            return True
+        if self.table.is_offloaded(session_id):
+            raise ValueError(f"session {session_id!r} is offloaded to CPU already; reload it first")
+        keys = self.table.stream_keys(session_id)
+        if not keys:
+            raise KeyError(f"no KV streams for session {session_id!r}")
+        tables = [self.table.page_table(key) for key in keys]
+        unique = list(dict.fromkeys(p for t in tables for p in t.pages))
+        if not self.allocator.can_allocate(len(unique)):
+            return False
+        host = self.allocator.allocate(len(unique))
+        if unique:
+            self.host_kv[:, host] = self.device_kv[:, unique].cpu()
+        mapping = dict(zip(unique, host))
+        states = self.table.detach(session_id)
+        for state in states.values():
+            state.cpu_pages = [mapping[p] for p in state.pages]
+            state.pages = []
+            self.allocator.share(state.cpu_pages)
+        self.allocator.free(host)  # drop the allocation's own reference
+        return True
 
     def reload(self, session_id: str) -> None:
         """Bring a parked session back onto fresh device pages; every stream gets a new epoch.
 
         Raises `KVPoolExhausted` (the session stays parked, intact) when the device pool is short.
         """
-        with self.table.lock:
-            states = self.table.parked().get(session_id)
-            if states is None:
-                raise ValueError(f"session {session_id!r} is not offloaded")
-            unique = list(dict.fromkeys(p for s in states.values() for p in s.cpu_pages or ()))
-            device = self.table.allocator.allocate(len(unique))
-            if unique:
-                self.device_kv[:, device] = self.host_kv[:, unique].to(self.device_kv.device)
-            mapping = dict(zip(unique, device))
-            back = {key: dataclasses.replace(s, pages=[mapping[p] for p in s.cpu_pages or ()], cpu_pages=None)
-                    for key, s in states.items()}
-            self.table.attach(session_id, back)
-            self.table.allocator.free(device)  # the streams hold their own references now
-            for s in states.values():
-                self.allocator.free(s.cpu_pages or ())
+        states = self.table.parked().get(session_id)
+        if states is None:
+            raise ValueError(f"session {session_id!r} is not offloaded")
+        unique = list(dict.fromkeys(p for s in states.values() for p in s.cpu_pages or ()))
+        device = self.table.allocator.allocate(len(unique))
+        if unique:
+            self.device_kv[:, device] = self.host_kv[:, unique].to(self.device_kv.device)
+        mapping = dict(zip(unique, device))
+        back = {key: dataclasses.replace(s, pages=[mapping[p] for p in s.cpu_pages or ()], cpu_pages=None)
+                for key, s in states.items()}
+        self.table.attach(session_id, back)
+        self.table.allocator.free(device)  # the streams hold their own references now
+        for s in states.values():
+            self.allocator.free(s.cpu_pages or ())
 
     def remove_stream(self, key: StreamKey) -> None:
         """Drop one stream of a parked session (its host pages go back); the last one unparks the session."""
-        with self.table.lock:
-            self.allocator.free(self.table.forget_parked(key).cpu_pages or ())
+        self.allocator.free(self.table.forget_parked(key).cpu_pages or ())
 
     def discard(self, session_id: str) -> None:
         """Forget a parked session (it is being removed): its host pages go back to the pool."""
-        with self.table.lock:
-            for s in self.table.drop_parked(session_id).values():
-                self.allocator.free(s.cpu_pages or ())
+        for s in self.table.drop_parked(session_id).values():
+            self.allocator.free(s.cpu_pages or ())
