@@ -159,18 +159,6 @@ def prime(batch: PagedAttentionBatch, num_qo_heads: int) -> None:
             _gathered(batch, i, layer, table.seq_len + n)
 
 
-def regather(batch: PagedAttentionBatch, tables: list[PageTable]) -> None:
-    """Refill ``batch``'s primed gather buffers, row by row, with the committed K/V of ``tables`` (the same lengths):
-    a CUDA graph captured over ``batch`` then reads another window's context."""
-    if [t.seq_len for t in tables] != [t.seq_len for t in batch.tables]:
-        raise ValueError(f"tables of committed lengths {[t.seq_len for t in tables]} cannot refill a batch of "
-                         f"lengths {[t.seq_len for t in batch.tables]}")
-    for own, table in zip(batch.tables, tables):
-        for layer in range(batch.cache.num_layers):
-            entry = batch._gathered[(own.key, layer)]
-            batch.cache.gather_table(table, layer, out_k=entry.k, out_v=entry.v)
-
-
 def _check_inputs(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, batch: PagedAttentionBatch) -> None:
     cache = batch.cache
     kv_shape = (batch.num_tokens, cache.num_kv_heads, cache.head_dim)

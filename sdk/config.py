@@ -75,7 +75,7 @@ class ModelConfig(StrictModel):
     attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
     """``sdpa`` runs anywhere, ``flashinfer`` uses paged kernels on CUDA, ``auto`` picks"""
     cuda_graphs: bool = False
-    """replay denoise steps from CUDA graphs captured once per window geometry (CUDA with ``sdpa`` only)"""
+    """replay denoise steps from CUDA graphs captured once per (window geometry, batch) (CUDA with ``sdpa`` only)"""
 
     @field_validator("name", "checkpoint")
     @classmethod

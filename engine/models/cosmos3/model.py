@@ -48,7 +48,7 @@ class Cosmos3WorldModel:
         """``overlap_decode``: split a group of sessions that all decode in halves so one half's decode (on its own
         CUDA stream) overlaps the other's denoise; a step that does not decode always runs ONE forward per group.
         None: on for CUDA, off on a CPU (where nothing can overlap).
-        ``cuda_graphs``: replay denoise steps from CUDA graphs captured once per window geometry (CUDA, sdpa)."""
+        ``cuda_graphs``: replay denoise steps from CUDA graphs, one per (window geometry, batch) (CUDA, sdpa)."""
         self.components = components
         self.transformer, self.vae, self.device = components.transformer, components.vae, device
         self.dtype = next(self.transformer.parameters()).dtype

@@ -23,7 +23,7 @@ from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamLabel
 from ...lanes import PhaseClock
 from ...scheduler import ScheduledWindow
-from ...windowing import WindowPlan
+from ...windowing import RetentionPolicy, WindowPlan
 from .graphs import GraphCache, GraphedSteps
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
@@ -152,7 +152,8 @@ def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, c
     stepper = UniPCStepper(plan)
     graphed = None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
     if ctx.graphs is not None:
-        graphed = ctx.graphs.steps(ctx.transformer, cos, sin, batch)
+        policies = [_retention(job.session, label) for job in jobs for label in job.session.labels]
+        graphed = ctx.graphs.steps(ctx.transformer, cos, sin, batch, policies)
     else:
         prime(batch, ctx.transformer.config.num_attention_heads)
     with denoise_loop_guard():
@@ -194,6 +195,12 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
         for key in session.stream_keys():
             end = offset + job.num_tokens
             ctx.cache.append(key, out.keys[:, offset:end], out.values[:, offset:end])
-            policy = session.schedule.retention(session.spec.tokens_per_unit, session.text_lens[key.label])
-            ctx.cache.apply_retention(key, policy)
+            ctx.cache.apply_retention(key, _retention(session, key.label))
             offset = end
+
+
+def _retention(session: RolloutSession, label: StreamLabel) -> RetentionPolicy | None:
+    """What a commit of the session's ``label`` stream keeps (None: everything, or chained windows, never committed)."""
+    if session.knobs.window_mode != "kv":
+        return None
+    return session.schedule.retention(session.spec.tokens_per_unit, session.text_lens[label])
