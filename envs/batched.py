@@ -23,7 +23,7 @@ Outcome = tuple  # (obs, reward, terminated, truncated, info)
 
 
 @dataclass
-class _Pending:
+class Pending:
     """One env's step between the halves: its wrappers with what each was given and keeps, its episode and the
     actions the engine gets."""
 
@@ -52,15 +52,17 @@ def split_env(env: gym.Env) -> tuple[list[SplitStep], WorldModelEnv]:
     return wrappers, inner
 
 
-def _prepare(env: gym.Env, action: Any) -> _Pending:
+def prepare(env: gym.Env, action: Any) -> Pending:
+    """The first halves of ``env``'s wrappers on ``action``, and its live episode read once (a ``close()`` in
+    another thread cannot pull it away before the engine call). Nothing changes: ``step_in`` keeps no state."""
     wrappers, base = split_env(env)
-    episode = base.live_episode()  # read once: a close() in another thread cannot pull it away mid-step
+    episode = base.live_episode()
     layers = []
     for wrapper in wrappers:
         inner, carry = wrapper.step_in(action)
         layers.append((wrapper, action, carry))
         action = inner
-    return _Pending(layers, episode, action)
+    return Pending(layers, episode, action)
 
 
 def step_batch(envs: Sequence[gym.Env], actions: Sequence[Any], *, strict: bool) -> list[Outcome | Exception]:
@@ -72,18 +74,27 @@ def step_batch(envs: Sequence[gym.Env], actions: Sequence[Any], *, strict: bool)
     env through its own ``step``. When the pool cannot hold every window (``KVPoolExhausted``), the envs whose
     sessions it closed end by truncation and the others step alone.
     """
-    out: list[Outcome | Exception | None] = [None] * len(envs)
-    pending: dict[int, _Pending] = {}
+    out: dict[int, Outcome | Exception] = {}
+    pending: dict[int, Pending] = {}
     for i, env in enumerate(envs):
         try:
-            pending[i] = _prepare(env, actions[i])
+            pending[i] = prepare(env, actions[i])
         except (gym.error.Error, ValueError, TypeError) as err:
             if strict:
                 raise
             out[i] = err
+    out.update(step_prepared(envs, actions, pending, strict=strict))
+    return [out[i] for i in range(len(envs))]
+
+
+def step_prepared(envs: Sequence[gym.Env], actions: Sequence[Any], pending: dict[int, Pending], *,
+                  strict: bool) -> dict[int, Outcome | Exception]:
+    """The outcomes of the ``prepare``d envs (``pending[i]`` of ``envs[i]``) from one ``model.step``; see
+    ``step_batch``."""
     if not pending:
-        return out  # type: ignore[return-value]
-    model = pending[next(iter(pending))].episode.rules.model
+        return {}
+    out: dict[int, Outcome | Exception] = {}
+    model = next(iter(pending.values())).episode.rules.model
     try:
         results = model.step([p.episode.session for p in pending.values()], [p.actions for p in pending.values()])
     except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
@@ -97,7 +108,7 @@ def step_batch(envs: Sequence[gym.Env], actions: Sequence[Any], *, strict: bool)
     else:
         for (i, p), result in zip(pending.items(), results):
             out[i] = p.finish(p.episode.outcome(result))
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _step_alone(env: gym.Env, actions: Any, strict: bool) -> Outcome | Exception:

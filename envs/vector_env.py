@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from worldstep.engine.checks import is_int
 from worldstep.engine.models.cosmos3 import SessionClosedError
-from worldstep.envs.batched import step_batch
+from worldstep.envs.batched import Pending, prepare, step_prepared
 from worldstep.envs.episode import RESET_OPTION_KEYS, reset_request
 from worldstep.envs.make import make_world_model_env
 
@@ -112,9 +112,9 @@ class WorldModelVectorEnv(VectorEnv):
             ended = np.flatnonzero(self._autoreset).tolist()
             raise gym.error.ResetNeeded(f"sub-environments {ended} ended and autoreset_mode is DISABLED; call "
                                         "reset(options={'reset_mask': mask}) with mask True there first")
-        live = [i for i in range(self.num_envs) if not self._autoreset[i]]
-        for i in live:  # ResetNeeded / ClosedEnvironmentError before any autoreset
-            self.envs[i].unwrapped.live_episode()
+        # each live episode is read once, here, before any autoreset: a concurrent close() cannot swap it away
+        # mid-step, and a refused row (ResetNeeded, a normaliser's ValueError) raises before anything changes
+        live = {i: prepare(self.envs[i], actions[i]) for i in range(self.num_envs) if not self._autoreset[i]}
         outcomes: dict[int, tuple] = {}
         for i in np.flatnonzero(self._autoreset):  # NEXT_STEP: this step is the reset
             obs, info = self.envs[i].reset(options=self._options[i])
@@ -149,21 +149,18 @@ class WorldModelVectorEnv(VectorEnv):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _step_live(self, live: list[int], actions: np.ndarray) -> dict[int, tuple]:
+    def _step_live(self, live: dict[int, Pending], actions: np.ndarray) -> dict[int, tuple]:
         """One engine call for the live sub-environments (the engine checks each row's actions once; a refused
         row raises before any of them steps).
 
         When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
         only those that do not fit end by truncation.
         """
-        if not live:
-            return {}
         try:
-            outcomes = step_batch([self.envs[i] for i in live], [actions[i] for i in live], strict=True)
+            return step_prepared(self.envs, actions, live, strict=True)
         except SessionClosedError as err:
             raise gym.error.ClosedEnvironmentError(
                 "the vector env was closed while step() ran; call reset() to start new episodes") from err
-        return dict(zip(live, outcomes))
 
     def _reset_mask(self, mask: Any) -> np.ndarray:
         if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)
