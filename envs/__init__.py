@@ -1,8 +1,9 @@
 """worldstep.envs: the gymnasium surface of worldstep.
 
 ``WorldModelEnv`` (one rollout per env), ``WorldModelVectorEnv`` (N rollouts batched through one model),
-``Episode`` (what both step), the ``RecordRollout``, ``MultiCameraObservation`` and ``RobotStateObservation``
-wrappers and the ground-truth simulator ``PushSimEnv``.
+``Episode`` (what both step), ``make_world_model_env`` (the env in the wrappers its keywords ask for:
+``NormalizeActions``, ``JudgeSuccess``, ``WindowLimit``), the ``RecordRollout``, ``MultiCameraObservation``
+and ``RobotStateObservation`` wrappers and the ground-truth simulator ``PushSimEnv``.
 The ids are registered by ``worldstep.registration``. The classes import the engine (torch, diffusers) on
 first use, so ``import worldstep`` stays fast.
 """
@@ -15,6 +16,10 @@ _LAZY = {
     "WorldModelEnv": ".world_model_env",
     "Episode": ".episode",
     "WorldModelVectorEnv": ".vector_env",
+    "make_world_model_env": ".make",
+    "NormalizeActions": ".episode_wrappers",
+    "JudgeSuccess": ".episode_wrappers",
+    "WindowLimit": ".episode_wrappers",
     "RecordRollout": ".wrappers",
     "ImageObservation": ".wrappers",
     "fork_env": ".wrappers",

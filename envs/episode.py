@@ -8,7 +8,7 @@ same observations, rewards, flags and infos for the same windows.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from worldstep.engine.checks import check_image, check_int, check_prompt
 from worldstep.engine.models.cosmos3 import (
-    ActionNormalizer,
     Conditioning,
     Cosmos3WorldModel,
     RolloutKnobs,
@@ -29,29 +28,22 @@ from worldstep.engine.models.cosmos3 import (
 from .scene import SimulatorScene, draw_tabletop
 
 RESET_OPTION_KEYS = ("image", "prompt", "domain_id")
-SUCCESS_MODES = ("sim", "none")
-ACTION_BOUNDS = (-1.0, 1.0)  # the envs' Box: normalised actions
+ACTION_BOUNDS = (-1.0, 1.0)  # the env's Box: normalised actions
 
 
 @dataclass(frozen=True)
 class EpisodeRules:
-    """What every episode of one env shares: the model, its knobs, and how a window is judged.
+    """What every episode of one env shares: the model, its knobs, its conditioning and its canvas.
 
-    Success comes from ``success_fn(frames)``, or from ``simulator_judge(first_frame, frames)`` (a simulator's
-    pixel rule, its goal read from the episode's first frame), or from neither (never successful).
+    Judging, rewards, action normalisation and the window limit are wrappers (``episode_wrappers``); an episode
+    only runs windows.
     """
 
     model: Cosmos3WorldModel
     knobs: RolloutKnobs
-    max_windows: int
     action_width: int
-    success_fn: Callable[[np.ndarray], bool] | None = None
-    reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None
-    simulator_judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
     embodiment: str | None = None  # the embodiment's name
     fps: float | None = None  # an explicit fps (None: the embodiment's, else the model's)
-    normalizer: ActionNormalizer | None = None  # raw actions -> model actions, before the engine
-    action_bounds: tuple[float, float] | None = ACTION_BOUNDS  # what the engine checks the model actions against
     frame: SessionFrame | None = None  # the env's fixed canvas (None: the model's frame size, cover-cropped)
 
     @property
@@ -77,18 +69,6 @@ class EpisodeRules:
         """The checked conditioning of an episode in ``domain_id`` (a ValueError before any model work)."""
         return self.model.conditioning(self.knobs, embodiment=self.embodiment, domain_id=domain_id,
                                        action_width=self.action_width, fps=self.fps)
-
-    def model_actions(self, actions: Any) -> tuple[Any, dict[str, Any]]:
-        """The actions the engine gets and the normaliser's info (clip and out-of-range counts)."""
-        if self.normalizer is None:
-            return actions, {}
-        result = self.normalizer(actions)
-        return result.actions, result.info()
-
-    def is_success(self, first_frame: np.ndarray, frames: np.ndarray) -> bool:
-        if self.simulator_judge is not None:
-            return bool(self.simulator_judge(first_frame, frames))
-        return bool(self.success_fn(frames)) if self.success_fn is not None else False
 
 
 @dataclass(frozen=True)
@@ -143,14 +123,15 @@ class Episode:
         self.windows = 0
 
     @classmethod
-    def open(cls, rules: EpisodeRules, image: np.ndarray, request: ResetRequest,
-             np_random: np.random.Generator) -> Episode:
-        """Open the engine session (its diffusion noise seeded from ``np_random``)."""
+    def open(cls, rules: EpisodeRules, image: np.ndarray, request: ResetRequest, np_random: np.random.Generator,
+             action_bounds: tuple[float, float] | None) -> Episode:
+        """Open the engine session (its diffusion noise seeded from ``np_random``; ``action_bounds``: what the
+        engine holds each window's actions to, None for none)."""
         generator = torch.Generator().manual_seed(int(np_random.integers(2**63)))
         session = rules.model.open_session(image, request.prompt, request.domain_id, knobs=rules.knobs,
                                            generator=generator, embodiment=rules.embodiment,
                                            action_width=rules.action_width, fps=rules.fps,
-                                           action_bounds=rules.action_bounds, tier=rules.tier)
+                                           action_bounds=action_bounds, tier=rules.tier)
         return cls(rules, session, image)
 
     @property
@@ -164,23 +145,19 @@ class Episode:
             info.update(resolution_tier=plan.tier, aspect_bin=plan.aspect_bin)
         return info
 
-    def outcome(self, result: WindowResult, actions: np.ndarray, extra: Mapping[str, Any] | None = None) -> tuple:
-        """``(obs, reward, terminated, truncated, info)`` of a window the model has stepped (``extra``: more info,
-        e.g. the normaliser's counts)."""
-        rules = self.rules
+    def outcome(self, result: WindowResult) -> tuple:
+        """``(obs, 0.0, False, False, info)`` of a window the model has stepped: a world model predicts frames;
+        rewards, success and the window limit are the wrappers'."""
         self.windows += 1
         self.frames = result.frames
-        is_success = rules.is_success(self.first_image, result.frames)
-        reward = float(rules.reward_fn(result.frames, actions)) if rules.reward_fn is not None else float(is_success)
         info = {"window_index": result.window_index, "frame_start": result.frame_start,
-                "frame_end": result.frame_end, "timings": result.timings, "kv": result.kv,
-                "is_success": is_success, "kv_exhausted": False, **(extra or {})}
-        return self.observation(), reward, is_success, self.windows >= rules.max_windows, info
+                "frame_end": result.frame_end, "timings": result.timings, "kv": result.kv, "kv_exhausted": False}
+        return self.observation(), 0.0, False, False, info
 
     def exhausted(self) -> tuple:
         """The pool could not hold the window: the episode ends by truncation, its pages returned."""
         self.close()
-        info = {"window_index": self.windows, "is_success": False, "kv_exhausted": True}
+        info = {"window_index": self.windows, "kv_exhausted": True}
         return self.observation(), 0.0, False, True, info
 
     def observation(self) -> dict[str, np.ndarray]:

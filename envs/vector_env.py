@@ -11,18 +11,20 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from worldstep.engine.checks import is_int
-from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import SessionClosedError
-from worldstep.envs.episode import RESET_OPTION_KEYS, Episode, reset_request
-from worldstep.envs.world_model_env import WorldModelEnv
+from worldstep.envs.batched import Pending, prepare, step_prepared
+from worldstep.envs.episode import RESET_OPTION_KEYS, reset_request
+from worldstep.envs.make import make_world_model_env
 
 
 class WorldModelVectorEnv(VectorEnv):
     """``num_envs`` independent episodes of one loaded world model, batched per step.
 
-    Each sub-environment is a :class:`WorldModelEnv` holding its own rollout session and RNG; they share
-    the model's weights and KV page pool. ``step`` sends every live session through ONE
-    ``model.step`` call (one batched forward per denoising step). Sub-environment ``i`` reset with
+    Each sub-environment is what ``worldstep.make_env`` builds from the same keywords (a :class:`WorldModelEnv`
+    in its ``JudgeSuccess``, ``WindowLimit`` and, with an ``action_normalizer``, ``NormalizeActions`` wrappers),
+    holding its own rollout session and RNG; they share the model's weights and KV page pool. ``step`` sends
+    every live session through ONE ``model.step`` call (one batched forward per denoising step), between the
+    halves of each sub-environment's wrappers (``worldstep.envs.batched``). Sub-environment ``i`` reset with
     seed ``s`` produces the frames a single ``WorldModelEnv`` reset with seed ``s`` produces, within
     float32 rounding: each session's attention and decoder calls are the ones it makes alone, but the
     linear layers run one GEMM over every session's tokens, which may round differently with the row
@@ -58,7 +60,7 @@ class WorldModelVectorEnv(VectorEnv):
             raise ValueError(f"num_envs={num_envs!r} is invalid; allowed: an int >= 1")
         mode = check_autoreset_mode(autoreset_mode)
         self.num_envs = int(num_envs)
-        self.envs = [WorldModelEnv(model, knobs, **env_kwargs) for _ in range(self.num_envs)]
+        self.envs = [make_world_model_env(model, knobs, **env_kwargs) for _ in range(self.num_envs)]
         self.model = model
         first = self.envs[0]
         self.render_mode = first.render_mode
@@ -86,7 +88,7 @@ class WorldModelVectorEnv(VectorEnv):
         seeds = self._split_seed(seed)
         per_env = self._split_options(options)
         for i in np.flatnonzero(mask):  # every check before any session opens
-            env, opts = self.envs[i], per_env[i]
+            env, opts = self.envs[i].unwrapped, per_env[i]
             request = reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
             env.rules.conditioning(request.domain_id)
             if request.image is not None:
@@ -110,8 +112,9 @@ class WorldModelVectorEnv(VectorEnv):
             ended = np.flatnonzero(self._autoreset).tolist()
             raise gym.error.ResetNeeded(f"sub-environments {ended} ended and autoreset_mode is DISABLED; call "
                                         "reset(options={'reset_mask': mask}) with mask True there first")
-        # each live episode is read once, here: a concurrent close() cannot swap it away mid-step
-        live = {i: self.envs[i].live_episode() for i in range(self.num_envs) if not self._autoreset[i]}
+        # each live episode is read once, here, before any autoreset: a concurrent close() cannot swap it away
+        # mid-step, and a refused row (ResetNeeded, a normaliser's ValueError) raises before anything changes
+        live = {i: prepare(self.envs[i], actions[i]) for i in range(self.num_envs) if not self._autoreset[i]}
         outcomes: dict[int, tuple] = {}
         for i in np.flatnonzero(self._autoreset):  # NEXT_STEP: this step is the reset
             obs, info = self.envs[i].reset(options=self._options[i])
@@ -146,24 +149,18 @@ class WorldModelVectorEnv(VectorEnv):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _step_live(self, live: dict[int, Episode], actions: np.ndarray) -> dict[int, tuple]:
-        """One engine call for the live sub-environments (the engine checks each row's actions once).
+    def _step_live(self, live: dict[int, Pending], actions: np.ndarray) -> dict[int, tuple]:
+        """One engine call for the live sub-environments (the engine checks each row's actions once; a refused
+        row raises before any of them steps).
 
         When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
         only those that do not fit end by truncation.
         """
-        if not live:
-            return {}
-        prepared = {i: self.envs[i].rules.model_actions(actions[i]) for i in live}  # raw -> model (normaliser)
         try:
-            results = self.model.step([e.session for e in live.values()], [prepared[i][0] for i in live])
-        except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
-            return {i: self.envs[i].step(actions[i]) if e.live else e.exhausted() for i, e in live.items()}
+            return step_prepared(self.envs, actions, live, strict=True)
         except SessionClosedError as err:
             raise gym.error.ClosedEnvironmentError(
                 "the vector env was closed while step() ran; call reset() to start new episodes") from err
-        return {i: e.outcome(r, np.asarray(actions[i], np.float32), prepared[i][1])
-                for (i, e), r in zip(live.items(), results)}
 
     def _reset_mask(self, mask: Any) -> np.ndarray:
         if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)
@@ -188,7 +185,7 @@ class WorldModelVectorEnv(VectorEnv):
             return [{} for _ in range(self.num_envs)]
         if not isinstance(options, dict):
             raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
-        first = self.envs[0]  # unknown keys raise here, naming the allowed ones
+        first = self.envs[0].unwrapped  # unknown keys raise here, naming the allowed ones
         reset_request({k: None for k in options}, first.image, first.prompt, first.domain_id,
                       self.model.spec.num_domains)
         per_env: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]

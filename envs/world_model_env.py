@@ -3,33 +3,26 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import spaces
-from worldstep.engine.checks import check_callable, check_image, check_int, check_prompt
+from worldstep.engine.checks import check_image, check_prompt
 from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import (
-    ActionNormalizer,
+    Conditioning,
     Cosmos3WorldModel,
     RolloutKnobs,
     SessionClosedError,
     frame_for_size,
 )
-from worldstep.envs.episode import (
-    ACTION_BOUNDS,
-    SUCCESS_MODES,
-    Episode,
-    EpisodeRules,
-    check_pool,
-    first_frame,
-    reset_request,
-)
+from worldstep.envs.episode import ACTION_BOUNDS, Episode, EpisodeRules, check_pool, first_frame, reset_request
 from worldstep.envs.scene import SimulatorScene
+
+DEFAULT_PROMPT = "A robot arm pushes a block across a table."
 
 
 class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
@@ -37,21 +30,24 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     ## Description
 
     An action-conditioned video world model (NVIDIA Cosmos3-Edge) driven like a simulator. A reset opens a
-    rollout session from a first frame, a text prompt and an embodiment ``domain_id``: the prompt is
-    prefilled once into protected KV pages and the first frame is encoded as the clean latent frame 0.
-    Each ``step(actions)`` generates one window of ``chunk_size`` frames conditioned on ``chunk_size``
-    actions: the window is denoised against the paged KV cache of the prompt and the committed past
-    windows, committed into the cache (windows older than ``context_frames`` slide out), and decoded by
-    a warm streaming VAE decoder into the frames returned as the observation.
+    rollout session from a first frame, a text prompt and an embodiment: the prompt is prefilled once into
+    protected KV pages and the first frame is encoded as the clean latent frame 0. Each ``step(actions)``
+    generates one window of ``chunk_size`` frames conditioned on ``chunk_size`` actions: the window is
+    denoised against the paged KV cache of the prompt and the committed past windows, committed into the
+    cache (windows older than ``context_frames`` slide out), and decoded by a warm streaming VAE decoder into
+    the frames returned as the observation.
+
+    The env does what only the world model can do. What gymnasium puts in wrappers is in wrappers
+    (``worldstep.envs.episode_wrappers``), applied by ``worldstep.make_env`` and ``gym.make`` from the config:
+    ``NormalizeActions`` (raw actions), ``JudgeSuccess`` (success, termination and reward) and ``WindowLimit``
+    (gymnasium's ``TimeLimit`` counted in windows).
 
     ## Action Space
 
     The action is a ``ndarray`` with shape ``(chunk_size, action_width)``, dtype float32, values in
     ``[-1, 1]``: one row per frame of the window, the embodiment's normalised action vector. Row ``i``
-    drives frame ``i`` of the window. With ``embodiment`` the width is exactly its raw width (10 for
-    ``droid_lerobot``); without, ``action_width`` is at most the model's ``action_dim`` (64 for Cosmos3-Edge).
-    The model zero-pads the remaining dimensions. With an ``action_normalizer`` the actions are raw values,
-    bounded by the stats' range.
+    drives frame ``i`` of the window. The width is the embodiment's raw width (10 for ``droid_lerobot``);
+    the model zero-pads the remaining dimensions of its ``action_dim``.
 
     ## Observation Space
 
@@ -66,13 +62,12 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     After ``reset``, ``frames`` holds the model's decoded first frame (the VAE round trip of the given
     image) repeated ``chunk_size`` times, so every observation has the same shape. The frames play at
-    ``metadata["frame_fps"]`` (the model's fps); ``render()`` returns one frame per window, so
+    ``metadata["frame_fps"]`` (the embodiment's fps); ``render()`` returns one frame per window, so
     ``metadata["render_fps"]`` is ``frame_fps / chunk_size`` (what ``gymnasium.wrappers.RecordVideo`` needs).
 
     ## Rewards
 
-    A world model predicts frames, not rewards. The reward is ``reward_fn(frames, actions)`` when one is
-    given, otherwise 1.0 for a window the success judge calls successful and 0.0 else.
+    A world model predicts frames, not rewards: the reward is 0.0. ``JudgeSuccess`` gives one.
 
     ## Starting State
 
@@ -84,12 +79,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     ## Episode End
 
-    The episode ends if any one of the following occurs:
-
-    1. Termination: the success judge calls the window successful (``info["is_success"]``).
-    2. Truncation: ``max_windows`` windows have been generated.
-    3. Truncation: the KV page pool cannot hold the next window (``info["kv_exhausted"]``); the session
-       is closed and its pages returned, the observation repeats the last frames. Reset to continue.
+    The env never terminates by itself. It truncates when the KV page pool cannot hold the next window
+    (``info["kv_exhausted"]``): the session is closed and its pages returned, the observation repeats the last
+    frames. Reset to continue. ``JudgeSuccess`` terminates on success; ``WindowLimit`` truncates after
+    ``max_windows`` windows.
 
     ## Arguments
 
@@ -97,36 +90,24 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
       must hold one episode's prompt, first frame and first window (else ``ValueError`` naming
       ``cache.num_pages`` and the minimum).
     - ``knobs``: ``RolloutKnobs`` (chunk_size, num_steps, guidance_scale, context_frames, window_mode, ...).
-    - ``max_windows``: windows per episode before truncation.
-    - ``prompt``, ``domain_id``, ``image``: defaults of the reset options of the same names (an option that
-      is missing or None takes its default; an unknown option key raises ``ValueError``).
-      The engine checks each step's actions once, against this env's action space.
-    - ``action_width``: the embodiment's exact raw width (None takes it; any other value is a ``ValueError``).
     - ``embodiment``: a registered name (``"droid_lerobot"``, ``"agibotworld"``, ``"pusht"``, ...; see
-      ``model.embodiments``) or a domain id whose embodiments share one width. It fixes ``domain_id``, the exact
-      action width (the engine zero-pads to ``action_dim``, as the pipeline does), the fps of the positions,
+      ``model.embodiments``), a domain id whose embodiments share one width, or a ``Conditioning`` from
+      ``model.conditioning(knobs, env_rule=True, embodiment=..., domain_id=..., action_width=..., fps=...)`` for
+      an explicit fps, width or domain. It fixes the domain, the exact action width, the fps of the positions,
       caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
-      (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment, its
-      width and the allowed names. None: ``domain_id``'s embodiment (an id without one, or whose embodiments
-      differ in width, is a ``ValueError``); with neither, the checkpoint's only embodiment when it registers
-      exactly one (the shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's. A model trained on
-      other domains registers its embodiments in its ``worldstep.json``; the engine's ``open_session`` without
-      an embodiment still takes a raw domain (training, research).
-    - ``fps``: overrides the embodiment's fps.
-    - ``action_normalizer``: an ``ActionNormalizer`` applied to every step's actions before the engine sees them;
-      the action space is then the raw one (the stats' range), ``info`` gets ``actions_outside_stats`` and
-      ``actions_clipped``, and raw values outside the stats' range raise an ``ActionRangeWarning``.
+      (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment,
+      its width and the allowed names. None: the checkpoint's only embodiment when it registers exactly one (the
+      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's.
+    - ``prompt``, ``image``: defaults of the reset options of the same names (an option that is missing or None
+      takes its default; an unknown option key raises ``ValueError``).
     - ``resolution_tier``: None keeps the model's frame size (the first frame is cover-cropped). 256, 480, 704, 720
       or ``"auto"`` put it on the pipeline's canvas (tier, aspect bin, resize, reflect padding) and crop the
       padding from every frame: the canvas is fixed at construction from ``image`` (else the model's frame
       size), the observation is the content's size, every reset image must give the same canvas and size, and
       the reset ``info`` carries ``resolution_tier`` and ``aspect_bin``.
     - ``simulator``: gymnasium id of the ground-truth simulator the model was trained on (e.g.
-      ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed.
-    - ``success_fn``: the success judge. ``frames -> bool``; ``"sim"``: the simulator's pixel judge
-      (``success_from_frames(first_frame, frames)``, goal read from the episode's first frame); ``"none"``:
-      never successful; None (default): ``"sim"`` when ``simulator`` has a judge, else ``"none"``.
-    - ``reward_fn``: see Rewards.
+      ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed, and its
+      pixel judge is ``JudgeSuccess``'s ``"sim"``.
     - ``render_mode``: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
 
     ```python
@@ -148,50 +129,35 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         model: Cosmos3WorldModel,
         knobs: RolloutKnobs | None = None,
         *,
-        max_windows: int = 32,
-        prompt: str = "A robot arm pushes a block across a table.",
-        domain_id: int | None = None,
+        embodiment: str | int | Conditioning | None = None,
+        prompt: str = DEFAULT_PROMPT,
         image: np.ndarray | None = None,
-        action_width: int | None = None,
-        embodiment: str | int | None = None,
-        fps: float | None = None,
-        action_normalizer: ActionNormalizer | None = None,
         resolution_tier: int | str | None = None,
         simulator: str | None = None,
-        reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
-        success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if not isinstance(model, Cosmos3WorldModel):
-            raise TypeError(f"model={model!r} is invalid; allowed: a loaded Cosmos3WorldModel")
-        knobs = RolloutKnobs() if knobs is None else knobs
-        if not isinstance(knobs, RolloutKnobs) or not knobs.decode:
-            raise ValueError(f"knobs={knobs!r} is invalid; allowed: RolloutKnobs with decode=True")
+        knobs = check_model_and_knobs(model, knobs)
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
-        # a domain id stands for its embodiment; ValueError naming the embodiment, its width and the allowed names
-        cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
-                                  action_width=action_width, fps=fps)
+        cond = env_conditioning(model, knobs, embodiment)
         self.domain_id, self.conditioning = cond.domain_id, cond
-        normalizer = _check_normalizer(action_normalizer, cond.action_width)
         size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference
         frame = frame_for_size(spec, model.transformer.config.latent_patch_size, *size, resolution_tier)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
-        success, judge = self._resolve_success(success_fn)
-        self.rules = EpisodeRules(
-            model, knobs, check_int("max_windows", max_windows, 1), cond.action_width, success,
-            check_callable("reward_fn", reward_fn), judge,
-            embodiment=cond.embodiment.name, fps=cond.fps,
-            normalizer=normalizer, action_bounds=ACTION_BOUNDS if normalizer is None else None, frame=frame)
+        self.rules = EpisodeRules(model, knobs, cond.action_width, embodiment=cond.embodiment.name, fps=cond.fps,
+                                  frame=frame)
         check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
         # the frames play at the session's fps (the embodiment's); render() returns one frame per window
         self.metadata = {**type(self).metadata, "render_fps": cond.fps / knobs.chunk_size, "frame_fps": cond.fps}
-        self.action_space = _action_space(knobs.chunk_size, cond.action_width, normalizer)
+        self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, cond.action_width), np.float32)
+        # what the engine holds each window's actions to; None when a wrapper hands it model-space actions that
+        # may leave [-1, 1] (NormalizeActions: unclipped, as in training). Applies from the next reset.
+        self.action_bounds: tuple[float, float] | None = ACTION_BOUNDS
         self.observation_space = spaces.Dict(
             {"frames": spaces.Box(0, 255, (knobs.chunk_size, frame.spec.height, frame.spec.width, 3), np.uint8)})
         self.episode: Episode | None = None  # the live rollout between two resets
@@ -210,17 +176,6 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     def knobs(self) -> RolloutKnobs:
         return self.rules.knobs
 
-    @property
-    def max_windows(self) -> int:
-        """Windows per episode before truncation (settable: applies from the next window on)."""
-        return self.rules.max_windows
-
-    @max_windows.setter
-    def max_windows(self, value: int) -> None:
-        self.rules = dataclasses.replace(self.rules, max_windows=check_int("max_windows", value, 1))
-        if self.episode is not None:
-            self.episode.rules = self.rules
-
     # --- gymnasium API ---------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -237,7 +192,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if request.image is None:
             self.rules.check_frame(image, f"the first frame of {self.simulator or 'the drawn scene'}")
         self._close_episode()  # options are valid: free the old episode's pages before opening the new one
-        self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random), False
+        self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random,
+                                                   self.action_bounds), False
         info = self.episode.reset_info()
         if scene_seed is not None:
             info["scene_seed"] = scene_seed
@@ -245,15 +201,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def step(self, actions: np.ndarray):
         episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
-        model_actions, normalized = self.rules.model_actions(actions)
         try:
-            result = self.model.step([episode.session], [model_actions])[0]
+            result = self.model.step([episode.session], [actions])[0]
         except KVPoolExhausted:
             return episode.exhausted()
         except SessionClosedError as err:
             raise gym.error.ClosedEnvironmentError(
                 "the env was closed while env.step() ran; call env.reset() to start a new episode") from err
-        return episode.outcome(result, np.asarray(actions, dtype=np.float32), normalized)
+        return episode.outcome(result)
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
@@ -314,20 +269,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """Windows generated in the current episode."""
         return 0 if self.episode is None else self.episode.windows
 
-    def _resolve_success(self, success_fn) -> tuple[Callable | None, Callable | None]:
-        """(user judge ``frames -> bool``, simulator judge ``(first_frame, frames) -> bool``); one is None."""
-        if success_fn is None:
-            success_fn = "sim" if self._scene is not None and self._scene.success_judge() is not None else "none"
-        if not isinstance(success_fn, str):
-            return check_callable("success_fn", success_fn), None
-        if success_fn not in SUCCESS_MODES:
-            raise ValueError(f"success_fn={success_fn!r} is invalid; allowed: a callable frames -> bool, 'sim' or "
-                             "'none'")
-        judge = None if success_fn == "none" or self._scene is None else self._scene.success_judge()
-        if success_fn == "sim" and judge is None:
-            raise ValueError(f"success_fn='sim' is invalid with simulator={self.simulator!r}; allowed: a simulator "
-                             "with success_from_frames (e.g. 'worldstep/PushSim-v0')")
-        return None, judge
+    def simulator_judge(self) -> Callable[[np.ndarray, np.ndarray], bool] | None:
+        """The simulator's pixel judge ``success_from_frames(first_frame, frames)`` (None without a simulator or
+        when it has none): ``JudgeSuccess``'s ``"sim"``."""
+        return None if self._scene is None else self._scene.success_judge()
 
     def _close_episode(self) -> None:
         episode, self.episode = self.episode, None
@@ -335,24 +280,29 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             episode.close()
 
 
-def _check_normalizer(normalizer: Any, width: int) -> ActionNormalizer | None:
-    if normalizer is None:
-        return None
-    if not isinstance(normalizer, ActionNormalizer):
-        raise ValueError(f"action_normalizer={normalizer!r} is invalid; allowed: an ActionNormalizer or None")
-    if normalizer.width is not None and normalizer.width != width:
-        raise ValueError(f"action_normalizer width={normalizer.width} is invalid; allowed: {width} (the actions' "
-                         "width)")
-    return normalizer
+def check_model_and_knobs(model: Any, knobs: Any) -> RolloutKnobs:
+    """The knobs (None: the defaults) of an env of ``model``; TypeError or ValueError naming the argument."""
+    if not isinstance(model, Cosmos3WorldModel):
+        raise TypeError(f"model={model!r} is invalid; allowed: a loaded Cosmos3WorldModel")
+    knobs = RolloutKnobs() if knobs is None else knobs
+    if not isinstance(knobs, RolloutKnobs) or not knobs.decode:
+        raise ValueError(f"knobs={knobs!r} is invalid; allowed: RolloutKnobs with decode=True")
+    return knobs
 
 
-def _action_space(chunk: int, width: int, normalizer: ActionNormalizer | None) -> spaces.Box:
-    """Normalised actions in [-1, 1]; with a normaliser, raw actions in the stats' range (values outside it
-    warn and pass through, as in training), unbounded when the stats give none."""
-    if normalizer is None:
-        return spaces.Box(*ACTION_BOUNDS, (chunk, width), np.float32)
-    bounds = normalizer.range()
-    if bounds is None:
-        return spaces.Box(-np.inf, np.inf, (chunk, width), np.float32)
-    low, high = (np.broadcast_to(b, (chunk, width)).astype(np.float32) for b in bounds)
-    return spaces.Box(low, high, (chunk, width), np.float32)
+def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any) -> Conditioning:
+    """The env's checked conditioning: the engine's resolution of a name or domain id, or a given
+    ``Conditioning`` checked to be the one the engine resolves for this model and these knobs."""
+    if not isinstance(embodiment, Conditioning):
+        return model.conditioning(knobs, env_rule=True, embodiment=embodiment)
+    allowed = ("allowed: model.conditioning(knobs, env_rule=True, embodiment=..., domain_id=..., action_width=..., "
+               "fps=...) of this model and knobs")
+    if embodiment.embodiment is None:
+        raise ValueError(f"embodiment={embodiment!r} is invalid: it names no embodiment; {allowed}")
+    checked = model.conditioning(knobs, env_rule=True, embodiment=embodiment.embodiment.name,
+                                 domain_id=embodiment.domain_id, action_width=embodiment.action_width,
+                                 fps=embodiment.fps)
+    if checked != embodiment:
+        raise ValueError(f"embodiment={embodiment!r} is invalid for this model and knobs (they give {checked!r}); "
+                         f"{allowed}")
+    return checked

@@ -12,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from .camera_observation import MultiCameraObservation, frames_box
+from .episode_wrappers import JudgeSuccess, NormalizeActions, WindowLimit
 from .robot_state import RobotStateObservation
 from .video import Mp4Writer, frame_fps
 
@@ -104,10 +105,13 @@ class ImageObservation(gym.ObservationWrapper):
         return np.ascontiguousarray(window.transpose(1, 2, 0, 3).reshape(*window.shape[1:3], -1))  # [H, W, 3*chunk]
 
 
-# Wrappers whose state is plain values, so a shallow copy continues the same episode (what gym.make adds,
-# plus the observation wrappers; the robot state's arrays are replaced, never written in place, on every step).
+# Wrappers whose state is plain values, so a shallow copy continues the same episode (what make_env and gym.make
+# add, plus the observation wrappers; the robot state's arrays are replaced, never written in place, on every step).
 # Wrappers that own files or buffers (RecordRollout, RecordVideo) cannot be forked: two envs would write one video.
 FORKABLE_WRAPPERS = (
+    WindowLimit,
+    JudgeSuccess,
+    NormalizeActions,
     gym.wrappers.TimeLimit,
     gym.wrappers.OrderEnforcing,
     gym.wrappers.PassiveEnvChecker,
@@ -120,9 +124,10 @@ FORKABLE_WRAPPERS = (
 def fork_env(env: gym.Env, seed: int | None = None) -> gym.Env:
     """Fork a (wrapped) world-model env: ``env.unwrapped.fork(seed)`` inside copies of ``env``'s wrappers.
 
-    ``gym.make`` wraps the env (``TimeLimit``, ``OrderEnforcing``, ``PassiveEnvChecker``), so ``env.fork``
-    is out of reach of the wrapper chain; this keeps the chain, with the step count of ``TimeLimit`` carried
-    over. A wrapper outside ``FORKABLE_WRAPPERS`` raises ``TypeError`` naming it.
+    ``make_env`` wraps the env (``WindowLimit``, ``JudgeSuccess``, ``NormalizeActions``) and ``gym.make`` adds
+    ``TimeLimit``, ``OrderEnforcing`` and ``PassiveEnvChecker``, so ``env.fork`` is out of reach of the wrapper
+    chain; this keeps the chain, with the step counts of ``WindowLimit`` and ``TimeLimit`` carried over. A
+    wrapper outside ``FORKABLE_WRAPPERS`` raises ``TypeError`` naming it.
     """
     chain = []
     inner = env

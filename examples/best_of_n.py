@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import worldstep
-from worldstep.envs import Mp4Writer, frame_fps
+from worldstep.envs import Mp4Writer, fork_env, frame_fps
 from worldstep.envs.push_sim import detect_objects
 from worldstep.flags import parse_flags
 
@@ -79,11 +79,11 @@ if __name__ == "__main__":
             # fork N candidates from the current state, each with its own noise seed and actions
             results = []
             for k in range(args.candidates):
-                candidate = env.fork(seed=int(rng.integers(2**31)))
+                candidate = fork_env(env, seed=int(rng.integers(2**31)))  # inside make_env's wrappers
                 actions = rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
                 cand_obs, _, _, _, info = candidate.step(actions)
                 results.append((score(cand_obs["frames"]), k, candidate, cand_obs))
-            pages = env.model.kv.num_used_pages
+            pages = env.unwrapped.model.kv.num_used_pages
             best_score, best_k, best, obs = max(results, key=lambda r: r[0])
 
             # continue from the best; close the rest (and the pre-fork rollout)

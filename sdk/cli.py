@@ -151,7 +151,7 @@ def _rollout_truth(args: argparse.Namespace, model: str, config, policy, summary
         env = logged(model_env, viewer)
         truth = None
         try:
-            truth = gym.make(model_env.simulator, chunk_size=model_env.knobs.chunk_size,
+            truth = gym.make(model_env.unwrapped.simulator, chunk_size=model_env.unwrapped.knobs.chunk_size,
                              disable_env_checker=True).unwrapped
             if policy is None:
                 policy = make_policy(args.policy, env.action_space, seed=args.seed)

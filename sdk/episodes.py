@@ -175,8 +175,11 @@ def default_windows(env_or_world: Any) -> int | None:
     config = getattr(env_or_world, "config", None)
     if config is not None and hasattr(config, "env"):
         return config.env.max_windows
-    inner = env_or_world.envs[0] if hasattr(env_or_world, "envs") else getattr(env_or_world, "unwrapped", None)
-    windows = getattr(inner, "max_windows", None)
+    inner = env_or_world.envs[0] if hasattr(env_or_world, "envs") else env_or_world
+    try:
+        windows = inner.get_wrapper_attr("max_windows")  # the WindowLimit's
+    except AttributeError:
+        windows = None
     if windows is None and getattr(env_or_world, "spec", None) is not None:
         windows = env_or_world.spec.max_episode_steps
     return windows

@@ -180,7 +180,8 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
     merged = {key: [o.get(key) for o in options] for key in ("image", "prompt", "domain_id")}
     start = time.perf_counter()
     obs, _ = vec.reset(seed=[ep.seed for ep in episodes], options=merged)
-    subs = getattr(vec, "envs", [None] * n)  # a WorldModelVectorEnv's sub-environments hold the defaults
+    # a WorldModelVectorEnv's sub-environments hold the defaults
+    subs = [getattr(sub, "unwrapped", None) for sub in getattr(vec, "envs", [None] * n)]
     slots = [_Slot(ep, copy.deepcopy(policy),
                    EpisodeResult(index=i, seed=ep.seed, prompt=ep.prompt or getattr(sub, "prompt", None),
                                  domain_id=getattr(sub, "domain_id", None) if ep.domain_id is None else ep.domain_id),

@@ -1,7 +1,7 @@
 """Decisions made in the world model: a model-predictive planner for the pusher, checked in the simulator.
 
 Each window the planner draws ``candidates`` action chunks from a proposal policy, plays each one in a
-fork of the world-model env (``env.unwrapped.fork()``: the fork shares the committed KV pages, so a
+fork of the world-model env (``fork_env(env)``, inside its wrappers: the fork shares the committed KV pages, so a
 candidate costs only its own window) and executes the chunk whose imagined frames put the block
 nearest the goal (``BlockToGoal``, read from pixels with the simulator's own detector). The forks start
 from the env's RNG state, so every candidate sees the same diffusion noise and only the actions differ.
@@ -37,6 +37,7 @@ import numpy as np
 from worldstep.engine.checks import check_int
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
 from worldstep.envs.video import frame_fps, video_writer
+from worldstep.envs.wrappers import fork_env
 
 from .episodes import EpisodeResult
 from .policies import Policy
@@ -137,7 +138,7 @@ class ModelPredictivePlanner:
         costs, finals, vanished, chunks0 = [], [], 0, []
         for f in range(self.forks):
             # fork 0 continues this env's noise; the others reseed it (a seed fixed by the episode and window)
-            fork = self.env.unwrapped.fork(None if f == 0 else 1_000_003 * self._seed + 1_009 * self._decisions + f)
+            fork = fork_env(self.env, None if f == 0 else 1_000_003 * self._seed + 1_009 * self._decisions + f)
             continuation = copy.deepcopy(self.proposal)  # its own belief and noise, the same for every fork
             try:
                 chunk, chunks, seen = first, [], {}

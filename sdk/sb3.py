@@ -141,14 +141,15 @@ class WorldModelVecEnv(VecEnv):
         return [env.render() for env in self.envs]
 
     def get_attr(self, attr_name: str, indices=None) -> list[Any]:
-        return [getattr(self.envs[i], attr_name) for i in self._get_indices(indices)]
+        return [self.envs[i].get_wrapper_attr(attr_name) for i in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices=None) -> None:
         for i in self._get_indices(indices):
-            setattr(self.envs[i], attr_name, value)
+            self.envs[i].set_wrapper_attr(attr_name, value)
 
     def env_method(self, method_name: str, *method_args, indices=None, **method_kwargs) -> list[Any]:
-        return [getattr(self.envs[i], method_name)(*method_args, **method_kwargs) for i in self._get_indices(indices)]
+        return [self.envs[i].get_wrapper_attr(method_name)(*method_args, **method_kwargs)
+                for i in self._get_indices(indices)]
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices=None) -> list[bool]:
         return [isinstance(self.images[i], wrapper_class) for i in self._get_indices(indices)]

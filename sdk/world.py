@@ -207,17 +207,22 @@ def _env_kwargs(world: World, runtime: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwargs: Any):
-    """A :class:`worldstep.envs.WorldModelEnv` for ``model`` (anything :func:`load` takes).
+    """A :class:`worldstep.envs.WorldModelEnv` for ``model`` (anything :func:`load` takes), in the wrappers its
+    config and ``kwargs`` ask for: ``WindowLimit(JudgeSuccess(NormalizeActions(env)))`` (``NormalizeActions``
+    only with an ``action_normalizer``; see ``worldstep.envs.episode_wrappers``). The env itself is
+    ``env.unwrapped``; ``worldstep.envs.fork_env(env)`` forks it inside its wrappers.
 
-    ``kwargs``: ``render_mode``, ``reward_fn``, ``success_fn``, ``image`` (an ``(H, W, 3)`` uint8 array or a
-    path), ``fps`` and ``action_normalizer`` (see ``WorldModelEnv``), and any config key (``max_windows=4``,
-    ``prompt=...``, ``embodiment="droid_lerobot"``, ``domain_id=8``, ``num_steps=2``, ...).
+    ``kwargs``: ``render_mode``, ``image`` (an ``(H, W, 3)`` uint8 array or a path) and ``fps`` (see
+    ``WorldModelEnv``), ``success_fn`` and ``reward_fn`` (``JudgeSuccess``), ``action_normalizer``
+    (``NormalizeActions``), and any config key (``max_windows=4`` for ``WindowLimit``, ``prompt=...``,
+    ``embodiment="droid_lerobot"``, ``domain_id=8``, ``num_steps=2``, ...).
     ``cameras=("exterior", "wrist")`` (with ``camera_layout``, default ``"row"``, ``view_point`` defaulting to
     ``"concat_view"``, and ``image`` a dict of first views) wraps it in ``MultiCameraObservation``;
     ``robot_state=True`` in ``RobotStateObservation`` (docs/observations.md).
-    The env is returned without gymnasium's wrappers; ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds them.
+    ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds gymnasium's own wrappers around it.
     """
-    from worldstep.envs import MultiCameraObservation, RobotStateObservation, WorldModelEnv
+    from worldstep.envs import MultiCameraObservation, RobotStateObservation
+    from worldstep.envs.make import make_world_model_env
 
     kwargs = dict(kwargs)
     cameras, layout = kwargs.pop("cameras", None), kwargs.pop("camera_layout", None)
@@ -231,7 +236,7 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
         kwargs.setdefault("view_point", "concat_view")  # the caption frames several cameras
     runtime, overrides = _split_env_kwargs(kwargs)
     world = load(model, **overrides)
-    env = WorldModelEnv(world.model, world.knobs, **_env_kwargs(world, runtime))
+    env = make_world_model_env(world.model, world.knobs, **_env_kwargs(world, runtime))
     if robot_state:
         env = RobotStateObservation(env)
     if cameras is None:

@@ -132,8 +132,8 @@ class RerunVectorLogger(VectorWrapper):
         recording = _check_options(recording, embodiment, image_format, jpeg_quality, entity)
         super().__init__(env)
         self.recording = recording
-        sub_envs = getattr(env.unwrapped, "envs", None) or [None]
-        name = embodiment if embodiment is not None else getattr(sub_envs[0], "embodiment", None)
+        first = (getattr(env.unwrapped, "envs", None) or [None])[0]
+        name = embodiment if embodiment is not None else getattr(getattr(first, "unwrapped", None), "embodiment", None)
         self.logs = [RolloutLog(recording, f"{entity}/{i}", name, width, image_format, jpeg_quality)
                      for i in range(env.num_envs)]
         self._autoreset = np.zeros(env.num_envs, dtype=np.bool_)

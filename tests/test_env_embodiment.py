@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiny_world import cache_dir, ramp, world  # noqa: F401 - fixtures
 from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionRangeWarning, ActionStats, RolloutKnobs
-from worldstep.envs import WorldModelEnv, WorldModelVectorEnv
+from worldstep.envs import NormalizeActions, WorldModelEnv, WorldModelVectorEnv, make_world_model_env
 
 
 def counts(model) -> tuple[int, int, int]:
@@ -37,10 +37,10 @@ def no_model_work(world, monkeypatch):  # noqa: F811
 def test_env_takes_an_embodiment_name_with_its_exact_width_fps_and_view_point(world):  # noqa: F811
     env = worldstep.make_env(world, embodiment="droid_lerobot", max_windows=2)
     assert env.action_space == gym.spaces.Box(-1, 1, (4, 10), np.float32)
-    assert (env.embodiment, env.domain_id) == ("droid_lerobot", 8)
+    assert (env.unwrapped.embodiment, env.unwrapped.domain_id) == ("droid_lerobot", 8)
     assert env.metadata["frame_fps"] == 15.0 and env.metadata["render_fps"] == 15.0 / 4
     env.reset(seed=0)
-    session = env.episode.session
+    session = env.unwrapped.episode.session
     assert session.action_shape == (4, 10) and session.domain_id == 8
     assert (session.conditioning.fps, session.conditioning.view_point) == (15.0, "concat_view")
     obs, _, _, _, info = env.step(ramp(env.action_space))
@@ -74,7 +74,7 @@ def test_a_domain_id_with_one_width_names_its_embodiment(world):  # noqa: F811
 def test_bad_embodiments_are_refused_before_any_model_work(no_model_work, kwargs, pattern):
     model = no_model_work.model
     with pytest.raises(ValueError, match=pattern):
-        WorldModelEnv(model, no_model_work.knobs, **kwargs)
+        make_world_model_env(model, no_model_work.knobs, **kwargs)
     with pytest.raises(ValueError, match=pattern):
         model.open_session(np.zeros((32, 32, 3), np.uint8), "go", kwargs.get("domain_id"),
                            embodiment=kwargs["embodiment"], action_width=kwargs.get("action_width"),
@@ -85,10 +85,10 @@ def test_bad_embodiments_are_refused_before_any_model_work(no_model_work, kwargs
 def test_a_reset_domain_id_that_contradicts_the_embodiment_leaves_the_episode_alive(world):  # noqa: F811
     env = worldstep.make_env(world, embodiment="droid_lerobot")
     env.reset(seed=0)
-    session = env.episode.session
+    session = env.unwrapped.episode.session
     with pytest.raises(ValueError, match=r"domain_id=3 contradicts embodiment 'droid_lerobot'"):
         env.reset(options={"domain_id": 3})
-    assert env.episode.session is session and env.episode.live  # nothing committed was lost
+    assert env.unwrapped.episode.session is session and env.unwrapped.episode.live  # nothing committed was lost
     env.reset(options={"domain_id": 8})  # its own id is fine
     env.close()
 
@@ -125,7 +125,7 @@ def test_vector_env_and_config_take_the_embodiment(world):  # noqa: F811
     envs.close()
     # the tiny config sets domain_id 8: naming an embodiment brings its own id
     env = worldstep.make_env(world, embodiment="pusht")
-    assert (env.domain_id, env.action_space.shape, env.metadata["frame_fps"]) == (4, (4, 2), 24.0)
+    assert (env.unwrapped.domain_id, env.action_space.shape, env.metadata["frame_fps"]) == (4, (4, 2), 24.0)
     assert worldstep.load(world, embodiment="pusht").action_shape == (4, 2)
     env.close()
     with pytest.raises(ValueError, match=r"domain_id=7 contradicts"):
@@ -154,7 +154,8 @@ def test_every_combination_is_accepted_exactly_when_the_checkpoint_fits_it(no_mo
           and found.raw_width <= spec.action_dim)
     want = None if found is None else (found.domain_id, found.raw_width, found.name)
     try:
-        env = WorldModelEnv(model, no_model_work.knobs, embodiment=name, domain_id=domain_id, action_width=width)
+        env = make_world_model_env(model, no_model_work.knobs, embodiment=name, domain_id=domain_id,
+                                   action_width=width)
     except ValueError as err:
         assert not ok, err
         if name is not None:  # the engine refuses the same combination (without one it takes a raw domain)
@@ -165,7 +166,7 @@ def test_every_combination_is_accepted_exactly_when_the_checkpoint_fits_it(no_mo
             assert name in str(err) or "allowed" in str(err)
     else:
         assert ok, (name, domain_id, width)
-        assert (env.domain_id, env.action_space.shape[1], env.embodiment) == want
+        assert (env.unwrapped.domain_id, env.action_space.shape[1], env.unwrapped.embodiment) == want
         env.close()
     assert counts(model) == (0, 0, 0)
 
@@ -223,14 +224,14 @@ def test_the_normaliser_in_a_vector_env_reports_per_sub_env(world):  # noqa: F81
 
 
 def test_a_normaliser_of_another_width_is_refused(no_model_work):
+    model, knobs = no_model_work.model, no_model_work.knobs
     with pytest.raises(ValueError, match=r"action_normalizer width=10 is invalid; allowed: 2"):
-        WorldModelEnv(no_model_work.model, no_model_work.knobs, embodiment="pusht", action_normalizer=_normalizer())
+        make_world_model_env(model, knobs, embodiment="pusht", action_normalizer=_normalizer())
     with pytest.raises(ValueError, match=r"action_normalizer=.* is invalid; allowed: an ActionNormalizer"):
-        WorldModelEnv(no_model_work.model, no_model_work.knobs, embodiment="pusht", action_normalizer="quantile")
-    env = WorldModelEnv(no_model_work.model, no_model_work.knobs, embodiment="bridge_orig_lerobot",
-                        action_normalizer=_normalizer())
+        NormalizeActions(WorldModelEnv(model, knobs, embodiment="pusht"), "quantile")
+    env = NormalizeActions(WorldModelEnv(model, knobs, embodiment="bridge_orig_lerobot"), _normalizer())
     with pytest.raises(ValueError, match=r"actions shape \(4, 7\) is invalid; allowed: \[..., 10\]"):
-        env.rules.model_actions(np.zeros((4, 7), np.float32))
+        env.step_in(np.zeros((4, 7), np.float32))
 
 
 # --- the pipeline's first-frame canvas ------------------------------------------------------------
@@ -249,7 +250,7 @@ def test_the_canvas_fixes_the_observation_to_the_content_and_crops_the_padding(w
     assert env.observation_space["frames"].shape == (4, 112, 192, 3) == (4, *plan.output_size, 3)
     obs, info = env.reset(seed=0)
     assert (info["resolution_tier"], info["aspect_bin"]) == (256, plan.aspect_bin)
-    session = env.episode.session
+    session = env.unwrapped.episode.session
     assert session.frame.caption_size == plan.canvas == (192, 320)  # the caption states the canvas
     assert tuple(session.first_latent.shape[-2:]) == (7, 12)  # the padding's latents are gone
     obs, _, _, _, info = env.step(ramp(env.action_space))
@@ -266,11 +267,11 @@ def test_the_canvas_fixes_the_observation_to_the_content_and_crops_the_padding(w
 def test_a_reset_image_that_gives_another_canvas_is_refused_and_the_episode_lives(world):  # noqa: F811
     env = worldstep.make_env(world, embodiment="pusht", resolution_tier=256, image=_frame((120, 200)))
     env.reset(seed=0)
-    session = env.episode.session
+    session = env.unwrapped.episode.session
     with pytest.raises(ValueError, match=r"options\['image'\] of size 200x120 is invalid for this env's canvas "
                                          r"\(tier 256, aspect bin 0.6, 112x192 frames\).*allowed: .*120x200"):
         env.reset(options={"image": _frame((200, 120))})
-    assert env.episode.session is session and env.episode.live
+    assert env.unwrapped.episode.session is session and env.unwrapped.episode.live
     env.close()
     envs = WorldModelVectorEnv(world.model, 2, world.knobs, embodiment="pusht", resolution_tier=256,
                                image=_frame((120, 200)))
@@ -284,14 +285,14 @@ def test_auto_tier_and_the_drawn_scene_use_the_model_size_as_reference(world):  
     env = worldstep.make_env(world, embodiment="pusht", resolution_tier="auto")
     obs, info = env.reset(seed=0)  # a 32x32 drawn scene: tier 256, never enlarged, padded by replication
     assert info["resolution_tier"] == 256 and obs["frames"].shape == (4, 32, 32, 3)
-    assert env.episode.session.frame.caption_size == (256, 256)
+    assert env.unwrapped.episode.session.frame.caption_size == (256, 256)
     env.close()
     with pytest.raises(ValueError, match=r"env.resolution_tier = 300: must be one of 256, 480, 704, 720 or 'auto'"):
         worldstep.make_env(world, resolution_tier=300)
     with pytest.raises(ValueError, match=r"tier=300 is invalid; allowed: one of \[256, 480, 704, 720\]"):
-        WorldModelEnv(world.model, world.knobs, domain_id=8, resolution_tier=300)
+        WorldModelEnv(world.model, world.knobs, embodiment=8, resolution_tier=300)
     with pytest.raises(ValueError, match=r"tier='big' is invalid; allowed: 256, 480, 704, 720, 'auto' or None"):
-        WorldModelEnv(world.model, world.knobs, domain_id=8, resolution_tier="big")
+        WorldModelEnv(world.model, world.knobs, embodiment=8, resolution_tier="big")
 
 
 def test_the_rollout_command_takes_an_embodiment(world, tmp_path):  # noqa: F811

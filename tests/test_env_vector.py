@@ -18,7 +18,7 @@ def test_make_vec_returns_the_batched_env(world):  # noqa: F811
     assert envs.single_action_space.shape == (4, 10)  # droid_lerobot (tiny.yaml: domain 8), exactly 10 wide
     assert envs.action_space.shape == (2, 4, 10)
     assert envs.observation_space["frames"].shape == (2, *envs.single_observation_space["frames"].shape)
-    assert all(env.model is world.model for env in envs.envs)  # one model, not copies
+    assert all(env.unwrapped.model is world.model for env in envs.envs)  # one model, not copies
     envs.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import gymnasium as gym
@@ -11,7 +12,7 @@ import worldstep
 from gymnasium.utils.env_checker import check_env
 from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
 from worldstep.engine.models.cosmos3 import CheckpointNotFoundError, KVStats, PhaseTimings
-from worldstep.envs import WorldModelEnv
+from worldstep.envs import JudgeSuccess, WindowLimit, WorldModelEnv, fork_env, make_world_model_env
 
 
 def counts(model) -> tuple[int, int, int]:
@@ -40,7 +41,7 @@ def test_gym_make_default_id_builds_the_embedded_model(world):  # noqa: F811
     shared = [gym.make("worldstep/Tiny-v0", share=True, **FAST) for _ in range(2)]  # sharing is explicit
     assert shared[0].unwrapped.model is shared[1].unwrapped.model is not env.unwrapped.model
     passed = gym.make("worldstep/Tiny-v0", model=world, max_windows=3)  # or pass a World around
-    assert passed.unwrapped.model is world.model and passed.unwrapped.max_windows == 3
+    assert passed.unwrapped.model is world.model and passed.get_wrapper_attr("max_windows") == 3
     for other in (*shared, passed):
         other.close()
     assert env.spec.max_episode_steps == worldstep.load_config("tiny").env.max_windows
@@ -53,7 +54,7 @@ def test_gym_make_default_id_builds_the_embedded_model(world):  # noqa: F811
 def test_spaces_and_metadata(env, world):  # noqa: F811
     spec = world.spec
     # tiny.yaml's domain 8 stands for its embodiment, droid_lerobot: exactly 10-wide actions at 15 fps
-    assert env.embodiment == "droid_lerobot" and env.domain_id == 8
+    assert env.unwrapped.embodiment == "droid_lerobot" and env.unwrapped.domain_id == 8
     assert env.action_space == gym.spaces.Box(-1, 1, (4, 10), np.float32)
     frames = env.observation_space["frames"]
     assert frames.shape == (4, spec.height, spec.width, 3) and frames.dtype == np.uint8
@@ -112,10 +113,10 @@ BAD_ACTIONS = [  # the tiny env's actions are droid_lerobot's: (4, 10)
 @pytest.mark.parametrize(("actions", "match"), BAD_ACTIONS)
 def test_bad_actions_raise_and_env_keeps_working(env, actions, match):
     env.reset(seed=0)
-    pages = env.model.kv.table.num_used_pages
+    pages = env.unwrapped.model.kv.table.num_used_pages
     with pytest.raises(ValueError, match=match):
         env.step(actions)
-    assert env.model.kv.table.num_used_pages == pages and env.windows == 0
+    assert env.unwrapped.model.kv.table.num_used_pages == pages and env.unwrapped.windows == 0
 
 
 BAD_OPTIONS = [
@@ -158,23 +159,44 @@ def test_step_before_reset(world):  # noqa: F811
 
 
 def test_bad_constructor_arguments(world):  # noqa: F811
+    env = WorldModelEnv(world.model, world.knobs, embodiment=8)
     with pytest.raises(ValueError, match="max_windows=0"):
-        WorldModelEnv(world.model, world.knobs, max_windows=0, domain_id=8)
-    with pytest.raises(ValueError, match=r"actions 17 wide do not fit embodiment 'droid_lerobot'"):
-        WorldModelEnv(world.model, world.knobs, domain_id=8, action_width=17)
+        WindowLimit(env, 0)
+    with pytest.raises(ValueError, match="max_windows=0"):
+        make_world_model_env(world.model, world.knobs, max_windows=0, domain_id=8)
+    with pytest.raises(ValueError, match=r"^action_width=17 is invalid: .*'droid_lerobot'"):
+        make_world_model_env(world.model, world.knobs, domain_id=8, action_width=17)
     with pytest.raises(ValueError, match="render_mode='human'"):
-        WorldModelEnv(world.model, world.knobs, domain_id=8, render_mode="human")
+        WorldModelEnv(world.model, world.knobs, embodiment=8, render_mode="human")
     with pytest.raises(TypeError, match="success_fn"):
-        WorldModelEnv(world.model, world.knobs, domain_id=8, success_fn=3)
+        JudgeSuccess(env, success_fn=3)
+    with pytest.raises(TypeError, match="success_fn"):
+        make_world_model_env(world.model, world.knobs, domain_id=8, success_fn=3)
     # neither an embodiment nor a domain: the tiny checkpoint registers many, so none is a default
     with pytest.raises(ValueError, match=r"embodiment=None and domain_id=None: give one; allowed names: .*droid"):
         WorldModelEnv(world.model, world.knobs)
     # a domain without an embodiment (10), and one whose embodiments differ in width (5: libero)
     for domain in (10, 5):
+        with pytest.raises(ValueError, match=f"embodiment={domain}|{domain}"):
+            WorldModelEnv(world.model, world.knobs, embodiment=domain)
         with pytest.raises(ValueError, match=f"domain_id={domain}|{domain}"):
-            WorldModelEnv(world.model, world.knobs, domain_id=domain)
+            make_world_model_env(world.model, world.knobs, domain_id=domain)
     with pytest.raises(TypeError, match="model"):
         WorldModelEnv("tiny")
+    env.close()
+
+
+def test_constructor_takes_a_checked_conditioning(world):  # noqa: F811
+    model, knobs = world.model, world.knobs
+    cond = model.conditioning(knobs, env_rule=True, embodiment="droid_lerobot", fps=5.0)
+    env = WorldModelEnv(model, knobs, embodiment=cond)
+    assert (env.conditioning, env.metadata["frame_fps"], env.action_space.shape) == (cond, 5.0, (4, 10))
+    raw = model.conditioning(knobs, domain_id=10)  # a raw domain: no embodiment to hold the env to
+    with pytest.raises(ValueError, match=r"embodiment=Conditioning\(.*names no embodiment"):
+        WorldModelEnv(model, knobs, embodiment=raw)
+    other = dataclasses.replace(cond, view_point="not_the_knobs_view")  # not what these knobs resolve
+    with pytest.raises(ValueError, match=r"embodiment=Conditioning\(.* is invalid for this model and knobs"):
+        WorldModelEnv(model, knobs, embodiment=other)
 
 
 def test_render_returns_the_latest_frame(world):  # noqa: F811
@@ -207,9 +229,10 @@ def test_fork_continues_independently(world):  # noqa: F811
     for e in (env, ref):
         e.reset(seed=5)
         e.step(a0)
-    twin = env.fork()
-    other = env.fork(seed=123)
-    assert twin.windows == env.windows == 1
+    twin = fork_env(env)
+    other = fork_env(env, seed=123)
+    assert twin.unwrapped.windows == env.unwrapped.windows == 1
+    assert twin.get_wrapper_attr("_elapsed_steps") == 1  # the window limit's count goes with the fork
     other.step(b1)  # a different future on the fork leaves the original untouched
     obs_env = env.step(a1)[0]
     obs_twin = twin.step(a1)[0]
@@ -220,7 +243,7 @@ def test_fork_continues_independently(world):  # noqa: F811
         e.close()
     assert counts(world.model) == (0, 0, 0)
     with pytest.raises(gym.error.ResetNeeded):
-        env.fork()
+        env.unwrapped.fork()
 
 
 def test_running_out_of_pages_is_truncation(world):  # noqa: F811

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tiny_world import FAST, assert_frames_match_batched, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
+from worldstep.envs import fork_env
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -117,8 +118,8 @@ def test_interleaved_vector_episodes_with_forks_match_sequential_runs(world):  #
         obs, _, _, truncs, _ = envs.step(actions[s])
         for i in range(3):
             got[i].append(obs["frames"][i])
-        if s in (1, 3) and not truncs[2] and envs.envs[2].episode is not None:
-            fork = envs.envs[2].fork(seed=s)  # a branch taken mid-episode, stepped alongside
+        if s in (1, 3) and not truncs[2] and envs.envs[2].unwrapped.episode is not None:
+            fork = fork_env(envs.envs[2], seed=s)  # a branch taken mid-episode, stepped alongside
             fork.step(ramp(space, 0.9))
             forks.append(fork)
     for fork in forks:

@@ -6,15 +6,15 @@ import pytest
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
 from worldstep.engine.checks import check_fps
 from worldstep.engine.kv import PageAllocator
-from worldstep.envs import PushSimEnv, WorldModelEnv
+from worldstep.envs import PushSimEnv, make_world_model_env
 
 
 def test_a_refused_action_width_names_action_width(world):  # noqa: F811
     """It used to say only "actions 999 wide do not fit embodiment 'droid_lerobot'"."""
     with pytest.raises(ValueError, match=r"^action_width=999 is invalid: .*'droid_lerobot'.*allowed: action_width=10"):
-        WorldModelEnv(world.model, world.knobs, embodiment="droid_lerobot", action_width=999)
+        make_world_model_env(world.model, world.knobs, embodiment="droid_lerobot", action_width=999)
     with pytest.raises(ValueError, match=r"^action_width='10' is invalid"):
-        WorldModelEnv(world.model, world.knobs, embodiment="droid_lerobot", action_width="10")
+        make_world_model_env(world.model, world.knobs, embodiment="droid_lerobot", action_width="10")
 
 
 @pytest.mark.parametrize(("call", "pattern"), [

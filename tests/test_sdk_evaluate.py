@@ -35,8 +35,9 @@ def test_make_env_takes_config_keys_and_env_arguments(world):  # noqa: F811
     image = np.full((32, 32, 3), 90, np.uint8)
     env = worldstep.make_env(world, max_windows=2, prompt="pick up the red cube", domain_id=4, action_width=2,
                              image=image, render_mode="rgb_array")  # domain 4: pusht, 2-wide actions
-    assert (env.max_windows, env.prompt, env.domain_id, env.embodiment, env.action_space.shape) == (
-        2, "pick up the red cube", 4, "pusht", (4, 2))
+    inner = env.unwrapped
+    assert (env.get_wrapper_attr("max_windows"), inner.prompt, inner.domain_id, inner.embodiment,
+            env.action_space.shape) == (2, "pick up the red cube", 4, "pusht", (4, 2))
     with pytest.raises(worldstep.ConfigError, match="env.max_windows = 0"):
         worldstep.make_env(world, max_windows=0)
 

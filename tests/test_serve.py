@@ -18,6 +18,7 @@ import pytest
 import worldstep
 from serve_client import serve_actions
 from tiny_world import FAST, assert_frames_match_batched, cache_dir, world  # noqa: F401 - fixtures
+from worldstep.envs import fork_env
 from worldstep.remote_policy import packb, unpackb
 from worldstep.serve import (
     RemoteEnvAuthError,
@@ -140,7 +141,7 @@ def test_remote_env_equals_the_local_env(world, serve):  # noqa: F811
         # a fork continues the episode on the server, sharing its pages
         remote.reset(seed=1)
         local.reset(seed=1)
-        fork_r, fork_l = remote.unwrapped.fork(seed=9), local.fork(seed=9)
+        fork_r, fork_l = remote.unwrapped.fork(seed=9), fork_env(local, seed=9)
         actions = serve_actions(local.action_space.shape, 3)
         assert np.array_equal(fork_r.step(actions)[0]["frames"], fork_l.step(actions)[0]["frames"])
         fork_r.close()

@@ -188,3 +188,48 @@ def test_nobody_outside_engine_kv_reads_the_cache_table_or_offload(tmp_path):
     assert not _cache_internals_outside_kv(TREE), _cache_internals_outside_kv(TREE)
     broken = _package(tmp_path, {**CLEAN, "user.py": "def pages(model):\n    return model.kv.table.num_free_pages\n"})
     assert _cache_internals_outside_kv(broken) == ["pkg.user:2: model.kv.table"]
+
+
+# --- the env's constructor: at most 8 arguments, the rest are wrappers ------------------------------------
+
+MAX_ENV_ARGUMENTS = 8
+
+
+def _constructor_violations(cls: type) -> list[str]:
+    """What breaks the rule in ``cls.__init__``: more than MAX_ENV_ARGUMENTS arguments, or a catch-all (``*args``,
+    ``**kwargs``) that would hide how many it takes."""
+    import inspect
+
+    params = [p for name, p in inspect.signature(cls.__init__).parameters.items() if name != "self"]
+    found = [f"{cls.__name__}.__init__ takes {p}" for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if len(params) > MAX_ENV_ARGUMENTS:
+        found.append(f"{cls.__name__}.__init__ takes {len(params)} arguments > {MAX_ENV_ARGUMENTS}: "
+                     f"{[p.name for p in params]}")
+    return found
+
+
+def test_the_env_constructor_takes_at_most_eight_arguments():
+    from worldstep.envs import WorldModelEnv
+
+    assert not _constructor_violations(WorldModelEnv)
+
+
+def test_the_argument_rule_fails_on_an_injected_ninth_and_a_catch_all():
+    import inspect
+
+    from worldstep.envs import WorldModelEnv
+
+    params = list(inspect.signature(WorldModelEnv.__init__).parameters.values())
+
+    def injected(cls_name: str, extra: inspect.Parameter) -> type:
+        def __init__(self, *args, **kwargs):  # noqa: N807 - the signature below is what the rule reads
+            raise AssertionError("never constructed")
+
+        __init__.__signature__ = inspect.Signature([*params, extra])
+        return type(cls_name, (WorldModelEnv,), {"__init__": __init__})
+
+    ninth = injected("NinthArgument", inspect.Parameter("max_windows", inspect.Parameter.KEYWORD_ONLY, default=32))
+    assert _constructor_violations(ninth) == [
+        f"NinthArgument.__init__ takes 9 arguments > 8: {[p.name for p in params[1:]] + ['max_windows']}"]
+    catch_all = injected("CatchAll", inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD))
+    assert any("**options" in v for v in _constructor_violations(catch_all))

@@ -46,9 +46,10 @@ def test_unknown_simulator_is_a_value_error_naming_it(pusher):
 
 def test_pusher_env_resets_to_the_simulator_scene(pusher, monkeypatch):
     env = worldstep.make_env(pusher)
+    model = env.unwrapped.model
     seen = []
-    real_open = env.model.open_session
-    monkeypatch.setattr(env.model, "open_session",
+    real_open = model.open_session
+    monkeypatch.setattr(model, "open_session",
                         lambda image, *a, **k: seen.append(image) or real_open(image, *a, **k))
     _, info = env.reset(seed=11)
     assert info["scene_seed"] == 11 and np.array_equal(seen[-1], _sim_first_frame(11))
@@ -56,9 +57,9 @@ def test_pusher_env_resets_to_the_simulator_scene(pusher, monkeypatch):
     assert np.array_equal(seen[-1], _sim_first_frame(info["scene_seed"]))
     _, info = env.reset(seed=3, options={"image": first_frame(np.random.default_rng(9))})  # an image wins
     assert "scene_seed" not in info and np.array_equal(seen[-1], first_frame(np.random.default_rng(9)))
-    scene = env._scene
+    scene = env.unwrapped._scene
     env.close()
-    assert scene._env is None and env.model.kv.table.num_used_pages == 0 and env.model.live_sessions == 0
+    assert scene._env is None and model.kv.table.num_used_pages == 0 and model.live_sessions == 0
 
 
 def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, tmp_path):

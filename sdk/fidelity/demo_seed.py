@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     # as `worldstep rollout --truth` makes it: success is judged on both sides by rollout_with_truth every
     # window, so the env's own judge is off and no episode ends before --windows
     env = worldstep.make_env(args.config, max_windows=args.windows, success_fn="none")
-    truth = gym.make(env.simulator, chunk_size=env.knobs.chunk_size, disable_env_checker=True).unwrapped
+    inner = env.unwrapped
+    truth = gym.make(inner.simulator, chunk_size=inner.knobs.chunk_size, disable_env_checker=True).unwrapped
     rows = []
     try:
         for seed in VALIDATION.episode_seeds(args.seeds):

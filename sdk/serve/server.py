@@ -22,6 +22,7 @@ import gymnasium as gym
 from pydantic import Field
 from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.settings import StrictModel
+from worldstep.envs.wrappers import fork_env
 
 from ..world import World, make_env
 from .engine_loop import EngineLoop
@@ -262,7 +263,7 @@ class WorldModelServer:
             return {"obs": obs, "reward": reward, "terminated": bool(terminated), "truncated": bool(truncated),
                     "info": encode_info(info)}
         if request.op is Op.FORK:
-            return self._open_session(state, lambda: env.fork(seed=f["seed"]))
+            return self._open_session(state, lambda: fork_env(env, seed=f["seed"]))
         del state.sessions[request.session]  # Op.CLOSE
         try:
             self.loop.call(env.close)
@@ -299,5 +300,5 @@ def _describe(env) -> dict[str, Any]:
     """What a client env mirrors: spaces, metadata and the reset defaults."""
     return {"observation_space": encode_space(env.observation_space), "action_space": encode_space(env.action_space),
             "render_fps": float(env.metadata["render_fps"]), "frame_fps": float(env.metadata["frame_fps"]),
-            "prompt": env.prompt, "domain_id": int(env.domain_id), "embodiment": env.embodiment,
-            "max_windows": env.max_windows}
+            "prompt": env.unwrapped.prompt, "domain_id": int(env.unwrapped.domain_id),
+            "embodiment": env.unwrapped.embodiment, "max_windows": env.get_wrapper_attr("max_windows")}

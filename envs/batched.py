@@ -1,0 +1,120 @@
+"""Step many wrapped world-model envs of one model through ONE engine call, each keeping its own episode.
+
+Each env is a ``WorldModelEnv`` inside ``SplitStep`` wrappers (what ``worldstep.make_env`` builds). The first
+halves of every env's wrappers run outermost first, the engine steps every session at once, and each window's
+outcome goes back up through the second halves: the code ``env.step`` runs, so every env reports what it would
+report alone (within the batched-GEMM rounding bound of docs/exactness.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+from worldstep.engine.kv import KVPoolExhausted
+
+from .episode import Episode
+from .episode_wrappers import SplitStep
+from .world_model_env import WorldModelEnv
+
+Outcome = tuple  # (obs, reward, terminated, truncated, info)
+
+
+@dataclass
+class Pending:
+    """One env's step between the halves: its wrappers with what each was given and keeps, its episode and the
+    actions the engine gets."""
+
+    layers: list[tuple[SplitStep, Any, Any]]  # (wrapper, its action, its carry), outermost first
+    episode: Episode
+    actions: Any
+
+    def finish(self, outcome: Outcome) -> Outcome:
+        for wrapper, action, carry in reversed(self.layers):
+            outcome = wrapper.step_out(outcome, action, carry)
+        return outcome
+
+
+def split_env(env: gym.Env) -> tuple[list[SplitStep], WorldModelEnv]:
+    """``env``'s wrappers (outermost first) and the ``WorldModelEnv`` inside; TypeError naming a wrapper whose
+    step cannot be split."""
+    wrappers, inner = [], env
+    while isinstance(inner, gym.Wrapper):
+        if not isinstance(inner, SplitStep):
+            raise TypeError(f"env wrapper {type(inner).__name__} cannot be stepped in a batch; allowed: a "
+                            "WorldModelEnv inside NormalizeActions, JudgeSuccess and WindowLimit wrappers")
+        wrappers.append(inner)
+        inner = inner.env
+    if not isinstance(inner, WorldModelEnv):
+        raise TypeError(f"env={env!r} is invalid; allowed: a (wrapped) WorldModelEnv")
+    return wrappers, inner
+
+
+def prepare(env: gym.Env, action: Any) -> Pending:
+    """The first halves of ``env``'s wrappers on ``action``, and its live episode read once (a ``close()`` in
+    another thread cannot pull it away before the engine call). Nothing changes: ``step_in`` keeps no state."""
+    wrappers, base = split_env(env)
+    episode = base.live_episode()
+    layers = []
+    for wrapper in wrappers:
+        inner, carry = wrapper.step_in(action)
+        layers.append((wrapper, action, carry))
+        action = inner
+    return Pending(layers, episode, action)
+
+
+def step_batch(envs: Sequence[gym.Env], actions: Sequence[Any], *, strict: bool) -> list[Outcome | Exception]:
+    """Each env's ``step(actions[i])`` outcome from one ``model.step``.
+
+    ``strict`` (a vector env): a refused row (``ValueError``, ``TypeError``, ``ResetNeeded``, ...) is raised before
+    any env steps. Otherwise (envs of different clients) the env at fault gets its error in its place and the
+    others step: an env without a live episode stays out of the call, and a row the engine refuses sends every
+    env through its own ``step``. When the pool cannot hold every window (``KVPoolExhausted``), the envs whose
+    sessions it closed end by truncation and the others step alone.
+    """
+    out: dict[int, Outcome | Exception] = {}
+    pending: dict[int, Pending] = {}
+    for i, env in enumerate(envs):
+        try:
+            pending[i] = prepare(env, actions[i])
+        except (gym.error.Error, ValueError, TypeError) as err:
+            if strict:
+                raise
+            out[i] = err
+    out.update(step_prepared(envs, actions, pending, strict=strict))
+    return [out[i] for i in range(len(envs))]
+
+
+def step_prepared(envs: Sequence[gym.Env], actions: Sequence[Any], pending: dict[int, Pending], *,
+                  strict: bool) -> dict[int, Outcome | Exception]:
+    """The outcomes of the ``prepare``d envs (``pending[i]`` of ``envs[i]``) from one ``model.step``; see
+    ``step_batch``."""
+    if not pending:
+        return {}
+    out: dict[int, Outcome | Exception] = {}
+    model = next(iter(pending.values())).episode.rules.model
+    try:
+        results = model.step([p.episode.session for p in pending.values()], [p.actions for p in pending.values()])
+    except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
+        for i, p in pending.items():
+            out[i] = _step_alone(envs[i], actions[i], strict) if p.episode.live else p.finish(p.episode.exhausted())
+    except (ValueError, TypeError):  # a bad row, refused before any window ran
+        if strict:
+            raise
+        for i in pending:
+            out[i] = _step_alone(envs[i], actions[i], strict)
+    else:
+        for (i, p), result in zip(pending.items(), results):
+            out[i] = p.finish(p.episode.outcome(result))
+    return out
+
+
+def _step_alone(env: gym.Env, actions: Any, strict: bool) -> Outcome | Exception:
+    try:
+        return env.step(actions)
+    except (gym.error.Error, ValueError, TypeError) as err:
+        if strict:
+            raise
+        return err

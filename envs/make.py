@@ -1,0 +1,51 @@
+"""A world-model env in the wrappers its keywords ask for: what ``worldstep.make_env`` and every sub-environment
+of ``WorldModelVectorEnv`` are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from worldstep.engine.checks import check_int
+from worldstep.engine.models.cosmos3 import ActionNormalizer, Cosmos3WorldModel, RolloutKnobs
+
+from .episode_wrappers import JudgeSuccess, NormalizeActions, WindowLimit
+from .world_model_env import DEFAULT_PROMPT, WorldModelEnv, check_model_and_knobs
+
+
+def make_world_model_env(
+    model: Cosmos3WorldModel,
+    knobs: RolloutKnobs | None = None,
+    *,
+    max_windows: int = 32,
+    prompt: str = DEFAULT_PROMPT,
+    domain_id: int | None = None,
+    image: np.ndarray | None = None,
+    action_width: int | None = None,
+    embodiment: str | int | None = None,
+    fps: float | None = None,
+    action_normalizer: ActionNormalizer | None = None,
+    resolution_tier: int | str | None = None,
+    simulator: str | None = None,
+    reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
+    success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
+    render_mode: str | None = None,
+) -> gym.Env:
+    """``WindowLimit(JudgeSuccess(NormalizeActions(WorldModelEnv(...))))`` (``NormalizeActions`` only with an
+    ``action_normalizer``). ``embodiment``, ``domain_id``, ``action_width`` and ``fps`` are resolved by the engine
+    into the env's conditioning (errors name the argument given); the rest are the env's and the wrappers'."""
+    knobs = check_model_and_knobs(model, knobs)
+    check_int("max_windows", max_windows, 1)
+    cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
+                              action_width=action_width, fps=fps)
+    env: Any = WorldModelEnv(model, knobs, embodiment=cond, prompt=prompt, image=image,
+                             resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode)
+    try:
+        if action_normalizer is not None:
+            env = NormalizeActions(env, action_normalizer)
+        return WindowLimit(JudgeSuccess(env, success_fn, reward_fn), max_windows)
+    except BaseException:
+        env.close()  # the simulator a judge looked up goes back
+        raise

@@ -1,0 +1,121 @@
+"""NormalizeActions, JudgeSuccess and WindowLimit: composed by hand they are what make_env builds, batched they
+report what each env reports alone from one engine call, and a window the pool could not hold is not judged."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import worldstep
+from tiny_world import cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
+from worldstep.batch_step import step_envs
+from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionStats
+from worldstep.envs import JudgeSuccess, NormalizeActions, WindowLimit, WorldModelEnv
+
+Q01 = np.linspace(-0.5, -0.05, 10).astype(np.float32)
+Q99 = np.linspace(0.1, 0.8, 10).astype(np.float32)
+
+
+def counts(model) -> tuple[int, int, int]:
+    return model.kv.table.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+
+
+def _normalizer() -> ActionNormalizer:
+    return ActionNormalizer("quantile", ActionStats(q01=Q01, q99=Q99), width=10)
+
+
+def _bright(frames: np.ndarray) -> bool:
+    return bool(frames.mean() > 40)
+
+
+def _reward(frames: np.ndarray, actions: np.ndarray) -> float:
+    return float(actions.sum()) + float(frames[-1].mean()) / 255
+
+
+def _raw(scale: float) -> np.ndarray:
+    return (Q01 + (Q99 - Q01) * np.linspace(0, 1, 4)[:, None] * scale).astype(np.float32)
+
+
+def test_the_env_alone_only_runs_windows(world):  # noqa: F811
+    env = WorldModelEnv(world.model, world.knobs, embodiment="droid_lerobot")
+    env.reset(seed=0)
+    for _ in range(3):
+        _, reward, terminated, truncated, info = env.step(ramp(env.action_space))
+        assert (reward, terminated, truncated) == (0.0, False, False) and "is_success" not in info
+    env.close()
+    assert counts(world.model) == (0, 0, 0)
+
+
+def test_wrappers_by_hand_are_what_make_env_builds(world):  # noqa: F811
+    kwargs = dict(embodiment="bridge_orig_lerobot", success_fn=_bright, reward_fn=_reward)
+    built = worldstep.make_env(world, max_windows=2, action_normalizer=_normalizer(), **kwargs)
+    inner = WorldModelEnv(world.model, world.knobs, embodiment="bridge_orig_lerobot")
+    by_hand = WindowLimit(JudgeSuccess(NormalizeActions(inner, _normalizer()), _bright, _reward), 2)
+    assert [type(e) for e in _chain(built)] == [type(e) for e in _chain(by_hand)]
+    assert built.action_space == by_hand.action_space and built.get_wrapper_attr("max_windows") == 2
+    for env in (built, by_hand):
+        env.reset(seed=3)
+    for scale in (0.2, 0.9):
+        got, want = built.step(_raw(scale)), by_hand.step(_raw(scale))
+        assert np.array_equal(got[0]["frames"], want[0]["frames"]) and got[1:4] == want[1:4]
+        assert {k: got[4][k] for k in ("is_success", "actions_outside_stats", "window_index")} == {
+            k: want[4][k] for k in ("is_success", "actions_outside_stats", "window_index")}
+        assert got[1] == pytest.approx(_reward(got[0]["frames"], _raw(scale)))  # the raw actions reach reward_fn
+    assert got[3]  # the second window is the limit's
+    with pytest.raises(ValueError, match="max_windows=0 is invalid"):
+        built.set_wrapper_attr("max_windows", 0)
+    built.close(), by_hand.close()
+    assert counts(world.model) == (0, 0, 0)
+
+
+def test_batched_steps_report_what_each_env_reports_alone_from_one_engine_call(world, monkeypatch):  # noqa: F811
+    def make():
+        return worldstep.make_env(world, max_windows=2, embodiment="bridge_orig_lerobot",
+                                  action_normalizer=_normalizer(), success_fn=_bright, reward_fn=_reward)
+
+    alone, batched = [make(), make()], [make(), make()]
+    for i, env in enumerate(alone + batched):
+        env.reset(seed=10 + i % 2)
+    calls = []
+    step = world.model.step
+    monkeypatch.setattr(world.model, "step", lambda sessions, actions: calls.append(len(sessions)) or
+                        step(sessions, actions))
+    for scale in (0.3, 0.7):
+        actions = [_raw(scale), _raw(1 - scale)]
+        want = [env.step(a) for env, a in zip(alone, actions)]
+        calls.clear()
+        got = step_envs(batched, actions)
+        assert calls == [2]  # one engine call for both
+        for g, w in zip(got, want):
+            assert g[1:4] == w[1:4] and set(g[4]) == set(w[4])
+            assert (g[4]["is_success"], g[4]["actions_outside_stats"]) == (w[4]["is_success"],
+                                                                          w[4]["actions_outside_stats"])
+    assert all(g[3] for g in got)  # the window limit counted the batched windows
+    for env in alone + batched:
+        env.close()
+    assert counts(world.model) == (0, 0, 0)
+
+
+def test_a_window_the_pool_could_not_hold_is_not_judged(world):  # noqa: F811
+    pages = world.model.min_pages(world.config.env.prompt, world.knobs)
+    small = worldstep.load(world.config, num_pages=pages, context_frames=0)
+    judged = []
+    env = worldstep.make_env(small, max_windows=50, reward_fn=lambda frames, actions: judged.append(1) or 5.0,
+                             success_fn=lambda frames: judged.append(1) or False)
+    env.reset(seed=0)
+    for _ in range(50):
+        judged.clear()
+        _, reward, terminated, truncated, info = env.step(zeros(env.action_space))
+        if truncated:
+            break
+    assert info["kv_exhausted"] and (reward, terminated, info["is_success"]) == (0.0, False, False)
+    assert not judged
+    env.close()
+
+
+def _chain(env: gym.Env) -> list[gym.Env]:
+    out = [env]
+    while isinstance(env, gym.Wrapper):
+        env = env.env
+        out.append(env)
+    return out
