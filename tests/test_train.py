@@ -163,14 +163,14 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
     rollout computes at that window's denoise step (same clip: the rollout's own committed latents).
 
     The rollout's committed context, noisy window tensors, timesteps and velocities are recorded at its
-    scheduler; the training batch is built from them (noise chosen so that `(1 - s) z + s eps` is the
+    scheduler step; the training batch is built from them (noise chosen so that `(1 - s) z + s eps` is the
     rollout's noisy tensor at `s = t / 1000`); one session steps alone, so it is row 0 of the window's
     stacked scheduler call. `page_size=1` makes the engine's page-floored retention
     equal the nominal horizon the training mask uses (`context_frames` latent frames).
     """
-    from diffusers import UniPCMultistepScheduler
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
     from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
+    from worldstep.engine.models.cosmos3.unipc import UniPCStepper
     from worldstep.envs.push_sim import PushSimEnv
 
     t_arch, v_arch = architectures(small=True)
@@ -184,13 +184,13 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
     session = world.open_session(obs["frames"][0], prompt, domain, knobs=knobs,
                                  generator=torch.Generator().manual_seed(5), action_width=2)
     calls = []  # (timestep, noisy window tensor, velocity) per denoise step, in order
-    step = UniPCMultistepScheduler.step
+    step = UniPCStepper.step  # the engine's stepper (diffusers' UniPC coefficients, computed before the loop)
 
-    def recording_step(self, model_output, timestep, sample, *args, **kwargs):
-        calls.append((float(timestep), sample[0].clone(), model_output[0].clone()))
-        return step(self, model_output, timestep, sample, *args, **kwargs)
+    def recording_step(self, velocity, sample):
+        calls.append((float(self.plan.timesteps[self.index]), sample[0].clone(), velocity[0].clone()))
+        return step(self, velocity, sample)
 
-    monkeypatch.setattr(UniPCMultistepScheduler, "step", recording_step)
+    monkeypatch.setattr(UniPCStepper, "step", recording_step)
     actions = np.random.default_rng(0).uniform(-1, 1, (windows, 4, 2)).astype(np.float32)
     committed = [session.first_latent]
     for w in range(windows):
