@@ -162,7 +162,7 @@ class RerunVectorLogger(VectorWrapper):
                            _record_at(window_info, "timings", i), _record_at(window_info, "kv", i))
             if ended_here:
                 log.reset(obs["frames"][i][0], _record_at(infos, "kv", i))
-        next_step = getattr(self.env, "metadata", {}).get("autoreset_mode") is AutoresetMode.NEXT_STEP
+        next_step = self.env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) is AutoresetMode.NEXT_STEP
         self._autoreset = np.logical_or(terminations, truncations) & next_step
         return obs, rewards, terminations, truncations, infos
 
