@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from worldstep.engine.kv import KVPoolExhausted, PagedKVCache, StreamKey
@@ -25,10 +26,8 @@ class Schedulable(Protocol):
 
     session_id: str
 
-    @property
-    def plan(self) -> WindowPlan: ...
-
-    def stream_keys(self) -> list[StreamKey]: ...
+    plan: WindowPlan  # the session's next window
+    keys: tuple[StreamKey, ...]  # its KV streams
 
     def commit_tokens(self, plan: WindowPlan) -> int:
         """Tokens the window's commit appends to each stream (0: the window commits nothing)."""
@@ -61,7 +60,7 @@ class StepBatch(Generic[S]):
     @property
     def windows(self) -> list[ScheduledWindow[S]]:
         """Every window of the step, in the order the sessions were given."""
-        return sorted((w for g in self.groups for w in g), key=lambda w: w.index)
+        return sorted((w for g in self.groups for w in g), key=attrgetter("index"))
 
 
 class Scheduler(Generic[S]):
@@ -102,9 +101,10 @@ class Scheduler(Generic[S]):
     # one step
 
     def schedule(self, sessions: Sequence[S], actions: Sequence[Any],
-                 decodes: Callable[[S], bool] = lambda s: False) -> StepBatch[S]:
-        """Each session's next window, admitted into the pool, in groups that run together (``decodes``: whether
-        a session's window is decoded in this step; only groups that all decode are split)."""
+                 decodes: Sequence[bool] | None = None) -> StepBatch[S]:
+        """Each session's next window, admitted into the pool, in groups that run together (``decodes``: per
+        session, whether its window is decoded in this step, None: none is; only groups that all decode are
+        split)."""
         windows = [ScheduledWindow(i, s, a, s.plan) for i, (s, a) in enumerate(zip(sessions, actions, strict=True))]
         self.admit([s.session_id for s in sessions], self.pages_to_commit(windows))
         groups: dict[Hashable, list[ScheduledWindow[S]]] = {}
@@ -113,7 +113,7 @@ class Scheduler(Generic[S]):
         parts = []
         for members in groups.values():
             half = len(members) // 2
-            split = self.split_groups and half and all(decodes(w.session) for w in members)
+            split = self.split_groups and half and decodes is not None and all(decodes[w.index] for w in members)
             parts.extend([members[:half], members[half:]] if split else [members])
         return StepBatch(tuple(tuple(p) for p in parts))
 
@@ -129,7 +129,7 @@ class Scheduler(Generic[S]):
         for w in windows:
             tokens = w.session.commit_tokens(w.plan)
             if tokens:
-                for key in w.session.stream_keys():
+                for key in w.session.keys:
                     seq = self.cache.page_table(key).seq_len
                     needed += self.cache.pages_for(seq + tokens) - self.cache.pages_for(seq) + 1
         return needed

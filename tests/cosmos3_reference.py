@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from worldstep.engine.models.cosmos3.layout import action_positions, media_offset, vision_positions
 from worldstep.engine.models.cosmos3.runner import apply_rotary, prefill_text, rotary
-from worldstep.engine.models.cosmos3.tokens import embed_actions, embed_vision, project_out, unpatchify
+from worldstep.engine.models.cosmos3.tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
 
 
 class DenseStream:
@@ -93,7 +93,7 @@ def dense_kv_rollout(model, session_ids: list[int], first_latent, actions_list, 
             latents[:, :1] = first_latent
         padded = np.zeros((chunk, spec.action_dim), np.float32)
         padded[:, : actions.shape[1]] = actions
-        act_tokens = embed_actions(transformer, torch.from_numpy(padded), domain_id)
+        act_tokens = action_tokens(transformer, torch.from_numpy(padded), domain_id)
         pos = torch.cat([
             vision_positions(start, end, grid_h, grid_w, offset=offset, fps=spec.fps,
                              base_fps=float(transformer.config.base_fps)),
@@ -105,10 +105,11 @@ def dense_kv_rollout(model, session_ids: list[int], first_latent, actions_list, 
         scheduler.set_timesteps(num_steps, sigmas=sigmas)
         tpf = spec.tokens_per_frame
         for t in scheduler.timesteps:
-            hidden = torch.cat([embed_vision(transformer, latents, clean, t.item()), act_tokens])
+            temb = embed_timesteps(transformer, torch.full((1,), t.item()))
+            hidden = torch.cat([vision_tokens(transformer, latents, clean, temb), act_tokens])
             out, _ = gen_layers(transformer, hidden, cos, sin, stream)
             frames = latents.shape[1]
-            noisy = unpatchify(project_out(transformer, out[clean * tpf: frames * tpf]), frames - clean,
+            noisy = unpatchify(transformer.proj_out(out[clean * tpf: frames * tpf]), frames - clean,
                                spec.latent_height, spec.latent_width, spec.latent_channels,
                                transformer.config.latent_patch_size)
             velocity = torch.zeros_like(latents)
@@ -116,7 +117,7 @@ def dense_kv_rollout(model, session_ids: list[int], first_latent, actions_list, 
             latents = scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False)[0][0]
         if clean:
             latents[:, :1] = first_latent
-        hidden = torch.cat([embed_vision(transformer, latents, latents.shape[1], None), act_tokens])
+        hidden = torch.cat([vision_tokens(transformer, latents, latents.shape[1], None), act_tokens])
         _, (keys, values) = gen_layers(transformer, hidden, cos, sin, stream, collect=True)
         stream.append(keys, values)
         if context_frames:

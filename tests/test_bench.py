@@ -300,7 +300,7 @@ def test_gen_flops_match_torch_flop_counter(cache):
     model = load_model(arch, cache_dir=cache)
     session = open_session(model, arch, rollout_knobs(arch, 1, 0, guidance_scale=2.0, decode=False))
     model.step([session], [action_chunks(1, arch)[0]])  # committed context behind the prompt
-    tables = [model.kv.page_table(key) for key in session.stream_keys()]
+    tables = [model.kv.page_table(key) for key in session.keys]
     q_lens = [30, 20]
     batch = PagedAttentionBatch(model.kv, tables, q_lens, model.backend)
     config = model.transformer.config

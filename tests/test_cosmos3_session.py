@@ -333,3 +333,21 @@ def test_keyboard_interrupt_mid_window_returns_everything(model, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         model.step([session], [_actions(0)])[0]
     assert session.closed and model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+
+
+def test_a_session_resolves_its_constants_once_and_only_postprocess_moves_its_plan(model):
+    """The step reads what a session resolved at open (keys, retention, plan); the postprocess moves the plan."""
+    with _session(model, context_frames=2, guidance_scale=3.0) as session:
+        assert [k.label.value for k in session.keys] == ["main", "uncond"]
+        assert [model.kv.page_table(k).protected_prefix_tokens for k in session.keys] == \
+            [session.retention[k.label].protected_tokens for k in session.keys]
+        plans = [session.plan]
+        for seed in range(3):
+            model.step([session], [_actions(seed)])
+            plans.append(session.plan)
+        assert plans == [session.schedule.window(i) for i in range(4)] and session.window_index == 3
+        fork = model.fork(session)
+        try:
+            assert fork.plan == session.plan and fork.keys != session.keys and fork.retention == session.retention
+        finally:
+            model.close(fork)

@@ -35,6 +35,7 @@ class PagedKVCache:
         self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
         self.head_dim = check_int("head_dim", head_dim, 1)
         self.table = StreamTable(num_pages, page_size)
+        self.page_size: int = self.table.page_size
         self.lock = threading.RLock()  # the one lock over the tensor, the table and the offload (re-entrant)
         check_int("cpu_offload_pages", cpu_offload_pages, 0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -43,10 +44,6 @@ class PagedKVCache:
         self.kv = torch.zeros(num_layers, num_pages, 2, page_size, num_kv_heads, head_dim, dtype=dtype,
                               device=self.device)
         self.offload = Offload(self.table, self.kv, cpu_offload_pages)
-
-    @property
-    def page_size(self) -> int:
-        return self.table.page_size
 
     # the pools
 
@@ -57,7 +54,7 @@ class PagedKVCache:
     @property
     def num_free_pages(self) -> int:
         with self.lock:
-            return self.table.num_free_pages
+            return self.table.allocator.num_free
 
     @property
     def num_used_pages(self) -> int:
@@ -130,13 +127,9 @@ class PagedKVCache:
 
     def page_table(self, key: StreamKey) -> PageTable:
         """A frozen snapshot of a stream; while its session is offloaded, ``pages`` is empty."""
-        check_stream_key(key)
+        if type(key) is not StreamKey:
+            check_stream_key(key)  # raises, naming ``key``
         with self.lock:
-            parked = self.offload.parked().get(key.session_id)
-            if parked is not None and key in parked:
-                state = parked[key]
-                return PageTable(key, (), state.seq_len, state.protected_prefix_tokens, state.released_tokens,
-                                 state.prefix_epoch)
             return self.table.page_table(key)
 
     def stream_keys(self, session_id: str | None = None) -> list[StreamKey]:
@@ -191,6 +184,7 @@ class PagedKVCache:
     def gather(self, key: StreamKey, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of one layer's committed K and V, each ``[seq_len, kv_heads, head_dim]``."""
         with self.lock:
+            self.table.check_live(key)
             table = self.table.page_table(key)
             return self._gather_pages(table.pages, table.seq_len, layer, None, None)
 

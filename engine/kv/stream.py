@@ -71,10 +71,6 @@ class StreamState:
     prefix_epoch: int = 0
     cpu_pages: list[int] | None = None
 
-    def table(self, key: StreamKey) -> PageTable:
-        return PageTable(key, tuple(self.pages), self.seq_len, self.protected_prefix_tokens,
-                         self.released_tokens, self.prefix_epoch)
-
 
 def check_snapshot(table: PageTable, state: StreamState | None, parked: bool) -> None:
     """Raise `StaleStreamError` unless ``table`` still describes ``state`` (None: the stream is gone) exactly."""

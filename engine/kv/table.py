@@ -65,8 +65,14 @@ class StreamTable:
         self._streams[key] = StreamState(prefix_epoch=next(self._epoch_clock))
 
     def page_table(self, key: StreamKey) -> PageTable:
-        """A frozen snapshot; ``pages`` is empty while the session is offloaded."""
-        return self._stream(key).table(key)
+        """A frozen snapshot; ``pages`` is empty while the session is offloaded (its parked state's own)."""
+        state = self._streams.get(key)
+        if state is None:
+            state = self._parked.get(key.session_id, {}).get(key)
+            if state is None:
+                raise KeyError(f"no KV stream {key}; create_stream first")
+        return PageTable(key, tuple(state.pages), state.seq_len, state.protected_prefix_tokens,
+                         state.released_tokens, state.prefix_epoch)
 
     def remove(self, key: StreamKey) -> int:
         """Drop a stream; returns how many device pages went back to the free pool (pages still shared
@@ -259,10 +265,13 @@ class StreamTable:
             raise KeyError(f"no KV stream {key}; create_stream first")
         return state
 
+    def check_live(self, key: StreamKey) -> None:
+        """KeyError when there is no such stream, ValueError when its session is offloaded."""
+        self._live(key)
+
     def _live(self, key: StreamKey) -> StreamState:
-        state = self._stream(key)
-        self._check_not_offloaded(key.session_id)
-        return state
+        state = self._streams.get(key)  # a parked session's streams are never in ``_streams``
+        return state if state is not None else self._stream(key)  # raises: parked, or no such stream
 
     def _check_not_offloaded(self, session_id: str) -> None:
         if session_id in self._parked:
@@ -273,5 +282,5 @@ class StreamTable:
         fill = state.seq_len % self.page_size
         room = self.page_size - fill if fill else 0
         new_pages = self.pages_for(max(0, n - room))
-        cow = n > 0 and fill > 0 and self.allocator.ref_count(state.pages[-1]) > 1
+        cow = n > 0 and fill > 0 and self.allocator.ref_counts[state.pages[-1]] > 1
         return new_pages + int(cow), cow

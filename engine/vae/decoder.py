@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from ..lanes import hand_over, written_event
+from ..lanes import hand_over, streams_enabled, written_event
 from .cache import compact, compact_slots, count_slots, stream_tensors
 from .jobs import Output, WindowJob, WindowRunner, stacked_batches
 from .latents import LatentNorm
@@ -76,6 +76,7 @@ class WarmWanDecoder:
             patch_size=self.patch_size,
         )
         self._warm = WarmSlots()
+        self._streams = streams_enabled(self.device)  # memory can cross CUDA streams (`lanes.hand_over`)
 
     # streams
 
@@ -151,9 +152,8 @@ class WarmWanDecoder:
         return self.decode_batch([stream], [latents])[0]
 
     def decode_pixels(self, stream: DecodeStream, latents: torch.Tensor) -> torch.Tensor:
-        """`decode`, returning the window's pixels before the uint8 mapping: `[1, 3, T, H, W]` in
-        [-1, 1], on the CPU, in `latents.dtype` (the slice of `vae.decode(...).sample` for fidelity
-        checks)."""
+        """`decode`, returning the window's pixels before the uint8 mapping: `[1, 3, T, H, W]` in [-1, 1], on
+        the CPU, in `latents.dtype` (the slice of `vae.decode(...).sample` for fidelity checks)."""
         return self.decode_batch([stream], [latents], output="pixels")[0]
 
     def decode_batch(
@@ -195,11 +195,12 @@ class WarmWanDecoder:
             for s in streams:
                 if s.path is None:
                     s.path = self._choose_path(s)
-            for s, z in zip(streams, windows):  # made or last written maybe on another stream (decode lane)
-                hand_over(self.device, [z, *stream_tensors(s)], s.written)
+            if self._streams:  # made or last written maybe on another stream (decode lane)
+                for s, z in zip(streams, windows):
+                    hand_over(self.device, [z, *stream_tensors(s)], s.written)
             jobs = [self._job(s, z, output) for s, z in zip(streams, windows)]
             self._run_jobs(jobs)
-            written = written_event(self.device)
+            written = written_event(self.device) if self._streams else None
             for job in jobs:
                 self._commit(job)
                 job.stream.written = written
@@ -263,7 +264,8 @@ class WarmWanDecoder:
             raise ValueError(f"stream {stream.stream_id} belongs to another WarmWanDecoder")
 
     def _check_open(self, stream: DecodeStream) -> None:
-        self._check_owner(stream)
+        if type(stream) is not DecodeStream or stream.owner != id(self):
+            self._check_owner(stream)  # raises, naming what is wrong
         if stream.closed:
             raise ValueError(f"stream {stream.stream_id} is closed; open a new one with open_stream()")
 
@@ -271,7 +273,7 @@ class WarmWanDecoder:
                      check_finite: bool = True) -> list[torch.Tensor]:
         if len(streams) != len(latents) or not streams:
             raise ValueError(f"need one latents tensor per stream, got {len(streams)} streams, {len(latents)} tensors")
-        if len({id(s) for s in streams}) != len(streams):
+        if len(set(map(id, streams))) != len(streams):
             raise ValueError("a stream appears twice in one decode_batch call; decode its windows in turn")
         windows = []
         for s, z in zip(streams, latents):

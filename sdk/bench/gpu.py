@@ -165,7 +165,7 @@ def fill_context(model, session, chunks) -> dict[str, Any]:
     """Step warm-up windows until the context holds all it keeps (the commit released pages behind the
     horizon), so every timed window attends to the same context length; at least one window (it warms
     kernels, allocators and the decoder cache) and at most `MAX_WARM_UP`."""
-    main = session.stream_keys()[0]
+    main = session.keys[0]
     for count in range(1, MAX_WARM_UP + 1):
         model.step([session], [next(chunks)])
         if model.kv.page_table(main).released_tokens > 0:

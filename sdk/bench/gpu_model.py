@@ -61,5 +61,5 @@ def rows(model, sessions: list) -> list[tuple[int, int]]:
     out = []
     for session in sessions:
         q = session.plan.units * model.spec.tokens_per_frame + session.knobs.chunk_size  # the next window's tokens
-        out += [(q, model.kv.page_table(key).seq_len + q) for key in session.stream_keys()]
+        out += [(q, model.kv.page_table(key).seq_len + q) for key in session.keys]
     return out

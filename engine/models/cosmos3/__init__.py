@@ -31,7 +31,7 @@ _LAZY = {
     "load_components": ".loader",
     "model_spec": ".loader",
     "Cosmos3WorldModel": ".model",
-    "resolve_device": ".model",
+    "resolve_device": ".loader",
     "RolloutSession": ".session",
     "SessionClosedError": ".session",
     "KVStats": ".spec",

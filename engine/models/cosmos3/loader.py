@@ -33,6 +33,13 @@ class Cosmos3Components:
     media: dict[str, Any] = field(default_factory=dict)  # height/width/fps recorded by our builder
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto``: CUDA when there is one, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
     """A local folder, or a hub id found in the local hub cache (downloaded when the hub is reachable)."""
     local = Path(path_or_id).expanduser()

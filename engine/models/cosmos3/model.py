@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from operator import attrgetter
 
 import torch
 
@@ -22,19 +23,13 @@ from .embodiments import folder_registry
 from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
 from .graphs import GraphCache, check_cuda_graphs
 from .knobs import RolloutKnobs
-from .loader import Cosmos3Components, load_components, model_spec
+from .loader import Cosmos3Components, load_components, model_spec, resolve_device
 from .prompt import session_prompt_ids
 from .runner import prefill_text
 from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
 from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult, charge_step_overhead
 from .stepping import WindowOutput, WindowRunner
 from .window import WindowContext
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class Cosmos3WorldModel:
@@ -117,13 +112,13 @@ class Cosmos3WorldModel:
         session = RolloutSession(
             session_id=new_session_id(), knobs=knobs, domain_id=cond.domain_id, conditioning=cond, frame=frame,
             action_shape=(knobs.chunk_size, cond.action_width),
-            action_bounds=action_bounds, generator=generator, text_lens={}, first_latent=torch.empty(0),
+            action_bounds=action_bounds, generator=generator,
+            text_lens={label: len(label_ids) for label, label_ids in ids.items()}, first_latent=torch.empty(0),
             decode_stream=self.decoder.open_stream() if knobs.decode else None, first_frame=None,
             schedule=window_schedule(knobs))
         try:
-            for label, label_ids in ids.items():
-                self._prefill(StreamKey(session.session_id, label), label_ids)
-            session.text_lens = {label: len(label_ids) for label, label_ids in ids.items()}
+            for key in session.keys:
+                self._prefill(key, ids[key.label])
             session.first_latent = encode_session_frame(self.vae, image, frame)
             if session.decode_stream is not None:
                 session.first_frame = self.decoder.decode(session.decode_stream, session.first_latent[None])[0]
@@ -217,9 +212,11 @@ class Cosmos3WorldModel:
     def kv_stats(self, session: RolloutSession) -> KVStats:
         if session.closed:
             return KVStats(pages_in_use=0, protected_tokens=0, released_tokens=0, seq_len=0)
-        table = self.kv.page_table(session.stream_keys()[0])
-        return KVStats(self.kv.pages_in_use(session.session_id), table.protected_prefix_tokens,
-                       table.released_tokens, table.seq_len)
+        main = self.kv.page_table(session.keys[0])
+        pages = set(main.pages)
+        for key in session.keys[1:]:  # a page its streams (or a fork) share counts once
+            pages.update(self.kv.page_table(key).pages)
+        return KVStats(len(pages), main.protected_prefix_tokens, main.released_tokens, main.seq_len)
 
     def _close_locked(self, session: RolloutSession) -> None:
         if not session.closed:
@@ -243,11 +240,12 @@ class Cosmos3WorldModel:
         to `decode`."""
         started, sessions, checked = time.perf_counter(), list(sessions), self._check_actions(sessions, actions)
         with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
-            for s in sorted(sessions, key=lambda s: s.session_id):
+            for s in sorted(sessions, key=attrgetter("session_id")):
                 stack.enter_context(s.busy)
             for s in sessions:
                 s.check_open()  # closed by another thread while we waited
-            batch = self.scheduler.schedule(sessions, checked, lambda s: decode and s.decode_stream is not None)
+            decodes = [decode and s.decode_stream is not None for s in sessions]
+            batch = self.scheduler.schedule(sessions, checked, decodes)
             try:
                 outputs = self.runner.run(batch, decode)
             except SessionClosedError as e:
@@ -261,7 +259,7 @@ class Cosmos3WorldModel:
 
     def _check_actions(self, sessions: Sequence[RolloutSession], actions: Sequence) -> list:
         sessions, actions = list(sessions), list(actions)
-        if len(sessions) != len(actions) or len({id(s) for s in sessions}) != len(sessions):
+        if len(sessions) != len(actions) or len(set(map(id, sessions))) != len(sessions):
             raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
                              "action array per distinct session")
         checked = []
@@ -278,6 +276,7 @@ class Cosmos3WorldModel:
         for w, out in zip(batch.windows, outputs):
             s = w.session
             s.last_latents, s.window_index = out.latents, w.plan.index + 1
+            s.plan = s.schedule.window(s.window_index)
             start, end = s.frame_span(w.plan)
             results.append(WindowResult(w.plan.index, out.host_latents, out.frames, start, end, out.timings,
                                         self.kv_stats(s)))

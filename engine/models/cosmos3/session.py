@@ -16,11 +16,12 @@ import torch
 
 from ...kv import StreamKey, StreamLabel
 from ...vae import DecodeStream
-from ...windowing import WindowPlan
+from ...windowing import RetentionPolicy, WindowPlan
 from .conditioning import Conditioning
 from .first_frame import SessionFrame
 from .geometry import LEAD_FRAMES, LatentWindows
 from .knobs import RolloutKnobs
+from .spec import ModelSpec
 
 
 class SessionClosedError(RuntimeError):
@@ -67,6 +68,11 @@ class RolloutSession:
         first_frame: ``[H, W, 3]`` uint8, frame 0 as the decoder returns it (None without decoding).
         schedule, window_index: the window geometry and the cursor into it.
         last_latents: ``[C, t, h, w]`` of the previous window (a chained window re-pins its tail).
+
+    Resolved once when the session is made (constant while it lives, so a step only reads them): ``spec``
+    (the model's spec at this frame size), ``labels`` and ``keys`` (its KV streams), ``retention`` (what a
+    commit of each stream keeps), and ``plan``, the next window, which only the model's postprocess moves
+    (with ``window_index``).
     """
 
     session_id: str
@@ -87,23 +93,20 @@ class RolloutSession:
     closed: bool = False
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while a window runs
     abort: threading.Event = field(default_factory=threading.Event, repr=False)  # a running window stops
+    spec: ModelSpec = field(init=False, repr=False)
+    labels: tuple[StreamLabel, ...] = field(init=False, repr=False)
+    keys: tuple[StreamKey, ...] = field(init=False, repr=False)
+    retention: dict[StreamLabel, RetentionPolicy | None] = field(init=False, repr=False)
+    plan: WindowPlan = field(init=False)  # the next window's latent frames; the first ``cond_units`` clean
 
-    @property
-    def spec(self):
-        """The model's spec at this session's frame size (its latent grid and tokens per frame)."""
-        return self.frame.spec
-
-    @property
-    def labels(self) -> tuple[StreamLabel, ...]:
-        return (StreamLabel.MAIN, StreamLabel.UNCOND) if self.knobs.uses_cfg else (StreamLabel.MAIN,)
-
-    def stream_keys(self) -> list[StreamKey]:
-        return [StreamKey(self.session_id, label) for label in self.labels]
-
-    @property
-    def plan(self) -> WindowPlan:
-        """The next window's latent frames: ``[start, end)``, the first ``cond_units`` clean."""
-        return self.schedule.window(self.window_index)
+    def __post_init__(self) -> None:
+        self.spec = self.frame.spec
+        self.labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if self.knobs.uses_cfg else (StreamLabel.MAIN,)
+        self.keys = tuple(StreamKey(self.session_id, label) for label in self.labels)
+        kv_mode = self.knobs.window_mode == "kv"  # chained windows never commit, so nothing is released
+        self.retention = {label: self.schedule.retention(self.spec.tokens_per_unit, self.text_lens[label])
+                          if kv_mode else None for label in self.labels}
+        self.plan = self.schedule.window(self.window_index)
 
     def action_span(self, plan: WindowPlan) -> tuple[int, int]:
         """Absolute indices of the window's actions: one per pixel frame it generates."""

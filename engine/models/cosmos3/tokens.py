@@ -1,4 +1,8 @@
-"""Window tokens: patchified vision latents and clean action tokens, embedded for the generation pathway."""
+"""Window tokens: patchified vision latents and clean action tokens, embedded for the generation pathway.
+
+One set of functions for training (differentiable) and the rollout (which runs them under the step's
+`torch.inference_mode`).
+"""
 
 from __future__ import annotations
 
@@ -35,12 +39,6 @@ def embed_timesteps(transformer, timesteps: torch.Tensor) -> torch.Tensor:
     return transformer.time_embedder(transformer.time_proj(t).to(embedder_dtype))  # [M, hidden]
 
 
-@torch.no_grad()
-def timestep_embedding(transformer, timestep: float, device, dtype) -> torch.Tensor:
-    """`[1, hidden]` embedding of one diffusion timestep, for inference."""
-    return embed_timesteps(transformer, torch.full((1,), float(timestep), device=device)).to(dtype)  # [1, hidden]
-
-
 def vision_tokens(transformer, latents: torch.Tensor, noisy_from: int, temb: torch.Tensor | None) -> torch.Tensor:
     """Embed `[..., C, T, h, w]` latents -> `[..., T*hw, hidden]`; frames `noisy_from..T-1` get `temb`
     (`[..., 1, hidden]`, one per clip) added when given; differentiable."""
@@ -53,18 +51,6 @@ def vision_tokens(transformer, latents: torch.Tensor, noisy_from: int, temb: tor
     return torch.cat([tokens[..., :start, :], tokens[..., start:, :] + temb.to(tokens.dtype)], dim=-2)
 
 
-@torch.no_grad()
-def embed_vision(
-    transformer, latents: torch.Tensor, noisy_from: int, timestep: float | None, temb: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Embed `[C, T, h, w]` latents; frames `noisy_from..T-1` get the timestep embedding when one is given
-    (`temb` `[1, hidden]` lets a batch compute it once per step)."""
-    if timestep is not None and temb is None:
-        weight = transformer.proj_in.weight
-        temb = timestep_embedding(transformer, timestep, weight.device, weight.dtype)
-    return vision_tokens(transformer, latents, noisy_from, temb if timestep is not None else None)
-
-
 def action_tokens(transformer, actions: torch.Tensor, domain_id: int) -> torch.Tensor:
     """Clean action tokens: `[..., A, action_dim]` -> `[..., A, hidden]` through the domain's
     `DomainAwareLinear`; differentiable."""
@@ -73,15 +59,3 @@ def action_tokens(transformer, actions: torch.Tensor, domain_id: int) -> torch.T
     domains = torch.full((flat.shape[0],), int(domain_id), dtype=torch.long, device=weight.device)
     tokens = transformer.action_proj_in(flat, domains).reshape(*actions.shape[:-1], -1)  # [.., A, hidden]
     return tokens + transformer.action_modality_embed
-
-
-@torch.no_grad()
-def embed_actions(transformer, actions: torch.Tensor, domain_id: int) -> torch.Tensor:
-    """Clean action tokens for inference: `[A, action_dim]` -> `[A, hidden]`."""
-    return action_tokens(transformer, actions, domain_id)
-
-
-@torch.no_grad()
-def project_out(transformer, hidden: torch.Tensor) -> torch.Tensor:
-    """Generation hidden states of vision tokens -> `[N, p*p*C]` velocity patches."""
-    return transformer.proj_out(hidden)

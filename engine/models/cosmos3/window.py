@@ -23,14 +23,14 @@ from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamLabel
 from ...lanes import PhaseClock
 from ...scheduler import ScheduledWindow
-from ...windowing import RetentionPolicy, WindowPlan
+from ...windowing import WindowPlan
 from .graphs import GraphCache, GraphedSteps
 from .layout import action_positions, media_offset, vision_positions
 from .runner import gen_forward, rotary
 from .session import RolloutSession, SessionClosedError
 from .spec import ModelSpec
-from .tokens import embed_actions, embed_vision, project_out, timestep_embedding, unpatchify
-from .unipc import UniPCPlan, UniPCStepper, unipc_plan
+from .tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
+from .unipc import UniPCStepper, unipc_plan
 
 denoise_loop_guard = nullcontext
 """Entered around a window's denoise loop and nothing else: a test swaps in a guard that refuses host syncs."""
@@ -79,7 +79,7 @@ def run_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSessio
         raise ValueError("sessions of one window must share group_key (steps, shift, mode, window shape, grid)")
     jobs = [_prepare(ctx, w.session, w.plan, w.actions) for w in group]
     rows = [(job, label) for job in jobs for label in job.session.labels]
-    tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.stream_keys()]
+    tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.keys]
     batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend, ctx.kernels)
     rotaries = [_row_rotary(ctx, job, label) for job, label in rows]
     cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
@@ -102,7 +102,7 @@ def _prepare(ctx: WindowContext, session: RolloutSession, plan: WindowPlan, acti
         noise[:, :clean] = cond.to(ctx.device)
     padded = torch.zeros(actions.shape[0], spec.action_dim)  # zero-padded to the action head, as the pipeline
     padded[:, : actions.shape[1]] = torch.from_numpy(actions)
-    tokens = embed_actions(ctx.transformer, padded.to(ctx.device), session.domain_id)
+    tokens = action_tokens(ctx.transformer, padded.to(ctx.device), session.domain_id)
     return _Job(session, plan, noise, clean, tokens, plan.units * spec.tokens_per_frame + tokens.shape[0])
 
 
@@ -119,10 +119,12 @@ def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torc
 
 def _hidden(ctx: WindowContext, jobs: list[_Job], timestep: float | None) -> torch.Tensor:
     rows = []
-    temb = None if timestep is None else timestep_embedding(ctx.transformer, timestep, ctx.device, ctx.dtype)
+    temb = None  # [1, hidden], once for every row
+    if timestep is not None:
+        temb = embed_timesteps(ctx.transformer, torch.full((1,), float(timestep), device=ctx.device)).to(ctx.dtype)
     for job in jobs:
         noisy_from = job.clean if timestep is not None else job.latents.shape[1]
-        vision = embed_vision(ctx.transformer, job.latents, noisy_from, timestep, temb)
+        vision = vision_tokens(ctx.transformer, job.latents, noisy_from, temb)
         row = torch.cat([vision, job.action_tokens], dim=0)  # [N_row, hidden]
         rows.extend([row] * len(job.session.labels))
     return torch.cat(rows, dim=0)
@@ -133,26 +135,20 @@ def _velocity(ctx: WindowContext, job: _Job, out: torch.Tensor) -> torch.Tensor:
     spec, patch = job.session.spec, ctx.transformer.config.latent_patch_size
     frames = job.latents.shape[1]
     start, end = job.clean * spec.tokens_per_frame, frames * spec.tokens_per_frame
-    noisy = unpatchify(project_out(ctx.transformer, out[start:end]), frames - job.clean,
+    noisy = unpatchify(ctx.transformer.proj_out(out[start:end]), frames - job.clean,
                        spec.latent_height, spec.latent_width, spec.latent_channels, patch)
     velocity = torch.zeros_like(job.latents)
     velocity[:, job.clean:] = noisy.float()
     return velocity
 
 
-def _plan(ctx: WindowContext, session: RolloutSession) -> UniPCPlan:
-    """The window's UniPC schedule, computed once per (steps, shift) on the host (the native flow schedule when
-    the checkpoint says so)."""
-    knobs = session.knobs
-    return unipc_plan(ctx.scheduler_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
-
-
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
-    plan = _plan(ctx, jobs[0].session)
+    knobs = jobs[0].session.knobs  # the UniPC schedule: computed once per (steps, shift), on the host
+    plan = unipc_plan(ctx.scheduler_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
     stepper = UniPCStepper(plan)
     graphed = None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
     if ctx.graphs is not None:
-        policies = [_retention(job.session, label) for job in jobs for label in job.session.labels]
+        policies = [job.session.retention[label] for job in jobs for label in job.session.labels]
         graphed = ctx.graphs.steps(ctx.transformer, cos, sin, batch, policies)
     else:
         prime(batch, ctx.transformer.config.num_attention_heads)
@@ -192,15 +188,8 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
     offset = 0
     for job in jobs:
         session = job.session
-        for key in session.stream_keys():
+        for key in session.keys:
             end = offset + job.num_tokens
             ctx.cache.append(key, out.keys[:, offset:end], out.values[:, offset:end])
-            ctx.cache.apply_retention(key, _retention(session, key.label))
+            ctx.cache.apply_retention(key, session.retention[key.label])
             offset = end
-
-
-def _retention(session: RolloutSession, label: StreamLabel) -> RetentionPolicy | None:
-    """What a commit of the session's ``label`` stream keeps (None: everything, or chained windows, never committed)."""
-    if session.knobs.window_mode != "kv":
-        return None
-    return session.schedule.retention(session.spec.tokens_per_unit, session.text_lens[label])
