@@ -115,9 +115,6 @@ class JudgeSuccess(SplitStep):
             return bool(self.simulator_judge(self.env.unwrapped.episode.first_image, frames))
         return bool(self.success_fn(frames)) if self.success_fn is not None else False
 
-    def step_in(self, action: Any) -> tuple[Any, None]:
-        return action, None
-
     def step_out(self, outcome: tuple, action: Any, carry: None) -> tuple:
         obs, reward, terminated, truncated, info = outcome
         if info.get("kv_exhausted", False):
@@ -155,5 +152,4 @@ class WindowLimit(SplitStep, gym.wrappers.TimeLimit):
         self._elapsed_steps += 1
         return obs, reward, terminated, truncated or self._elapsed_steps >= self._max_episode_steps, info
 
-    def step(self, action: Any):
-        return SplitStep.step(self, action)
+    step = SplitStep.step  # not TimeLimit's: the count moves in ``step_out``, which the batched steppers call
