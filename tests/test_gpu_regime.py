@@ -101,14 +101,15 @@ def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
     everyone = [*sessions, other]
     actions = [np.zeros((4, model.spec.action_dim), np.float32)] * len(everyone)
 
-    def parts_of(split: bool, decodes: bool = True) -> list[list[int]]:
-        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions, [decodes] * len(everyone))
+    def parts_of(split: bool, decodes: list[bool] | None = None) -> list[list[int]]:
+        decodes = [True] * len(everyone) if decodes is None else decodes
+        batch = Scheduler(model.kv, split_groups=split).schedule(everyone, actions, decodes)
         return [[w.index for w in group] for group in batch.groups]
 
     assert parts_of(split=False) == [[0, 1, 2, 3, 4], [5]]
     assert parts_of(split=True) == [[0, 1], [2, 3, 4], [5]]  # a lone session is not split
-    assert parts_of(split=True, decodes=False) == [[0, 1, 2, 3, 4], [5]]  # nothing to overlap
-    assert parts_of(split=True, decodes=lambda s: s is not sessions[0]) == [[0, 1, 2, 3, 4], [5]]
+    assert parts_of(split=True, decodes=[False] * len(everyone)) == [[0, 1, 2, 3, 4], [5]]  # nothing to overlap
+    assert parts_of(split=True, decodes=[s is not sessions[0] for s in everyone]) == [[0, 1, 2, 3, 4], [5]]
     model.close_all()
 
 

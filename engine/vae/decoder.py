@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from ..lanes import hand_over, streams_enabled, written_event
+from .. import lanes
+from ..lanes import hand_over, written_event
 from .cache import compact, compact_slots, count_slots, stream_tensors
 from .jobs import Output, WindowJob, WindowRunner, stacked_batches
 from .latents import LatentNorm
@@ -76,7 +77,6 @@ class WarmWanDecoder:
             patch_size=self.patch_size,
         )
         self._warm = WarmSlots()
-        self._streams = streams_enabled(self.device)  # memory can cross CUDA streams (`lanes.hand_over`)
 
     # streams
 
@@ -195,12 +195,12 @@ class WarmWanDecoder:
             for s in streams:
                 if s.path is None:
                     s.path = self._choose_path(s)
-            if self._streams:  # made or last written maybe on another stream (decode lane)
+            if crossing := lanes.streams_enabled(self.device):  # made or last written maybe on another stream
                 for s, z in zip(streams, windows):
                     hand_over(self.device, [z, *stream_tensors(s)], s.written)
             jobs = [self._job(s, z, output) for s, z in zip(streams, windows)]
             self._run_jobs(jobs)
-            written = written_event(self.device) if self._streams else None
+            written = written_event(self.device) if crossing else None
             for job in jobs:
                 self._commit(job)
                 job.stream.written = written
