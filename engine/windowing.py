@@ -104,8 +104,7 @@ class WindowSchedule:
         return 1 + -(-beyond_first // self.stride)
 
     def window(self, index: int) -> WindowPlan:
-        if type(index) is not int or index < 0 or (self.total_units is not None and index >= self.num_windows):
-            self._check_index(index)  # raises, naming ``index`` (a cursor's plain ints skip the call)
+        self._check_index(index)
         start = index * self.stride
         end = start + self.window_units
         if self.total_units is not None:

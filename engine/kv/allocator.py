@@ -42,16 +42,9 @@ class PageAllocator:
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` free pages (ref count 1 each); all or nothing."""
         check_int("n", n, 0)
-        if n > len(self.free_page_ids):
+        if not self.can_allocate(n):
             raise KVPoolExhausted(n, self.num_free, self.name)
-        taken = []
-        for _ in range(n):
-            page_id = self.free_page_ids.popleft()
-            assert self.ref_counts[page_id] == 0 and page_id not in self.used_page_ids
-            self.ref_counts[page_id] = 1
-            self.used_page_ids.add(page_id)
-            taken.append(page_id)
-        return taken
+        return [self._take(self.free_page_ids.popleft()) for _ in range(n)]
 
     def share(self, page_ids: Iterable[int]) -> None:
         """Add one reference to each page (a fork now holds it too)."""
@@ -82,6 +75,12 @@ class PageAllocator:
         return returned
 
     # private helpers: invariants
+
+    def _take(self, page_id: int) -> int:
+        assert self.ref_counts[page_id] == 0 and page_id not in self.used_page_ids
+        self.ref_counts[page_id] = 1
+        self.used_page_ids.add(page_id)
+        return page_id
 
     def _give_back(self, page_id: int) -> None:
         assert self.ref_counts[page_id] == 0 and page_id in self.used_page_ids

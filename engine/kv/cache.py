@@ -35,7 +35,6 @@ class PagedKVCache:
         self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
         self.head_dim = check_int("head_dim", head_dim, 1)
         self.table = StreamTable(num_pages, page_size)
-        self.page_size: int = self.table.page_size
         self.lock = threading.RLock()  # the one lock over the tensor, the table and the offload (re-entrant)
         check_int("cpu_offload_pages", cpu_offload_pages, 0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -44,6 +43,10 @@ class PagedKVCache:
         self.kv = torch.zeros(num_layers, num_pages, 2, page_size, num_kv_heads, head_dim, dtype=dtype,
                               device=self.device)
         self.offload = Offload(self.table, self.kv, cpu_offload_pages)
+
+    @property
+    def page_size(self) -> int:
+        return self.table.page_size
 
     # the pools
 
@@ -54,7 +57,7 @@ class PagedKVCache:
     @property
     def num_free_pages(self) -> int:
         with self.lock:
-            return self.table.allocator.num_free
+            return self.table.num_free_pages
 
     @property
     def num_used_pages(self) -> int:
@@ -127,8 +130,7 @@ class PagedKVCache:
 
     def page_table(self, key: StreamKey) -> PageTable:
         """A frozen snapshot of a stream; while its session is offloaded, ``pages`` is empty."""
-        if type(key) is not StreamKey:
-            check_stream_key(key)  # raises, naming ``key``
+        check_stream_key(key)
         with self.lock:
             return self.table.page_table(key)
 

@@ -24,7 +24,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from .. import lanes
 from ..lanes import hand_over, written_event
 from .cache import compact, compact_slots, count_slots, stream_tensors
 from .jobs import Output, WindowJob, WindowRunner, stacked_batches
@@ -195,12 +194,11 @@ class WarmWanDecoder:
             for s in streams:
                 if s.path is None:
                     s.path = self._choose_path(s)
-            if crossing := lanes.streams_enabled(self.device):  # made or last written maybe on another stream
-                for s, z in zip(streams, windows):
-                    hand_over(self.device, [z, *stream_tensors(s)], s.written)
+            for s, z in zip(streams, windows):  # made or last written maybe on another stream (decode lane)
+                hand_over(self.device, [z, *stream_tensors(s)], s.written)
             jobs = [self._job(s, z, output) for s, z in zip(streams, windows)]
             self._run_jobs(jobs)
-            written = written_event(self.device) if crossing else None
+            written = written_event(self.device)
             for job in jobs:
                 self._commit(job)
                 job.stream.written = written
@@ -264,8 +262,7 @@ class WarmWanDecoder:
             raise ValueError(f"stream {stream.stream_id} belongs to another WarmWanDecoder")
 
     def _check_open(self, stream: DecodeStream) -> None:
-        if type(stream) is not DecodeStream or stream.owner != id(self):
-            self._check_owner(stream)  # raises, naming what is wrong
+        self._check_owner(stream)
         if stream.closed:
             raise ValueError(f"stream {stream.stream_id} is closed; open a new one with open_stream()")
 

@@ -183,7 +183,7 @@ class Cosmos3WorldModel:
             conditioning=session.conditioning, frame=session.frame,
             action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
             text_lens=dict(session.text_lens), first_latent=session.first_latent, decode_stream=stream,
-            first_frame=session.first_frame, schedule=session.schedule, window_index=session.window_index,
+            first_frame=session.first_frame, schedule=session.schedule, plan=session.plan,
             last_latents=session.last_latents)
         try:
             if self.kv.is_offloaded(session.session_id):
@@ -213,10 +213,8 @@ class Cosmos3WorldModel:
         if session.closed:
             return KVStats(pages_in_use=0, protected_tokens=0, released_tokens=0, seq_len=0)
         main = self.kv.page_table(session.keys[0])
-        pages = set(main.pages)
-        for key in session.keys[1:]:  # a page its streams (or a fork) share counts once
-            pages.update(self.kv.page_table(key).pages)
-        return KVStats(len(pages), main.protected_prefix_tokens, main.released_tokens, main.seq_len)
+        return KVStats(self.kv.pages_in_use(session.session_id), main.protected_prefix_tokens, main.released_tokens,
+                       main.seq_len)
 
     def _close_locked(self, session: RolloutSession) -> None:
         if not session.closed:
@@ -275,8 +273,7 @@ class Cosmos3WorldModel:
         results = []
         for w, out in zip(batch.windows, outputs):
             s = w.session
-            s.last_latents, s.window_index = out.latents, w.plan.index + 1
-            s.plan = s.schedule.window(s.window_index)
+            s.last_latents, s.plan = out.latents, s.schedule.window(w.plan.index + 1)
             start, end = s.frame_span(w.plan)
             results.append(WindowResult(w.plan.index, out.host_latents, out.frames, start, end, out.timings,
                                         self.kv_stats(s)))

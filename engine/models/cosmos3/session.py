@@ -66,13 +66,12 @@ class RolloutSession:
         first_latent: ``[C, 1, h, w]`` the clean, normalised latent frame 0.
         decode_stream: the warm decoder's stream (None when the knobs say not to decode).
         first_frame: ``[H, W, 3]`` uint8, frame 0 as the decoder returns it (None without decoding).
-        schedule, window_index: the window geometry and the cursor into it.
+        schedule, plan: the window geometry and the next window in it (``window_index`` is ``plan.index``).
         last_latents: ``[C, t, h, w]`` of the previous window (a chained window re-pins its tail).
 
-    Resolved once when the session is made (constant while it lives, so a step only reads them): ``spec``
-    (the model's spec at this frame size), ``labels`` and ``keys`` (its KV streams), ``retention`` (what a
-    commit of each stream keeps), and ``plan``, the next window, which only the model's postprocess moves
-    (with ``window_index``).
+    Resolved once when the session is made (constant while it lives, so a step only reads them): ``labels``
+    and ``keys`` (its KV streams) and ``retention`` (what a commit of each stream keeps). ``plan`` is the one
+    cursor: only the model's postprocess moves it.
     """
 
     session_id: str
@@ -88,25 +87,33 @@ class RolloutSession:
     decode_stream: DecodeStream | None
     first_frame: np.ndarray | None
     schedule: LatentWindows
-    window_index: int = 0
+    plan: WindowPlan | None = None  # the next window (None: the first); only the model's postprocess moves it
     last_latents: torch.Tensor | None = None
     closed: bool = False
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while a window runs
     abort: threading.Event = field(default_factory=threading.Event, repr=False)  # a running window stops
-    spec: ModelSpec = field(init=False, repr=False)
     labels: tuple[StreamLabel, ...] = field(init=False, repr=False)
     keys: tuple[StreamKey, ...] = field(init=False, repr=False)
     retention: dict[StreamLabel, RetentionPolicy | None] = field(init=False, repr=False)
-    plan: WindowPlan = field(init=False)  # the next window's latent frames; the first ``cond_units`` clean
 
     def __post_init__(self) -> None:
-        self.spec = self.frame.spec
         self.labels = (StreamLabel.MAIN, StreamLabel.UNCOND) if self.knobs.uses_cfg else (StreamLabel.MAIN,)
         self.keys = tuple(StreamKey(self.session_id, label) for label in self.labels)
         kv_mode = self.knobs.window_mode == "kv"  # chained windows never commit, so nothing is released
         self.retention = {label: self.schedule.retention(self.spec.tokens_per_unit, self.text_lens[label])
                           if kv_mode else None for label in self.labels}
-        self.plan = self.schedule.window(self.window_index)
+        if self.plan is None:
+            self.plan = self.schedule.window(0)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's spec at this session's frame size (its latent grid and tokens per frame)."""
+        return self.frame.spec
+
+    @property
+    def window_index(self) -> int:
+        """The cursor: the index of the next window (``plan.index``)."""
+        return self.plan.index
 
     def action_span(self, plan: WindowPlan) -> tuple[int, int]:
         """Absolute indices of the window's actions: one per pixel frame it generates."""
