@@ -23,7 +23,7 @@ def make_cache(dtype=torch.float64) -> PagedKVCache:
 
 
 def add_stream(cache, key, committed: int, gen: torch.Generator) -> None:
-    cache.table.create_stream(key)
+    cache.create_stream(key)
     k = torch.randn(L, committed, HKV, D, generator=gen, dtype=cache.kv.dtype)
     v = torch.randn(L, committed, HKV, D, generator=gen, dtype=cache.kv.dtype)
     cache.append(key, k, v)
@@ -78,7 +78,7 @@ def test_sdpa_matches_dense_reference_on_ragged_streams(dtype):
 def test_stream_with_nothing_committed_attends_to_fresh_only():
     gen = torch.Generator().manual_seed(1)
     cache = make_cache()
-    cache.table.create_stream(StreamKey("s", StreamLabel.MAIN))
+    cache.create_stream(StreamKey("s", StreamLabel.MAIN))
     q, k_new, v_new = random_inputs([6], gen)
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("s", StreamLabel.MAIN))], [6], "sdpa")
     torch.testing.assert_close(paged_attention(q, k_new, v_new, batch, 0), dense_reference(q, k_new, v_new))
@@ -149,14 +149,14 @@ def test_stale_after_release_and_offload_is_refused():
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [2], "sdpa")
     q, k_new, v_new = random_inputs([2], gen)
     paged_attention(q, k_new, v_new, batch, 0)
-    assert cache.offload.offload("a")
+    assert cache.offload_session("a")
     with pytest.raises(StaleStreamError, match="offloaded"):
         paged_attention(q, k_new, v_new, batch, 0)
-    cache.offload.reload("a")
+    cache.reload_session("a")
     with pytest.raises(StaleStreamError):
         paged_attention(q, k_new, v_new, batch, 0)
     batch.tables[0] = cache.page_table(StreamKey("a", StreamLabel.MAIN))
-    cache.table.release_oldest(StreamKey("a", StreamLabel.MAIN), 4)
+    cache.release_oldest(StreamKey("a", StreamLabel.MAIN), 4)
     with pytest.raises(StaleStreamError, match="compacted"):
         paged_attention(q, k_new, v_new, batch, 1)
 
@@ -174,7 +174,7 @@ def test_gradients_flow_through_fresh_kv():
 
 def test_input_validation_names_the_argument():
     cache = make_cache()
-    cache.table.create_stream(StreamKey("a", StreamLabel.MAIN))
+    cache.create_stream(StreamKey("a", StreamLabel.MAIN))
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [2], "sdpa")
     q, k_new, v_new = random_inputs([2], torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="q must be"):
@@ -210,7 +210,7 @@ def test_flashinfer_is_never_imported_on_cpu():
         "from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel\n"
         "c = PagedKVCache(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=4)\n"
         "key = StreamKey('a', StreamLabel.MAIN)\n"
-        "c.table.create_stream(key)\n"
+        "c.create_stream(key)\n"
         "b = PagedAttentionBatch(c, [c.page_table(key)], [2], 'auto')\n"
         "paged_attention(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), b, 0)\n"
         "assert 'flashinfer' not in sys.modules, 'flashinfer imported'\n"

@@ -28,7 +28,7 @@ def test_rollout_writes_mp4_and_summary(world, tmp_path, capsys):  # noqa: F811
     with av.open(str(out)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 1 + 8
     assert "8 frames in 2 windows" in capsys.readouterr().out
-    assert world.model.kv.table.num_used_pages == 0
+    assert world.model.kv.num_used_pages == 0
 
 
 def test_rollout_replay_policy(world, tmp_path):  # noqa: F811
@@ -191,7 +191,7 @@ def test_dotted_set_keys_and_the_summary_records_the_run(world, tmp_path):  # no
     assert summary["prompt"] == "open the drawer" and summary["domain_id"] == 8
     assert summary["set"] == {"model": {"height": 32, "width": 32}, "rollout": {"num_steps": 1}}
     assert summary["success_judge"] == "none" and summary["windows"] == 1
-    assert world.model.kv.table.num_used_pages == 0
+    assert world.model.kv.num_used_pages == 0
 
 
 def judge_bright(frames) -> bool:

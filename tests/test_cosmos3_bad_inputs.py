@@ -26,7 +26,7 @@ def opened(tmp_path_factory):
     session = model.open_session(IMAGE, "go", 1, knobs=RolloutKnobs(num_steps=1, decode=False), action_width=2)
     yield SimpleNamespace(model=model, session=session)
     model.close(session)
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 def _good_actions():
@@ -69,10 +69,10 @@ bad_domains = st.one_of(
 @given(domain_id=bad_domains)
 def test_random_bad_domain_ids(opened, domain_id):
     model = opened.model
-    pages = model.kv.table.num_used_pages
+    pages = model.kv.num_used_pages
     with pytest.raises(ValueError, match="domain_id"):
         model.open_session(IMAGE, "go", domain_id)
-    assert model.kv.table.num_used_pages == pages and model.live_sessions == 1
+    assert model.kv.num_used_pages == pages and model.live_sessions == 1
 
 
 bad_images = st.one_of(

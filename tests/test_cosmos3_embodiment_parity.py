@@ -74,7 +74,7 @@ def test_one_window_matches_the_pipeline_for_the_embodiment(model, pipeline, nam
     print(f"{name}: max |worldstep - diffusers| = {diff:.2e} (first latent {first:.2e})")  # shown with -s
     assert first <= BOUND and diff <= BOUND, (first, diff)
     assert got.abs().max() > 0.1  # a real signal, not zeros
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 def test_sessions_of_different_grids_step_together_as_separate_groups(model):

@@ -81,7 +81,7 @@ def _assert_one_window_matches(checkpoint, pipeline, guidance, chunk):
     assert diff <= 1e-4, diff
     assert got.abs().max() > 0.1  # a real signal, not zeros
     model.close(session)
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 @pytest.mark.parametrize("context_frames", [0, pytest.param(2, marks=pytest.mark.exactness)])

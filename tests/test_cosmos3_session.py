@@ -89,7 +89,7 @@ def test_batched_step_matches_one_by_one(model, guidance):
             assert (result.latents - singles[i][w]).abs().max() <= BATCHED_LATENTS_ATOL
     for session in sessions:
         model.close(session)
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 @pytest.mark.exactness
@@ -110,7 +110,7 @@ def test_a_batched_step_with_stacked_decode_matches_one_by_one_within_the_bound(
             assert_frames_match_batched(result.frames, singles[i][w].frames)
     assert stacked.decoder.live_warm_streams == 3
     stacked.close_all()
-    assert stacked.kv.table.num_used_pages == 0 and stacked.decoder.live_warm_streams == 0
+    assert stacked.kv.num_used_pages == 0 and stacked.decoder.live_warm_streams == 0
 
 
 def test_the_phases_of_a_batched_step_add_up_to_its_wall_time(model):
@@ -136,9 +136,9 @@ def test_the_phases_of_a_batched_step_add_up_to_its_wall_time(model):
 def test_fork_shares_pages_and_diverges_independently(model):
     session = _open(model, context_frames=0)
     model.step([session], [_actions(0)])[0]
-    used_before = model.kv.table.num_used_pages
+    used_before = model.kv.num_used_pages
     fork = model.fork(session, generator=torch.Generator().manual_seed(99))
-    assert model.kv.table.num_used_pages == used_before  # committed pages shared, not copied
+    assert model.kv.num_used_pages == used_before  # committed pages shared, not copied
     same = model.fork(session)
     a, b = model.step([session], [_actions(1)])[0], model.step([fork], [_actions(2)])[0]
     c = model.step([same], [_actions(1)])[0]
@@ -148,7 +148,7 @@ def test_fork_shares_pages_and_diverges_independently(model):
     again = model.step([session], [_actions(3)])[0]  # the parent is untouched by the fork's close
     assert again.window_index == 2
     model.close(session), model.close(same)
-    assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
 
 
 def test_chained_mode_runs_and_differs_from_kv(model):
@@ -186,7 +186,7 @@ def test_bad_open_arguments_raise_before_work(model, field, kwargs):
     args = {"image": IMAGE, "prompt": "go", "domain_id": 8, **kwargs}
     with pytest.raises(ValueError, match=field):
         model.open_session(args["image"], args["prompt"], args["domain_id"])
-    assert model.kv.table.num_used_pages == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.live_sessions == 0
 
 
 def test_numpy_domain_id_is_accepted(model):
@@ -213,10 +213,10 @@ def test_bad_knobs_name_the_knob(knob, value):
 def test_bad_actions_rejected_and_session_stays_usable(model, actions):
     with _session(model, decode=False) as session:
         model.step([session], [_actions(0)])[0]
-        pages, index = model.kv.table.num_used_pages, session.window_index
+        pages, index = model.kv.num_used_pages, session.window_index
         with pytest.raises(ValueError, match="actions"):
             model.step([session], [actions])[0]
-        assert model.kv.table.num_used_pages == pages and session.window_index == index
+        assert model.kv.num_used_pages == pages and session.window_index == index
         assert model.step([session], [_actions(1)])[0].window_index == 1
 
 
@@ -231,7 +231,7 @@ def test_pool_exhaustion_is_a_clear_error_and_nothing_is_lost(tmp_path, architec
     committed = small.kv_stats(session).seq_len
     assert committed > 0 and not session.closed  # the rejected window lost nothing
     small.close(session)
-    assert small.kv.table.num_used_pages == 0
+    assert small.kv.num_used_pages == 0
 
 
 def test_failure_inside_a_window_returns_everything(model, monkeypatch):
@@ -243,7 +243,7 @@ def test_failure_inside_a_window_returns_everything(model, monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         model.step([session], [_actions(1)])[0]
     assert session.closed
-    assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
 
 
 def test_missing_checkpoint_names_where_it_looked(tmp_path):
@@ -272,7 +272,7 @@ def test_memory_pressure_offloads_idle_sessions_bit_identically(tmp_path, archit
         out, offloaded = [], False
         for w in range(4):
             out.append(model.step([a], [_actions(w)])[0].latents)
-            offloaded |= model.kv.table.is_offloaded(b.session_id)
+            offloaded |= model.kv.is_offloaded(b.session_id)
             if interleave:
                 model.step([b], [_actions(w + 10)])[0]
         model.close(a), model.close(b)
@@ -285,12 +285,12 @@ def test_memory_pressure_offloads_idle_sessions_bit_identically(tmp_path, archit
     assert offloaded
     for x, y in zip(expected, got):
         assert torch.equal(x, y)
-    assert tight.kv.table.num_used_pages == 0 and tight.kv.offload.num_free_pages == 64
+    assert tight.kv.num_used_pages == 0 and tight.kv.num_free_cpu_pages == 64
     no_offload = Cosmos3WorldModel.from_pretrained(path, device="cpu", num_pages=34, page_size=16)
     with pytest.raises(KVPoolExhausted):
         run(no_offload, interleave=True)
     no_offload.close_all()
-    assert no_offload.kv.table.num_used_pages == 0
+    assert no_offload.kv.num_used_pages == 0
 
 
 def test_close_from_another_thread_stops_the_window_and_returns_everything(model, monkeypatch):
@@ -322,7 +322,7 @@ def test_close_from_another_thread_stops_the_window_and_returns_everything(model
     monkeypatch.setattr(window, "gen_forward", real)
     assert model.step([other], [_actions(2)])[0].window_index == 0
     model.close(other)
-    assert model.kv.table.num_used_pages == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.live_sessions == 0
 
 
 def test_keyboard_interrupt_mid_window_returns_everything(model, monkeypatch):
@@ -332,7 +332,7 @@ def test_keyboard_interrupt_mid_window_returns_everything(model, monkeypatch):
     monkeypatch.setattr(window, "_denoise", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         model.step([session], [_actions(0)])[0]
-    assert session.closed and model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+    assert session.closed and model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
 
 
 def test_a_session_resolves_its_constants_once_and_only_postprocess_moves_its_plan(model):

@@ -106,7 +106,7 @@ class _Progress:
 @contextmanager
 def _page_high_water(model: Cosmos3WorldModel):
     """Records the most pages the pool had in use at once (sampled after every allocation)."""
-    allocator, seen = model.kv.table.allocator, [model.kv.table.num_used_pages]
+    allocator, seen = model.kv.allocator, [model.kv.num_used_pages]
     allocate = allocator.allocate
 
     def recording(n):
@@ -235,7 +235,7 @@ def edge_figures() -> dict:
     figures["memory"] = {
         "plan": plan, "text_tokens": text_tokens, "protected_tokens": protected,
         "kv_bytes_per_token": model.kv_bytes_per_token, "pages_high_water": max(pages_seen),
-        "pool_pages": model.kv.table.allocator.num_pages, "pool_pages_after_close": model.kv.table.num_used_pages,
+        "pool_pages": model.kv.allocator.num_pages, "pool_pages_after_close": model.kv.num_used_pages,
         "pool_gib": _gib(pool_bytes), "weights_gib": _gib(weights), "baseline_rss_gib": _gib(baseline_rss),
         "build_overhead_gib": _gib(build_peak - baseline_rss - weights),
         "build_overhead_bound_gib": BUILD_OVERHEAD_BOUND_GIB,

@@ -17,7 +17,7 @@ from worldstep.envs import RecordRollout, WorldModelEnv, WorldModelVectorEnv, fo
 
 
 def counts(model) -> tuple[int, int, int]:
-    return model.kv.table.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
 
 
 # --- close() from another thread, and after close ----------------------------------------------------

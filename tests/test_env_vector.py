@@ -59,7 +59,7 @@ def test_batched_steps_match_single_envs_and_autoreset_next_step(world, monkeypa
         assert np.array_equal(autoreset[i], again["frames"])  # a reset decodes frame 0 alone in both: same calls
         env.close()
     envs.close()
-    assert world.model.kv.table.num_used_pages == 0
+    assert world.model.kv.num_used_pages == 0
 
 
 def test_vector_bad_inputs(world):  # noqa: F811
@@ -78,4 +78,4 @@ def test_vector_bad_inputs(world):  # noqa: F811
         WorldModelVectorEnv(world.model, 0, world.knobs)
     envs.close()
     envs.close()
-    assert world.model.kv.table.num_used_pages == 0
+    assert world.model.kv.num_used_pages == 0

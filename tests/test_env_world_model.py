@@ -16,7 +16,7 @@ from worldstep.envs import JudgeSuccess, WindowLimit, WorldModelEnv, fork_env, m
 
 
 def counts(model) -> tuple[int, int, int]:
-    return model.kv.table.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
 
 
 @pytest.fixture
@@ -113,10 +113,10 @@ BAD_ACTIONS = [  # the tiny env's actions are droid_lerobot's: (4, 10)
 @pytest.mark.parametrize(("actions", "match"), BAD_ACTIONS)
 def test_bad_actions_raise_and_env_keeps_working(env, actions, match):
     env.reset(seed=0)
-    pages = env.unwrapped.model.kv.table.num_used_pages
+    pages = env.unwrapped.model.kv.num_used_pages
     with pytest.raises(ValueError, match=match):
         env.step(actions)
-    assert env.unwrapped.model.kv.table.num_used_pages == pages and env.unwrapped.windows == 0
+    assert env.unwrapped.model.kv.num_used_pages == pages and env.unwrapped.windows == 0
 
 
 BAD_OPTIONS = [
@@ -214,7 +214,7 @@ def test_close_is_idempotent_and_returns_every_page(world):  # noqa: F811
     env = worldstep.make_env(world)
     env.reset(seed=0)
     env.step(zeros(env.action_space))
-    assert model.kv.table.num_used_pages > 0 and model.decoder.live_warm_streams == 1
+    assert model.kv.num_used_pages > 0 and model.decoder.live_warm_streams == 1
     env.reset(seed=1)  # a reset closes the previous session
     assert model.live_sessions == 1
     env.close()
@@ -257,7 +257,7 @@ def test_running_out_of_pages_is_truncation(world):  # noqa: F811
             break
     assert truncated and not terminated and info["kv_exhausted"] and reward == 0.0
     assert obs in env.observation_space
-    assert small.model.kv.table.num_used_pages == 0  # the session was closed, its pages returned
+    assert small.model.kv.num_used_pages == 0  # the session was closed, its pages returned
     with pytest.raises(gym.error.ResetNeeded):
         env.step(zeros(env.action_space))
     env.reset(seed=0)  # and the env is usable again

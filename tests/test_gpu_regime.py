@@ -62,7 +62,7 @@ def test_flashinfer_path_equals_sdpa_with_one_plan_per_layout_and_wrappers_made_
     assert model.runner.ctx.kernels.plans == 4 and counts["plans"] == 4 * 2  # ragged + paged
     layers = model.transformer.config.num_hidden_layers
     assert counts["runs"] >= 4 * (3 + 1) * layers  # every step of every layer ran on a reused plan
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 def test_rows_without_context_are_planned_apart(checkpoint, monkeypatch):
@@ -90,7 +90,7 @@ def test_a_step_in_halves_gives_the_frames_of_the_whole_step(checkpoint):
             assert_frames_match_batched(y.frames, x.frames)
             assert y.timings.denoise_s > 0 and y.timings.decode_s > 0
     for m in (whole, halves):
-        assert m.kv.table.num_used_pages == 0 and m.decoder.live_warm_streams == 0
+        assert m.kv.num_used_pages == 0 and m.decoder.live_warm_streams == 0
 
 
 def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
@@ -142,7 +142,7 @@ def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_bac
     with pytest.raises(FloatingPointError, match="NaN"):
         model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
     assert all(s.closed for s in sessions)
-    assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
 
 
 def _guarded_step(model, monkeypatch, knobs: RolloutKnobs, sessions: int = 2) -> list[list[str]]:
@@ -186,7 +186,7 @@ def test_the_host_read_guard_catches_an_injected_item(checkpoint, monkeypatch):
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
     with pytest.raises(HostSyncError, match=r"Tensor.item inside a loop"):
         _guarded_step(model, monkeypatch, RolloutKnobs(num_steps=2, decode=False), sessions=1)
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 @pytest.mark.gpu
@@ -213,7 +213,7 @@ def test_a_window_denoises_without_a_host_sync_on_cuda(checkpoint, monkeypatch):
         results = model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
         assert all(np.isfinite(r.latents.numpy()).all() for r in results)
     model.close_all()
-    assert model.kv.table.num_used_pages == 0
+    assert model.kv.num_used_pages == 0
 
 
 def test_cuda_graphs_are_refused_where_they_cannot_run(checkpoint):

@@ -16,7 +16,7 @@ SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[Healt
 
 
 def _resources(world):  # noqa: F811
-    return world.model.kv.table.num_used_pages, world.model.decoder.live_warm_streams, world.model.live_sessions
+    return world.model.kv.num_used_pages, world.model.decoder.live_warm_streams, world.model.live_sessions
 
 
 @pytest.fixture
@@ -40,10 +40,10 @@ bad_actions = st.one_of(
 @given(actions=bad_actions)
 def test_random_bad_actions_are_rejected_before_any_work(env, actions):
     model = env.unwrapped.model
-    before = (model.kv.table.num_used_pages, env.unwrapped.windows)
+    before = (model.kv.num_used_pages, env.unwrapped.windows)
     with pytest.raises(ValueError, match="action"):
         env.step(actions)
-    assert (model.kv.table.num_used_pages, env.unwrapped.windows) == before
+    assert (model.kv.num_used_pages, env.unwrapped.windows) == before
 
 
 bad_options = st.one_of(
@@ -62,22 +62,22 @@ bad_options = st.one_of(
 @given(options=bad_options)
 def test_random_bad_reset_options_keep_the_episode(env, options):
     field = next(iter(options))
-    pages = env.unwrapped.model.kv.table.num_used_pages
+    pages = env.unwrapped.model.kv.num_used_pages
     with pytest.raises(ValueError, match=field):
         env.reset(options=options)
-    assert env.unwrapped.model.kv.table.num_used_pages == pages
+    assert env.unwrapped.model.kv.num_used_pages == pages
     env.step(zeros(env.action_space))  # the running episode is untouched
 
 
 def test_reset_in_the_middle_of_an_episode_returns_its_pages(world):  # noqa: F811
     env = worldstep.make_env(world, max_windows=50)
     env.reset(seed=1)
-    fresh = world.model.kv.table.num_used_pages
+    fresh = world.model.kv.num_used_pages
     for _ in range(3):
         env.step(ramp(env.action_space))
-    assert world.model.kv.table.num_used_pages > fresh
+    assert world.model.kv.num_used_pages > fresh
     env.reset(seed=1)
-    assert world.model.kv.table.num_used_pages == fresh and world.model.live_sessions == 1
+    assert world.model.kv.num_used_pages == fresh and world.model.live_sessions == 1
     env.close()
     assert _resources(world) == (0, 0, 0)
 

@@ -39,8 +39,8 @@ def token_ids(cache, key, layer=0) -> list[int]:
 
 
 def filled(cache, key, n, start=0):
-    if not cache.table.has_stream(key):
-        cache.table.create_stream(key)
+    if key not in cache.stream_keys():
+        cache.create_stream(key)
     cache.append(key, *tokens(start, n))
 
 
@@ -60,7 +60,7 @@ def test_append_gather_round_trip_all_layers():
 
 def test_append_converts_dtype_and_rejects_bad_shapes():
     cache = make_cache(dtype=torch.float64)
-    cache.table.create_stream(MAIN)
+    cache.create_stream(MAIN)
     k, v = tokens(0, 2)
     cache.append(MAIN, k, v)
     assert cache.gather(MAIN, 0)[0].dtype == torch.float64
@@ -74,7 +74,7 @@ def test_append_converts_dtype_and_rejects_bad_shapes():
 
 def test_epoch_bumps_on_append_and_not_on_empty_append():
     cache = make_cache()
-    cache.table.create_stream(MAIN)
+    cache.create_stream(MAIN)
     e0 = cache.page_table(MAIN).prefix_epoch
     cache.append(MAIN, *tokens(0, 0))
     assert cache.page_table(MAIN).prefix_epoch == e0
@@ -85,12 +85,12 @@ def test_epoch_bumps_on_append_and_not_on_empty_append():
 def test_exhausted_append_is_atomic():
     cache = make_cache(num_pages=3)
     filled(cache, MAIN, 10)  # 3 pages, tail has 2 free slots
-    before = (cache.page_table(MAIN), cache.table.num_free_pages)
-    assert cache.table.can_append(MAIN, 2) and not cache.table.can_append(MAIN, 3)
+    before = (cache.page_table(MAIN), cache.num_free_pages)
+    assert cache.can_append(MAIN, 2) and not cache.can_append(MAIN, 3)
     with pytest.raises(KVPoolExhausted) as info:
         cache.append(MAIN, *tokens(10, 3))
     assert info.value.needed == 1 and info.value.free == 0
-    assert (cache.page_table(MAIN), cache.table.num_free_pages) == before
+    assert (cache.page_table(MAIN), cache.num_free_pages) == before
     assert token_ids(cache, MAIN) == list(range(10))
     check_invariants(cache)
 
@@ -99,43 +99,43 @@ def test_protect_prefix_rules():
     cache = make_cache()
     filled(cache, MAIN, 12)
     with pytest.raises(ValueError, match="exceeds"):
-        cache.table.protect_prefix(MAIN, 13)
-    cache.table.protect_prefix(MAIN, 6)
-    cache.table.protect_prefix(MAIN, 6)  # same value: no-op
+        cache.protect_prefix(MAIN, 13)
+    cache.protect_prefix(MAIN, 6)
+    cache.protect_prefix(MAIN, 6)  # same value: no-op
     with pytest.raises(ValueError, match="already protects 6"):
-        cache.table.protect_prefix(MAIN, 4)
+        cache.protect_prefix(MAIN, 4)
     other = StreamKey("s", StreamLabel.UNCOND)
     filled(cache, other, 12)
-    assert cache.table.release_oldest(other, 4) == 4
+    assert cache.release_oldest(other, 4) == 4
     with pytest.raises(ValueError, match="after 4 tokens were released"):
-        cache.table.protect_prefix(other, 2)
+        cache.protect_prefix(other, 2)
     with pytest.raises(ValueError, match="n_tokens"):
-        cache.table.protect_prefix(MAIN, -1)
+        cache.protect_prefix(MAIN, -1)
 
 
 def test_release_is_page_floored_and_keeps_protected_head_and_tail():
     cache = make_cache()
     filled(cache, MAIN, 23)  # pages: [0-3][4-7][8-11][12-15][16-19][20-22 tail]
-    cache.table.protect_prefix(MAIN, 6)  # page 1 straddles the boundary
+    cache.protect_prefix(MAIN, 6)  # page 1 straddles the boundary
     e0 = cache.page_table(MAIN).prefix_epoch
-    assert cache.table.release_oldest(MAIN, 3) == 0  # less than a page
+    assert cache.release_oldest(MAIN, 3) == 0  # less than a page
     assert cache.page_table(MAIN).prefix_epoch == e0
-    assert cache.table.release_oldest(MAIN, 5) == 4  # floored to one page: tokens 8-11
+    assert cache.release_oldest(MAIN, 5) == 4  # floored to one page: tokens 8-11
     assert token_ids(cache, MAIN) == list(range(8)) + list(range(12, 23))
-    assert cache.table.release_oldest(MAIN, 100) == 8  # 12-19; never the straddle page or the tail
+    assert cache.release_oldest(MAIN, 100) == 8  # 12-19; never the straddle page or the tail
     assert token_ids(cache, MAIN) == list(range(8)) + [20, 21, 22]
     table = cache.page_table(MAIN)
     assert (table.seq_len, table.released_tokens, table.protected_prefix_tokens) == (11, 12, 6)
     assert table.prefix_epoch > e0
-    assert cache.table.release_oldest(MAIN, 100) == 0
+    assert cache.release_oldest(MAIN, 100) == 0
     check_invariants(cache)
 
 
 def test_release_can_free_a_full_last_page():
     cache = make_cache()
     filled(cache, MAIN, 12)
-    cache.table.protect_prefix(MAIN, 4)
-    assert cache.table.release_oldest(MAIN, 100) == 8
+    cache.protect_prefix(MAIN, 4)
+    assert cache.release_oldest(MAIN, 100) == 8
     assert token_ids(cache, MAIN) == [0, 1, 2, 3]
     filled(cache, MAIN, 2, start=12)
     assert token_ids(cache, MAIN) == [0, 1, 2, 3, 12, 13]
@@ -144,32 +144,32 @@ def test_release_can_free_a_full_last_page():
 def test_apply_retention_releases_past_horizon_and_requires_matching_protection():
     cache = make_cache()
     filled(cache, MAIN, 8)
-    cache.table.protect_prefix(MAIN, 8)
+    cache.protect_prefix(MAIN, 8)
     filled(cache, MAIN, 12, start=8)
     policy = RetentionPolicy(protected_tokens=8, context_tokens=4)
-    assert cache.table.apply_retention(MAIN, None) == 0
-    assert cache.table.apply_retention(MAIN, policy) == 8
+    assert cache.apply_retention(MAIN, None) == 0
+    assert cache.apply_retention(MAIN, policy) == 8
     assert token_ids(cache, MAIN) == list(range(8)) + [16, 17, 18, 19]
     with pytest.raises(ValueError, match="protected_tokens=0"):
-        cache.table.apply_retention(MAIN, RetentionPolicy(0, 4))
+        cache.apply_retention(MAIN, RetentionPolicy(0, 4))
 
 
 def test_fork_shares_pages_and_copy_on_write_keeps_streams_independent():
     cache = make_cache()
     filled(cache, MAIN, 6)  # tail page half full
-    used = cache.table.num_used_pages
-    cache.table.fork(MAIN, StreamKey("t", StreamLabel.MAIN))
-    assert cache.table.num_used_pages == used  # zero copy
+    used = cache.num_used_pages
+    cache.fork(MAIN, StreamKey("t", StreamLabel.MAIN))
+    assert cache.num_used_pages == used  # zero copy
     src, dst = cache.page_table(MAIN), cache.page_table(StreamKey("t", StreamLabel.MAIN))
     assert src.pages == dst.pages and dst.prefix_epoch > src.prefix_epoch
-    assert all(cache.table.allocator.ref_count(p) == 2 for p in src.pages)
+    assert all(cache.allocator.ref_count(p) == 2 for p in src.pages)
     filled(cache, StreamKey("t", StreamLabel.MAIN), 3, start=100)
     filled(cache, MAIN, 1, start=200)
     assert token_ids(cache, MAIN) == [0, 1, 2, 3, 4, 5, 200]
     assert token_ids(cache, StreamKey("t", StreamLabel.MAIN)) == [0, 1, 2, 3, 4, 5, 100, 101, 102]
     assert cache.page_table(MAIN).pages[0] == cache.page_table(StreamKey("t", StreamLabel.MAIN)).pages[0]
     check_invariants(cache)
-    assert cache.table.remove(MAIN) == 1  # only its own COW tail page goes back
+    assert cache.remove(MAIN) == 1  # only its own COW tail page goes back
     assert token_ids(cache, StreamKey("t", StreamLabel.MAIN))[:6] == list(range(6))
     check_invariants(cache)
 
@@ -177,15 +177,15 @@ def test_fork_shares_pages_and_copy_on_write_keeps_streams_independent():
 def test_fork_copies_protection_and_release_state():
     cache = make_cache()
     filled(cache, MAIN, 16)
-    cache.table.protect_prefix(MAIN, 4)
-    cache.table.release_oldest(MAIN, 4)
-    cache.table.fork_session("s", "t")
+    cache.protect_prefix(MAIN, 4)
+    cache.release_oldest(MAIN, 4)
+    cache.fork_session("s", "t")
     table = cache.page_table(StreamKey("t", StreamLabel.MAIN))
     assert (table.protected_prefix_tokens, table.released_tokens, table.seq_len) == (4, 4, 12)
-    cache.table.release_oldest(StreamKey("t", StreamLabel.MAIN), 4)  # freeing a shared page only drops a reference
+    cache.release_oldest(StreamKey("t", StreamLabel.MAIN), 4)  # freeing a shared page only drops a reference
     assert token_ids(cache, MAIN) == [0, 1, 2, 3] + list(range(8, 16))
     with pytest.raises(ValueError, match="already has KV streams"):
-        cache.table.fork_session("s", "t")
+        cache.fork_session("s", "t")
 
 
 def test_remove_session_returns_every_page():
@@ -193,33 +193,33 @@ def test_remove_session_returns_every_page():
     filled(cache, StreamKey("a", StreamLabel.MAIN), 9)
     filled(cache, StreamKey("a", StreamLabel.UNCOND), 2)
     filled(cache, StreamKey("b", StreamLabel.MAIN), 4)
-    assert cache.table.pages_in_use("a") == 4
+    assert cache.pages_in_use("a") == 4
     assert cache.remove_session("a") == 4
     assert cache.remove_session("a") == 0  # idempotent
-    assert cache.table.pages_in_use("a") == 0 and not cache.table.has_stream(StreamKey("a", StreamLabel.MAIN))
-    assert cache.offload.offload("b")
+    assert cache.pages_in_use("a") == 0 and StreamKey("a", StreamLabel.MAIN) not in cache.stream_keys()
+    assert cache.offload_session("b")
     assert cache.remove_session("b") == 0
-    assert cache.table.num_free_pages == 16 and cache.offload.num_free_pages == 8
-    assert not cache.table.is_offloaded("b")
+    assert cache.num_free_pages == 16 and cache.num_free_cpu_pages == 8
+    assert not cache.is_offloaded("b")
     check_invariants(cache)
 
 
 def test_offload_reload_round_trips_every_field():
     cache = make_cache(cpu_offload_pages=8)
     filled(cache, MAIN, 14)
-    cache.table.protect_prefix(MAIN, 5)
-    cache.table.release_oldest(MAIN, 4)
+    cache.protect_prefix(MAIN, 5)
+    cache.release_oldest(MAIN, 4)
     filled(cache, StreamKey("s", StreamLabel.UNCOND), 3)
-    before = {key: cache.page_table(key) for key in cache.table.stream_keys("s")}
-    assert cache.offload.offload("s")
-    assert cache.table.is_offloaded("s") and cache.table.pages_in_use("s") == 0 and cache.table.num_free_pages == 16
+    before = {key: cache.page_table(key) for key in cache.stream_keys("s")}
+    assert cache.offload_session("s")
+    assert cache.is_offloaded("s") and cache.pages_in_use("s") == 0 and cache.num_free_pages == 16
     with pytest.raises(StaleStreamError, match="offloaded"):
-        cache.table.check_current(before[MAIN])
+        cache.check_current(before[MAIN])
     with pytest.raises(ValueError, match="offloaded"):
         cache.append(MAIN, *tokens(0, 1))
     with pytest.raises(ValueError, match="already|offloaded"):
-        cache.offload.offload("s")
-    cache.offload.reload("s")
+        cache.offload_session("s")
+    cache.reload_session("s")
     for key, old in before.items():
         new = cache.page_table(key)
         assert (new.seq_len, new.protected_prefix_tokens, new.released_tokens) == (
@@ -227,37 +227,37 @@ def test_offload_reload_round_trips_every_field():
         )
         assert new.prefix_epoch > old.prefix_epoch
         with pytest.raises(StaleStreamError):
-            cache.table.check_current(old)
+            cache.check_current(old)
     assert token_ids(cache, MAIN) == list(range(8)) + list(range(12, 14))
     assert token_ids(cache, StreamKey("s", StreamLabel.UNCOND), layer=1) == [0, 1, 2]
-    assert cache.offload.num_free_pages == 8
+    assert cache.num_free_cpu_pages == 8
     check_invariants(cache)
 
 
 def test_offload_that_does_not_fit_returns_false_and_frees_nothing():
     cache = make_cache(cpu_offload_pages=2)
     filled(cache, MAIN, 9)  # 3 pages > 2 CPU pages
-    before = (cache.page_table(MAIN), cache.table.num_free_pages, cache.offload.num_free_pages)
-    assert cache.offload.offload("s") is False
-    assert (cache.page_table(MAIN), cache.table.num_free_pages, cache.offload.num_free_pages) == before
-    assert not cache.table.is_offloaded("s")
-    cache.table.check_current(before[0])
+    before = (cache.page_table(MAIN), cache.num_free_pages, cache.num_free_cpu_pages)
+    assert cache.offload_session("s") is False
+    assert (cache.page_table(MAIN), cache.num_free_pages, cache.num_free_cpu_pages) == before
+    assert not cache.is_offloaded("s")
+    cache.check_current(before[0])
     assert token_ids(cache, MAIN) == list(range(9))
     no_pool = make_cache(cpu_offload_pages=0)
     filled(no_pool, MAIN, 1)
-    assert no_pool.offload.offload("s") is False and no_pool.table.pages_in_use("s") == 1
+    assert no_pool.offload_session("s") is False and no_pool.pages_in_use("s") == 1
 
 
 def test_reload_that_does_not_fit_leaves_session_offloaded_intact():
     cache = make_cache(num_pages=4, cpu_offload_pages=4)
     filled(cache, MAIN, 12)
-    assert cache.offload.offload("s")
+    assert cache.offload_session("s")
     filled(cache, StreamKey("x", StreamLabel.MAIN), 8)  # takes 2 of the 4 device pages
     with pytest.raises(KVPoolExhausted):
-        cache.offload.reload("s")
-    assert cache.table.is_offloaded("s") and cache.offload.num_free_pages == 1
+        cache.reload_session("s")
+    assert cache.is_offloaded("s") and cache.num_free_cpu_pages == 1
     cache.remove_session("x")
-    cache.offload.reload("s")
+    cache.reload_session("s")
     assert token_ids(cache, MAIN) == list(range(12))
     check_invariants(cache)
 
@@ -265,16 +265,16 @@ def test_reload_that_does_not_fit_leaves_session_offloaded_intact():
 def test_offload_of_a_forked_session_copies_shared_pages():
     cache = make_cache(cpu_offload_pages=8)
     filled(cache, MAIN, 10)
-    cache.table.fork_session("s", "t")
+    cache.fork_session("s", "t")
     uncond, t_main = StreamKey("s", StreamLabel.UNCOND), StreamKey("t", StreamLabel.MAIN)
-    cache.table.fork(MAIN, uncond)  # shared within the session: saved once
+    cache.fork(MAIN, uncond)  # shared within the session: saved once
     filled(cache, uncond, 2, start=10)  # its copied tail page is its own
-    assert cache.offload.offload("s")
-    assert cache.offload.num_free_pages == 8 - 3 - 1
-    assert cache.table.pages_in_use("t") == 3 and cache.table.num_used_pages == 3  # t keeps the shared pages
-    assert all(cache.table.allocator.ref_count(p) == 1 for p in cache.page_table(t_main).pages)
+    assert cache.offload_session("s")
+    assert cache.num_free_cpu_pages == 8 - 3 - 1
+    assert cache.pages_in_use("t") == 3 and cache.num_used_pages == 3  # t keeps the shared pages
+    assert all(cache.allocator.ref_count(p) == 1 for p in cache.page_table(t_main).pages)
     filled(cache, t_main, 2, start=50)
-    cache.offload.reload("s")
+    cache.reload_session("s")
     assert token_ids(cache, MAIN) == list(range(10))
     assert token_ids(cache, uncond) == list(range(12))
     assert token_ids(cache, t_main) == list(range(10)) + [50, 51]
@@ -288,23 +288,23 @@ def test_check_current_detects_compaction_change_and_recreation():
     cache = make_cache()
     filled(cache, MAIN, 12)
     table = cache.page_table(MAIN)
-    cache.table.check_current(table)
-    cache.table.release_oldest(MAIN, 4)
+    cache.check_current(table)
+    cache.release_oldest(MAIN, 4)
     with pytest.raises(StaleStreamError, match="compacted"):
-        cache.table.check_current(table)
+        cache.check_current(table)
     with pytest.raises(StaleStreamError, match="compacted"):
         cache.gather_table(table, 0)
     table = cache.page_table(MAIN)
     filled(cache, MAIN, 1)
     with pytest.raises(StaleStreamError, match="changed"):
-        cache.table.check_current(table)
+        cache.check_current(table)
     table = cache.page_table(MAIN)
-    cache.table.remove(MAIN)
+    cache.remove(MAIN)
     with pytest.raises(StaleStreamError, match="removed"):
-        cache.table.check_current(table)
+        cache.check_current(table)
     filled(cache, MAIN, 9)
     with pytest.raises(StaleStreamError):  # same key, same length: still not the table's content
-        cache.table.check_current(PageTable(MAIN, table.pages, 9, 0, 0, table.prefix_epoch))
+        cache.check_current(PageTable(MAIN, table.pages, 9, 0, 0, table.prefix_epoch))
 
 
 def test_gather_table_fills_caller_buffers():
@@ -325,15 +325,15 @@ def test_bad_arguments_raise_naming_the_field():
         PagedKVCache(num_layers=1, num_pages=1, page_size=1, num_kv_heads=1, head_dim=1, cpu_offload_pages=-1)
     cache = make_cache()
     with pytest.raises(ValueError, match="StreamKey"):
-        cache.table.create_stream(("s",))
+        cache.create_stream(("s",))
     with pytest.raises(ValueError, match="label"):
         StreamKey("s", "main")
-    cache.table.create_stream(MAIN)
+    cache.create_stream(MAIN)
     with pytest.raises(ValueError, match="already exists"):
-        cache.table.create_stream(MAIN)
+        cache.create_stream(MAIN)
     with pytest.raises(KeyError, match="create_stream"):
         cache.page_table(StreamKey("s", StreamLabel.UNCOND))
     with pytest.raises(ValueError, match="n_tokens"):
-        cache.table.release_oldest(MAIN, -1)
+        cache.release_oldest(MAIN, -1)
     with pytest.raises(KeyError):
-        cache.offload.offload("nobody")
+        cache.offload_session("nobody")

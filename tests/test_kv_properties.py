@@ -91,7 +91,7 @@ class KVMachine(RuleBasedStateMachine):
         starts = [StreamKey("a", StreamLabel.MAIN), StreamKey("b", StreamLabel.MAIN),
                   StreamKey("a", StreamLabel.UNCOND)]
         for key, n in zip(starts, sizes):
-            self.cache.table.create_stream(key)
+            self.cache.create_stream(key)
             self.cache.append(key, *tokens(self.next_token, n))
             self.model[key] = Expected(list(range(self.next_token, self.next_token + n)))
             self.next_token += n
@@ -101,9 +101,9 @@ class KVMachine(RuleBasedStateMachine):
     def create(self, key):
         if key in self.model or key.session_id in self.offloaded:
             with pytest.raises(ValueError):
-                self.cache.table.create_stream(key)
+                self.cache.create_stream(key)
             return
-        self.cache.table.create_stream(key)
+        self.cache.create_stream(key)
         self.model[key] = Expected()
         self.changed.add(key)
 
@@ -113,11 +113,11 @@ class KVMachine(RuleBasedStateMachine):
         if not self.usable(key):
             return
         k, v = tokens(self.next_token, n)
-        if not self.cache.table.can_append(key, n):
-            before = (self.cache.page_table(key), self.cache.table.num_free_pages)
+        if not self.cache.can_append(key, n):
+            before = (self.cache.page_table(key), self.cache.num_free_pages)
             with pytest.raises(KVPoolExhausted):
                 self.cache.append(key, k, v)
-            assert (self.cache.page_table(key), self.cache.table.num_free_pages) == before
+            assert (self.cache.page_table(key), self.cache.num_free_pages) == before
             return
         self.cache.append(key, k, v)
         self.model[key].tokens += range(self.next_token, self.next_token + n)
@@ -135,16 +135,16 @@ class KVMachine(RuleBasedStateMachine):
         refused = n != e.protected and (e.released > 0 or e.protected > 0 or n > len(e.tokens))
         if refused:
             with pytest.raises(ValueError):
-                self.cache.table.protect_prefix(key, n)
+                self.cache.protect_prefix(key, n)
             return
-        self.cache.table.protect_prefix(key, n)
+        self.cache.protect_prefix(key, n)
         e.protected = n
 
     @rule(choice=PICK, n=st.integers(0, 20))
     def release(self, choice, n):
         key = self.pick(choice)
         if self.usable(key):
-            self.expect_release(key, n, self.cache.table.release_oldest(key, n))
+            self.expect_release(key, n, self.cache.release_oldest(key, n))
 
     @rule(choice=PICK, context=st.integers(0, 10))
     def retention(self, choice, context):
@@ -154,7 +154,7 @@ class KVMachine(RuleBasedStateMachine):
         e = self.model[key]
         policy = RetentionPolicy(e.protected, context)
         n = policy.tokens_to_release(len(e.tokens))
-        self.expect_release(key, n, self.cache.table.apply_retention(key, policy))
+        self.expect_release(key, n, self.cache.apply_retention(key, policy))
 
     @rule(choice=PICK, dst_session=st.sampled_from(SESSIONS))
     def fork(self, choice, dst_session):
@@ -164,9 +164,9 @@ class KVMachine(RuleBasedStateMachine):
             return
         if dst in self.model or dst_session in self.offloaded:
             with pytest.raises(ValueError):
-                self.cache.table.fork(src, dst)
+                self.cache.fork(src, dst)
             return
-        self.cache.table.fork(src, dst)
+        self.cache.fork(src, dst)
         e = self.model[src]
         self.model[dst] = Expected(list(e.tokens), e.protected, e.released)
         self.changed.add(dst)
@@ -176,32 +176,32 @@ class KVMachine(RuleBasedStateMachine):
         keys = self.keys_of(session)
         if not keys or session in self.offloaded:
             with pytest.raises((KeyError, ValueError)):
-                self.cache.offload.offload(session)
+                self.cache.offload_session(session)
             return
         before = {key: self.cache.page_table(key) for key in keys}
         distinct = len({p for t in before.values() for p in t.pages})
-        free_before = (self.cache.table.num_free_pages, self.cache.offload.num_free_pages)
-        fits = distinct <= self.cache.offload.num_free_pages
-        assert self.cache.offload.offload(session) is fits
+        free_before = (self.cache.num_free_pages, self.cache.num_free_cpu_pages)
+        fits = distinct <= self.cache.num_free_cpu_pages
+        assert self.cache.offload_session(session) is fits
         if fits:
             self.offloaded[session] = {key: set(t.pages) for key, t in before.items()}
         else:  # nothing freed, nothing changed
             assert {key: self.cache.page_table(key) for key in keys} == before
-            assert (self.cache.table.num_free_pages, self.cache.offload.num_free_pages) == free_before
+            assert (self.cache.num_free_pages, self.cache.num_free_cpu_pages) == free_before
 
     @rule(session=st.sampled_from(SESSIONS))
     def reload(self, session):
         if session not in self.offloaded:
             with pytest.raises(ValueError):
-                self.cache.offload.reload(session)
+                self.cache.reload_session(session)
             return
         needed = len(set().union(*self.offloaded[session].values()))  # shared pages were saved once
-        if needed > self.cache.table.num_free_pages:
+        if needed > self.cache.num_free_pages:
             with pytest.raises(KVPoolExhausted):
-                self.cache.offload.reload(session)
-            assert self.cache.table.is_offloaded(session)
+                self.cache.reload_session(session)
+            assert self.cache.is_offloaded(session)
             return
-        self.cache.offload.reload(session)
+        self.cache.reload_session(session)
         del self.offloaded[session]
         self.changed.update(self.keys_of(session))
 
@@ -213,7 +213,7 @@ class KVMachine(RuleBasedStateMachine):
                 self.cache.remove(key)
             return
         pages = self.cache.page_table(key).pages
-        sole = sum(self.cache.table.allocator.ref_count(p) == 1 for p in pages)
+        sole = sum(self.cache.allocator.ref_count(p) == 1 for p in pages)
         assert self.cache.remove(key) == sole
         del self.model[key]
         self.epochs.pop(key, None)
@@ -223,21 +223,21 @@ class KVMachine(RuleBasedStateMachine):
 
     @rule(session=st.sampled_from(SESSIONS))
     def remove_session(self, session):
-        free_before = self.cache.table.num_free_pages
+        free_before = self.cache.num_free_pages
         returned = self.cache.remove_session(session)
-        assert self.cache.table.num_free_pages == free_before + returned
+        assert self.cache.num_free_pages == free_before + returned
         for key in self.keys_of(session):
             del self.model[key]
             self.epochs.pop(key, None)
         self.offloaded.pop(session, None)
-        assert self.cache.table.pages_in_use(session) == 0
+        assert self.cache.pages_in_use(session) == 0
 
     # invariants
 
     @invariant()
     def pools_are_consistent(self):
         check_invariants(self.cache)
-        a = self.cache.table.allocator
+        a = self.cache.allocator
         free = list(a.free_page_ids)
         assert len(free) == len(set(free)) and set(free).isdisjoint(a.used_page_ids)
         assert set(free) | a.used_page_ids == set(range(NUM_PAGES))

@@ -112,5 +112,5 @@ def _locks(obj, seen: set[int] | None = None) -> list[tuple[str, object]]:
 def test_one_lock_over_the_cache_table_and_offload():
     cache = PagedKVCache(num_layers=L, num_pages=8, page_size=PS, num_kv_heads=HKV, head_dim=D, cpu_offload_pages=8)
     assert _locks(cache) == [("PagedKVCache.lock", cache.lock)]
-    cache.table.lock = threading.RLock()  # an injected second lock (the table guarding itself) is seen
-    assert sorted(path for path, _ in _locks(cache)) == ["PagedKVCache.lock", "StreamTable.lock"]
+    cache.offload.lock = threading.RLock()  # an injected second lock (the offload guarding itself) is seen
+    assert sorted(path for path, _ in _locks(cache)) == ["Offload.lock", "PagedKVCache.lock"]

@@ -83,7 +83,7 @@ def test_interrupted_evaluate_writes_a_report_that_says_so(world, tmp_path):  # 
     assert report["status"] == "interrupted" and report["windows_completed"] == 3
     assert [e["seed"] for e in report["episodes"]] == [0]  # the finished episode; the second was cut
     assert (tmp_path / "episode-000.mp4").is_file() and (tmp_path / "episode-001.mp4").read_bytes() == b"previous"
-    assert not leftovers(tmp_path) and world.model.kv.table.num_used_pages == 0
+    assert not leftovers(tmp_path) and world.model.kv.num_used_pages == 0
 
 
 def test_episode_without_max_windows_runs_the_configs_length(world, tmp_path):  # noqa: F811

@@ -57,10 +57,10 @@ def test_planner_chooses_a_candidate_and_leaves_the_env_as_it_was(pusher_env):
     planner = ModelPredictivePlanner(env, PixelPushPolicy(1.0, name="noisy1"), candidates=3)
     planner.reset(seed=0)
     obs, _ = env.reset(seed=7)
-    sessions, pages = model.live_sessions, model.kv.table.num_used_pages
+    sessions, pages = model.live_sessions, model.kv.num_used_pages
     chosen = planner(obs)
     assert len(planner.last_costs) == 3 and chosen.shape == (4, 2)
-    assert model.live_sessions == sessions and model.kv.table.num_used_pages == pages  # every fork closed
+    assert model.live_sessions == sessions and model.kv.num_used_pages == pages  # every fork closed
     after_planning, *_ = env.step(chosen)
     env.reset(seed=7)
     without_planning, *_ = env.step(chosen)
@@ -151,11 +151,11 @@ def test_planner_imagines_horizon_windows_in_forks_and_checks_its_knobs(pusher_e
                                      forks=2, goal=(32.0, 32.0))  # random weights: no goal to detect
     planner.reset(seed=1)
     obs, _ = pusher_env.reset(seed=5)
-    sessions, pages = model.live_sessions, model.kv.table.num_used_pages
+    sessions, pages = model.live_sessions, model.kv.num_used_pages
     chosen = planner(obs)
     assert [len(c) for c in planner.last_candidates] == [3, 3]  # each candidate is 3 windows long
     assert any(np.array_equal(chosen, c[0]) for c in planner.last_candidates)
-    assert model.live_sessions == sessions and model.kv.table.num_used_pages == pages  # 2 x 2 forks closed
+    assert model.live_sessions == sessions and model.kv.num_used_pages == pages  # 2 x 2 forks closed
     for name, bad in (("horizon", 0), ("forks", 0), ("vanish_weight", -1.0), ("disagreement_weight", float("nan"))):
         with pytest.raises(ValueError, match=name):
             ModelPredictivePlanner(pusher_env, PixelPushPolicy(1.0), **{name: bad})

@@ -207,7 +207,7 @@ def test_evaluate_marks_the_episode_whose_policy_failed_and_goes_on(world, serve
     assert all(e.windows == 2 and e.error is None for i, e in enumerate(report.episodes) if i != failed_index)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["num_failed"] == 1 and data["episodes"][failed_index]["status"] == "failed"
-    assert world.model.kv.table.num_used_pages == 0
+    assert world.model.kv.num_used_pages == 0
 
 
 def test_remote_policy_example_runs_standalone(tmp_path, cache_dir):  # noqa: F811

@@ -26,7 +26,7 @@ def test_load_shares_only_when_asked_and_rollout_overrides_of_a_world_do_not_rel
     shared = [worldstep.load("tiny", device="cpu", share=True, **FAST) for _ in range(2)]
     assert shared[0].model is shared[1].model is not fresh.model
     other = worldstep.load(world, num_pages=64)  # a cache override needs another model
-    assert other.model is not world.model and other.model.kv.table.allocator.num_pages == 64
+    assert other.model is not world.model and other.model.kv.allocator.num_pages == 64
     with pytest.raises(ValueError, match="share=1 is invalid"):
         worldstep.load("tiny", share=1)
 
@@ -56,7 +56,7 @@ def test_evaluate_writes_report_and_videos(world, tmp_path):  # noqa: F811
     for e in data["episodes"]:
         with av.open(e["video"]) as container:
             assert sum(1 for _ in container.decode(video=0)) == 1 + 4 * e["windows"]
-    assert report.mean_return == 0.0 and world.model.kv.table.num_used_pages == 0
+    assert report.mean_return == 0.0 and world.model.kv.num_used_pages == 0
 
 
 def test_batched_evaluate_matches_sequential(world, tmp_path):  # noqa: F811
@@ -69,7 +69,7 @@ def test_batched_evaluate_matches_sequential(world, tmp_path):  # noqa: F811
     strip = [{k: v for k, v in vars(e).items() if k not in ("wall_s", "frames_per_second")} for e in seq.episodes]
     assert strip == [{k: v for k, v in vars(e).items() if k not in ("wall_s", "frames_per_second")}
                      for e in bat.episodes]
-    assert bat.batched and world.model.kv.table.num_used_pages == 0
+    assert bat.batched and world.model.kv.num_used_pages == 0
 
 
 def test_evaluate_rejects_bad_episodes_and_argument_mixes(world, tmp_path):  # noqa: F811

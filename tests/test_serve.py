@@ -454,7 +454,7 @@ def test_a_full_page_pool_is_server_full_and_the_others_go_on(cache_dir):  # noq
         for env in envs:
             env.close()
         server.drain()
-    assert small.model.kv.table.allocator.num_used == 0
+    assert small.model.kv.allocator.num_used == 0
 
 
 def test_idle_sessions_offload_as_they_do_locally(cache_dir):  # noqa: F811
@@ -471,4 +471,4 @@ def test_idle_sessions_offload_as_they_do_locally(cache_dir):  # noqa: F811
         for env in envs:
             env.close()
         server.drain()
-    assert small.model.kv.table.allocator.num_used == 0 and small.model.kv.offload.allocator.num_used == 0
+    assert small.model.kv.allocator.num_used == 0 and small.model.kv.offload.allocator.num_used == 0

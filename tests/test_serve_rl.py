@@ -36,7 +36,7 @@ def test_ppo_cnn_policy_trains_on_pusher_with_one_engine_call_per_step(pusher, m
         assert calls == [4] * 8  # one engine call per vector step, all four episodes in it
     finally:
         venv.close()
-    assert pusher.model.kv.table.allocator.num_used == 0
+    assert pusher.model.kv.allocator.num_used == 0
 
 
 def test_vec_env_autoresets_in_the_same_step_like_sb3(world):  # noqa: F811

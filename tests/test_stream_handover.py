@@ -135,7 +135,7 @@ def test_8_sessions_with_decode_overlap_give_the_frames_of_the_same_sessions_dec
         steps = [model.step(sessions, [rng.uniform(-1, 1, (4, model.spec.action_dim)).astype(np.float32)
                                        for _ in sessions]) for _ in range(4)]
         model.close_all()
-        assert model.kv.table.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+        assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
         return steps
 
     sequential, overlapped = rollout(overlap=False), rollout(overlap=True)

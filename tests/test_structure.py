@@ -154,7 +154,7 @@ def test_records_hold_no_reference_up_to_their_owner(tmp_path):
     arch = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())["model"]["architecture"]
     model = Cosmos3WorldModel.from_pretrained(build_checkpoint(tmp_path / "tiny", arch), device="cpu",
                                               height=32, width=32)
-    owners = (model, model.kv, model.kv.table, model.decoder, model.scheduler, model.runner)
+    owners = (model, model.kv, model.kv.offload, model.decoder, model.scheduler, model.runner)
     with model.session(np.zeros((32, 32, 3), np.uint8), "go", 0, knobs=RolloutKnobs(num_steps=1)) as session:
         model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
         for record in (session, session.decode_stream):
@@ -169,7 +169,7 @@ def test_records_hold_no_reference_up_to_their_owner(tmp_path):
 
 
 def _cache_internals_outside_kv(tree: Tree) -> list[str]:
-    """``<cache>.table`` / ``<cache>.offload`` read outside engine/kv (the cache is the only API over them)."""
+    """``<cache>.offload`` (or a ``table`` of it) read outside engine/kv (the cache is the only API over the pool)."""
     import ast
 
     found = []
@@ -186,8 +186,8 @@ def _cache_internals_outside_kv(tree: Tree) -> list[str]:
 
 def test_nobody_outside_engine_kv_reads_the_cache_table_or_offload(tmp_path):
     assert not _cache_internals_outside_kv(TREE), _cache_internals_outside_kv(TREE)
-    broken = _package(tmp_path, {**CLEAN, "user.py": "def pages(model):\n    return model.kv.table.num_free_pages\n"})
-    assert _cache_internals_outside_kv(broken) == ["pkg.user:2: model.kv.table"]
+    broken = _package(tmp_path, {**CLEAN, "user.py": "def pages(model):\n    return model.kv.offload.allocator\n"})
+    assert _cache_internals_outside_kv(broken) == ["pkg.user:2: model.kv.offload"]
 
 
 # --- the env's constructor: at most 8 arguments, the rest are wrappers ------------------------------------

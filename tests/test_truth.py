@@ -59,7 +59,7 @@ def test_pusher_env_resets_to_the_simulator_scene(pusher, monkeypatch):
     assert "scene_seed" not in info and np.array_equal(seen[-1], first_frame(np.random.default_rng(9)))
     scene = env.unwrapped._scene
     env.close()
-    assert scene._env is None and model.kv.table.num_used_pages == 0 and model.live_sessions == 0
+    assert scene._env is None and model.kv.num_used_pages == 0 and model.live_sessions == 0
 
 
 def test_rollout_with_truth_replays_the_models_actions_in_the_simulator(pusher, tmp_path):

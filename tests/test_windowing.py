@@ -206,15 +206,15 @@ def test_retention_through_the_cache_tracks_released_end_within_a_page(s, tpu, p
     pages = 2 + (prefix + (s.total_units + 1) * tpu) // page_size
     cache = PagedKVCache(num_layers=1, num_pages=pages, page_size=page_size, num_kv_heads=1, head_dim=1)
     key = StreamKey("s", StreamLabel.MAIN)
-    cache.table.create_stream(key)
+    cache.create_stream(key)
     cache.append(key, torch.zeros(1, prefix, 1, 1), torch.zeros(1, prefix, 1, 1))
-    cache.table.protect_prefix(key, prefix)
+    cache.protect_prefix(key, prefix)
     policy = s.retention(tpu, prefix)
     straddle = -(-prefix // page_size) * page_size - prefix  # unprotected slots in the boundary page
     for plan in s.windows():
         n = (plan.commit_end - plan.commit_start) * tpu
         cache.append(key, torch.zeros(1, n, 1, 1), torch.zeros(1, n, 1, 1))
-        cache.table.apply_retention(key, policy)
+        cache.apply_retention(key, policy)
         released = cache.page_table(key).released_tokens
         target = s.released_end(plan.index) * tpu
         assert released <= target  # never inside the context

@@ -1,5 +1,5 @@
-"""Paged KV cache: page ids (`PageAllocator`), which pages hold which stream (`StreamTable`), the one K/V
-tensor (`PagedKVCache`), CPU offload (`Offload`), and the snapshots consumers read streams by (`PageTable`)."""
+"""Paged KV cache: page ids (`PageAllocator`), which pages hold which stream (`StreamTable`), the table with the one
+K/V tensor (`PagedKVCache`), CPU offload (`Offload`), and the snapshots consumers read streams by (`PageTable`)."""
 
 from worldstep.engine.kv.allocator import PageAllocator
 from worldstep.engine.kv.cache import PagedKVCache

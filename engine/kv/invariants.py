@@ -15,21 +15,20 @@ def check_invariants(cache: PagedKVCache) -> None:
     a stream holds exactly the pages its ``seq_len`` needs, in the pool its session lives in, and its
     protected prefix fits inside it.
     """
-    table = cache.table
     with cache.lock:
-        live = table.states()
-        parked = {key: s for states in cache.offload.parked().values() for key, s in states.items()}
-        _check_pool(table.allocator, (s.pages for s in live.values()))
+        live = cache.states()
+        parked = {key: s for states in cache.parked().values() for key, s in states.items()}
+        _check_pool(cache.allocator, (s.pages for s in live.values()))
         _check_pool(cache.offload.allocator, (s.cpu_pages or () for s in parked.values()))
         for key, state in [*live.items(), *parked.items()]:
             on_cpu = key in parked
             pages = state.cpu_pages if on_cpu else state.pages
             misplaced = bool(state.pages) if on_cpu else state.cpu_pages is not None
-            if pages is None or len(pages) != table.pages_for(state.seq_len) or misplaced:
+            if pages is None or len(pages) != cache.pages_for(state.seq_len) or misplaced:
                 raise AssertionError(f"{key}: {state} does not match seq_len {state.seq_len}")
             if not 0 <= state.protected_prefix_tokens <= state.seq_len:
                 raise AssertionError(f"{key}: protected prefix exceeds seq_len: {state}")
-            if on_cpu != table.is_offloaded(key.session_id):
+            if on_cpu != cache.is_offloaded(key.session_id):
                 raise AssertionError(f"{key}: parked in the offload pool but not marked so in the table")
 
 

@@ -4,16 +4,18 @@ Token ``i`` of a stream lives at ``pages[i // page_size]``, slot ``i % page_size
 is full, so releases and forks move whole pages. Every change of committed content (append, release,
 reload, stream creation, fork targets included) sets ``prefix_epoch`` from one table-wide clock: epochs
 only grow and are never reused, even across a removed and re-created key, so an epoch names one content
-version. Not thread-safe by itself: `PagedKVCache`, its one owner, serialises every call under its lock.
+version. Every method used from outside holds ``lock`` (`PagedKVCache`, this table with the K/V tensor, too).
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import TYPE_CHECKING
 
 from worldstep.engine.checks import check_int
 from worldstep.engine.kv.allocator import PageAllocator
+from worldstep.engine.kv.locking import locked
 from worldstep.engine.kv.plans import AppendPlan
 from worldstep.engine.kv.stream import PageTable, StreamKey, StreamState, check_snapshot, check_stream_key
 
@@ -27,9 +29,9 @@ class StreamTable:
     def __init__(self, num_pages: int, page_size: int) -> None:
         self.page_size = check_int("page_size", page_size, 1)
         self.allocator = PageAllocator(check_int("num_pages", num_pages, 1))
+        self.lock = threading.RLock()  # one lock over the table (and, in a PagedKVCache, its tensor and offload)
         self._streams: dict[StreamKey, StreamState] = {}
-        # offloaded sessions' streams (their pages in the Offload's host pool): the one record of parked state
-        self._parked: dict[str, dict[StreamKey, StreamState]] = {}
+        self._parked: dict[str, dict[StreamKey, StreamState]] = {}  # offloaded sessions' streams: the one record
         self._epoch_clock = itertools.count(1)
 
     # stats
@@ -42,21 +44,21 @@ class StreamTable:
     def num_used_pages(self) -> int:
         return self.allocator.num_used
 
+    @locked
     def pages_in_use(self, session_id: str) -> int:
         """Distinct device pages the session's streams reference (pages shared with a fork count too)."""
         return len({p for key in self._keys_of(session_id) for p in self._streams[key].pages})
 
+    @locked
     def stream_keys(self, session_id: str | None = None) -> list[StreamKey]:
         return list(self._streams) if session_id is None else self._keys_of(session_id)
-
-    def has_stream(self, key: StreamKey) -> bool:
-        return key in self._streams
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
     # stream lifecycle
 
+    @locked
     def create_stream(self, key: StreamKey) -> None:
         check_stream_key(key)
         if key in self._streams:
@@ -64,9 +66,10 @@ class StreamTable:
         self._check_not_offloaded(key.session_id)
         self._streams[key] = StreamState(prefix_epoch=next(self._epoch_clock))
 
+    @locked
     def page_table(self, key: StreamKey) -> PageTable:
         """A frozen snapshot; ``pages`` is empty while the session is offloaded (its parked state's own)."""
-        state = self._streams.get(key)
+        state = self._streams.get(check_stream_key(key))
         if state is None:
             state = self._parked.get(key.session_id, {}).get(key)
             if state is None:
@@ -74,6 +77,7 @@ class StreamTable:
         return PageTable(key, tuple(state.pages), state.seq_len, state.protected_prefix_tokens,
                          state.released_tokens, state.prefix_epoch)
 
+    @locked
     def remove(self, key: StreamKey) -> int:
         """Drop a stream; returns how many device pages went back to the free pool (pages still shared
         with a fork stay in use and are not counted)."""
@@ -81,6 +85,7 @@ class StreamTable:
         del self._streams[key]
         return len(returned)
 
+    @locked
     def remove_session(self, session_id: str) -> int:
         """Drop every stream of a session, parked or not (idempotent); returns device pages returned."""
         self._parked.pop(session_id, None)
@@ -88,6 +93,7 @@ class StreamTable:
 
     # append
 
+    @locked
     def can_append(self, key: StreamKey, n_tokens: int) -> bool:
         needed, _ = self._pages_needed(self._live(key), check_int("n_tokens", n_tokens, 0))
         return self.allocator.can_allocate(needed)
@@ -120,6 +126,7 @@ class StreamTable:
 
     # protection and release
 
+    @locked
     def protect_prefix(self, key: StreamKey, n_tokens: int) -> None:
         """Mark the first ``n_tokens`` as never releasable (the text prompt); set once per stream."""
         check_int("n_tokens", n_tokens, 0)
@@ -136,6 +143,7 @@ class StreamTable:
             raise ValueError(f"n_tokens={n_tokens} exceeds the stream's seq_len={state.seq_len}")
         state.protected_prefix_tokens = n_tokens
 
+    @locked
     def release_oldest(self, key: StreamKey, n_tokens: int) -> int:
         """Free whole pages from the front of the unprotected part, at most ``n_tokens`` tokens.
 
@@ -158,6 +166,7 @@ class StreamTable:
         state.prefix_epoch = next(self._epoch_clock)
         return released
 
+    @locked
     def apply_retention(self, key: StreamKey, policy: RetentionPolicy | None) -> int:
         """Release what ``policy`` says is past the context horizon; ``None`` keeps everything."""
         if policy is None:
@@ -171,6 +180,7 @@ class StreamTable:
 
     # forks
 
+    @locked
     def fork(self, src_key: StreamKey, dst_key: StreamKey) -> None:
         """Create ``dst_key`` sharing every committed page of ``src_key`` by reference (zero copy)."""
         src = self._live(src_key)
@@ -184,6 +194,7 @@ class StreamTable:
             released_tokens=src.released_tokens, prefix_epoch=next(self._epoch_clock),
         )
 
+    @locked
     def fork_session(self, src_session_id: str, dst_session_id: str) -> None:
         """Fork every stream of a session under the same labels."""
         keys = self._keys_of(src_session_id)
@@ -198,12 +209,14 @@ class StreamTable:
 
     # staleness
 
+    @locked
     def check_current(self, table: PageTable) -> None:
         """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
         check_snapshot(table, self._streams.get(table.key), table.key.session_id in self._parked)
 
     # parking (offload.py moves a whole session between the device and the CPU pool)
 
+    @locked
     def is_offloaded(self, session_id: str) -> bool:
         return session_id in self._parked
 
@@ -249,8 +262,7 @@ class StreamTable:
         del self._parked[session_id]
 
     def states(self) -> dict[StreamKey, StreamState]:
-        """Every stream's state, for `check_invariants` (a shallow copy of the mapping)."""
-        return dict(self._streams)
+        return dict(self._streams)  # every stream's state, for `check_invariants` (a shallow copy of the mapping)
 
     # private helpers
 
@@ -265,6 +277,7 @@ class StreamTable:
             raise KeyError(f"no KV stream {key}; create_stream first")
         return state
 
+    @locked
     def check_live(self, key: StreamKey) -> None:
         """KeyError when there is no such stream, ValueError when its session is offloaded."""
         self._live(key)

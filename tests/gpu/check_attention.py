@@ -89,17 +89,17 @@ class Rows:
             self._create(name, text)
             for _ in range(windows):
                 self.commit(name)
-        self.cache.table.fork(StreamKey("main", StreamLabel.MAIN), StreamKey("fork", StreamLabel.MAIN))
+        self.cache.fork(StreamKey("main", StreamLabel.MAIN), StreamKey("fork", StreamLabel.MAIN))
         self.windows["fork"] = self.windows["main"]
         self.commit("fork")
-        self.cache.table.create_stream(StreamKey("no_context", StreamLabel.MAIN))
+        self.cache.create_stream(StreamKey("no_context", StreamLabel.MAIN))
         self.windows["no_context"] = 0
 
     def _create(self, name: str, text: int) -> None:
         key = StreamKey(name, StreamLabel.MAIN)
-        self.cache.table.create_stream(key)
+        self.cache.create_stream(key)
         self.cache.append(key, *self._kv(text))
-        self.cache.table.protect_prefix(key, text)
+        self.cache.protect_prefix(key, text)
         self.windows[name] = 0
 
     def _kv(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,7 +117,7 @@ class Rows:
         self.windows[name] += 1
         schedule = WindowSchedule(None, g.latents_per_window, context_units=g.context_frames)
         text = self.cache.page_table(key).protected_prefix_tokens
-        self.cache.table.apply_retention(key, schedule.retention(g.unit, text))
+        self.cache.apply_retention(key, schedule.retention(g.unit, text))
 
     def names(self) -> list[str]:
         return ["main", "uncond", "long_prompt", "fork", "text_only", "no_context"]

@@ -61,10 +61,10 @@ def warm_up(device: torch.device) -> float:
     cache = PagedKVCache(num_layers=1, num_pages=16, page_size=128, num_kv_heads=8, head_dim=128,
                                    dtype=torch.bfloat16, device=device)
     for name, n in (("a", 300), ("b", 129)):
-        cache.table.create_stream(StreamKey(name, StreamLabel.MAIN))
+        cache.create_stream(StreamKey(name, StreamLabel.MAIN))
         k = torch.randn(1, n, 8, 128, device=device, dtype=torch.bfloat16)
         cache.append(StreamKey(name, StreamLabel.MAIN), k, k)
-    cache.table.create_stream(StreamKey("c", StreamLabel.MAIN))
+    cache.create_stream(StreamKey("c", StreamLabel.MAIN))
     tables = [cache.page_table(StreamKey(n, StreamLabel.MAIN)) for n in "abc"]
     start = time.perf_counter()
     batch = PagedAttentionBatch(cache, tables, [394, 200, 394], AttentionBackendName.FLASHINFER)

@@ -1,19 +1,24 @@
 """Trace one ``env.step`` of ``worldstep/Tiny-v0`` and count the worldstep code it runs.
 
-    python tests/perf/trace_step.py [--json out.json] [--list]
+    python tests/perf/trace_step.py [--json out.json] [--list] [--kinds]
 
 Counts, with ``sys.setprofile``, the distinct worldstep functions called while one ``env.step`` runs (the env
 is reset and stepped once first, so nothing is built lazily inside the traced step), the distinct files they
 live in, and the deepest chain of nested worldstep frames under ``env.step`` (``env.step`` itself is depth 1).
 Calls into torch, diffusers, numpy or gymnasium are not counted, nor what they call back. `test_internals_doc`
 uses `trace_env_step` to check that the functions `docs/internals.md` names are on the path, in its order.
+``--kinds`` breaks the count down by where the functions live and what they are: comprehensions (not a
+``def``), properties, checks (a name starting ``check``/``_check``/``is_``: they only validate), and the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +40,7 @@ class StepTrace:
     """Worldstep functions one step ran, in first-call order, and the deepest chain of them."""
 
     calls: list[str] = field(default_factory=list)  # "path:qualname" in first-call order
+    modules: dict[str, str] = field(default_factory=dict)  # "path:qualname" -> the module it is defined in
     files: set[str] = field(default_factory=set)
     depth: int = 0
     chain: list[str] = field(default_factory=list)  # the deepest chain, outermost first
@@ -47,6 +53,31 @@ class StepTrace:
     def named_functions(self) -> int:
         """Functions defined with ``def`` (comprehensions, generator expressions and lambdas left out)."""
         return sum(not n.endswith(INLINE) for n in self.calls)
+
+    def kind(self, call: str) -> str:
+        """``comprehension``, ``property``, ``check`` or ``work`` (see the module docstring)."""
+        qualname = call.split(":")[1]
+        name = qualname.rsplit(".", 1)[-1]
+        if qualname.endswith(INLINE):
+            return "comprehension"
+        if name.startswith(("check", "_check", "is_")):
+            return "check"
+        owner, _, attr = qualname.rpartition(".")
+        if owner and "<locals>" not in owner:
+            cls = getattr(importlib.import_module(self.modules[call]), owner.split(".")[0], None)
+            for part in owner.split(".")[1:]:
+                cls = getattr(cls, part, None)
+            if cls is not None and isinstance(inspect.getattr_static(cls, attr, None), property):
+                return "property"
+        return "work"
+
+    def kinds(self) -> dict[str, Counter]:
+        """Per folder (``engine/kv/``, ``envs/``, ...): how many functions of each kind."""
+        table: dict[str, Counter] = {}
+        for call in self.calls:
+            folder = call.split(":")[0].rsplit("/", 1)[0] + "/"
+            table.setdefault(folder, Counter())[self.kind(call)] += 1
+        return table
 
     def to_dict(self) -> dict:
         return {"functions": self.functions, "named_functions": self.named_functions, "files": len(self.files),
@@ -74,6 +105,7 @@ def trace_env_step(env, action) -> StepTrace:
             if name not in seen:
                 seen.add(name)
                 trace.calls.append(name)
+                trace.modules[name] = frame.f_globals.get("__name__", "")
                 trace.files.add(name.split(":")[0])
             if len(stack) > trace.depth:
                 trace.depth, trace.chain = len(stack), list(stack)
@@ -104,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the counts here")
     parser.add_argument("--list", action="store_true", help="print every function, in first-call order")
+    parser.add_argument("--kinds", action="store_true", help="count the functions by folder and kind")
     args = parser.parse_args(argv)
     import numpy as np
 
@@ -111,7 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     trace = trace_env_step(env, np.zeros(env.action_space.shape, env.action_space.dtype))
     env.close()
     if args.list:
-        print("\n".join(trace.calls))
+        print("\n".join(f"{call}  [{trace.kind(call)}]" for call in trace.calls))
+    if args.kinds:
+        kinds = ("work", "check", "property", "comprehension")
+        table = trace.kinds()
+        print(f"{'folder':28}" + "".join(f"{k:>15}" for k in kinds) + f"{'all':>8}")
+        for folder, counts in sorted(table.items(), key=lambda item: -sum(item[1].values())):
+            print(f"{folder:28}" + "".join(f"{counts[k]:>15}" for k in kinds) + f"{sum(counts.values()):>8}")
+        total = sum(table.values(), Counter())
+        print(f"{'all':28}" + "".join(f"{total[k]:>15}" for k in kinds) + f"{sum(total.values()):>8}")
     print(f"one env.step on worldstep/Tiny-v0: {trace.functions} functions ({trace.named_functions} named with "
           f"def) in {len(trace.files)} files, {trace.depth} frames deep")
     print("deepest chain: " + " -> ".join(n.split(":")[1] for n in trace.chain))
