@@ -19,7 +19,7 @@ def make_world_model_env(
     model: Cosmos3WorldModel,
     knobs: RolloutKnobs | None = None,
     *,
-    max_windows: int = 32,
+    max_windows: int | None = 32,
     prompt: str = DEFAULT_PROMPT,
     domain_id: int | None = None,
     image: np.ndarray | None = None,
@@ -34,10 +34,12 @@ def make_world_model_env(
     render_mode: str | None = None,
 ) -> gym.Env:
     """``WindowLimit(JudgeSuccess(NormalizeActions(WorldModelEnv(...))))`` (``NormalizeActions`` only with an
-    ``action_normalizer``). ``embodiment``, ``domain_id``, ``action_width`` and ``fps`` are resolved by the engine
-    into the env's conditioning (errors name the argument given); the rest are the env's and the wrappers'."""
+    ``action_normalizer``; no ``WindowLimit`` with ``max_windows=None``: an outer ``TimeLimit`` counts the windows).
+    ``embodiment``, ``domain_id``, ``action_width`` and ``fps`` are resolved by the engine into the env's
+    conditioning (errors name the argument given); the rest are the env's and the wrappers'."""
     knobs = check_model_and_knobs(model, knobs)
-    check_int("max_windows", max_windows, 1)
+    if max_windows is not None:
+        check_int("max_windows", max_windows, 1)
     cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
                               action_width=action_width, fps=fps)
     env: Any = WorldModelEnv(model, knobs, embodiment=cond, prompt=prompt, image=image,
@@ -45,7 +47,8 @@ def make_world_model_env(
     try:
         if action_normalizer is not None:
             env = NormalizeActions(env, action_normalizer)
-        return WindowLimit(JudgeSuccess(env, success_fn, reward_fn), max_windows)
+        env = JudgeSuccess(env, success_fn, reward_fn)
+        return env if max_windows is None else WindowLimit(env, max_windows)
     except BaseException:
         env.close()  # the simulator a judge looked up goes back
         raise

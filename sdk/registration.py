@@ -11,7 +11,8 @@ through the ``gymnasium.envs`` entry point when another library calls ``gym.make
 | ``worldstep/Remote-v0`` | -- | an env of a ``worldstep serve`` process: ``gym.make(id, url=..., token=...)`` |
 
 Every world-model id takes any ``worldstep.make_env`` keyword (``max_windows=4``, ``model=world`` to share a
-loaded model, ``render_mode="rgb_array"``, ...); ``max_episode_steps`` is the config's ``env.max_windows``.
+loaded model, ``render_mode="rgb_array"``, ...); ``max_episode_steps`` is the config's ``env.max_windows``, and
+gymnasium's ``TimeLimit`` is the one counter of windows (``worldstep.world.make_registered_env``).
 Without their weights (a folder, or the offline hub cache) the real models raise `CheckpointNotFoundError`
 naming every place they looked.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 WORLD_MODEL_IDS = {
     "worldstep/Tiny-v0": "tiny",
@@ -32,6 +35,19 @@ SIMULATOR_IDS = {"worldstep/PushSim-v0": "worldstep.envs.push_sim:PushSimEnv"}
 REMOTE_IDS = {"worldstep/Remote-v0": "worldstep.serve.client:RemoteWorldModelEnv"}
 
 
+@dataclass(frozen=True)
+class RegisteredEnv:
+    """The entry point ``gym.make`` calls for the world-model id of ``config``: it knows which config the id's
+    ``max_episode_steps`` came from (``worldstep.world.make_registered_env``)."""
+
+    config: str
+
+    def __call__(self, **kwargs: Any):
+        from .world import make_registered_env
+
+        return make_registered_env(self.config, **kwargs)
+
+
 def register_envs() -> None:
     """Register every worldstep id once (safe to call again)."""
     from gymnasium.envs.registration import register, registry
@@ -40,8 +56,7 @@ def register_envs() -> None:
 
     for env_id, config in WORLD_MODEL_IDS.items():
         if env_id not in registry:
-            register(id=env_id, entry_point="worldstep.world:make_env",
-                     vector_entry_point="worldstep.world:make_vec_env",
+            register(id=env_id, entry_point=RegisteredEnv(config), vector_entry_point="worldstep.world:make_vec_env",
                      max_episode_steps=shipped_env_section(config).max_windows, kwargs={"model": config})
     for env_id, entry_point in SIMULATOR_IDS.items():
         if env_id not in registry:

@@ -219,8 +219,28 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
     ``cameras=("exterior", "wrist")`` (with ``camera_layout``, default ``"row"``, ``view_point`` defaulting to
     ``"concat_view"``, and ``image`` a dict of first views) wraps it in ``MultiCameraObservation``;
     ``robot_state=True`` in ``RobotStateObservation`` (docs/observations.md).
-    ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds gymnasium's own wrappers around it.
+    ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds gymnasium's own wrappers around it (`make_registered_env`).
     """
+    return _make_env(model, kwargs, time_limit=None)
+
+
+def make_registered_env(registered: str, **kwargs: Any):
+    """What ``gym.make`` builds for the id registered for config ``registered``: `make_env`, with the window limit
+    counted once.
+
+    ``gym.make`` wraps the env in gymnasium's ``TimeLimit`` (``max_episode_steps``: the registered config's
+    ``env.max_windows``, or the value passed to it), so the env adds no ``WindowLimit`` of its own and
+    ``gym.make(id, max_episode_steps=N)`` runs N windows. When ``kwargs`` ask for another limit than the registered
+    one (``max_windows=4``, or a ``model`` whose config has another ``env.max_windows``), the env keeps a
+    ``WindowLimit`` of that many windows inside the ``TimeLimit`` (which then truncates at the smaller of the two).
+    """
+    from .config import shipped_env_section
+
+    return _make_env(kwargs.pop("model", registered), kwargs, time_limit=shipped_env_section(registered).max_windows)
+
+
+def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[str, Any], time_limit: int | None):
+    """`make_env`; ``time_limit``: the window limit an outer ``TimeLimit`` applies (no ``WindowLimit`` of the same)."""
     from worldstep.envs import MultiCameraObservation, RobotStateObservation
     from worldstep.envs.make import make_world_model_env
 
@@ -236,7 +256,10 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
         kwargs.setdefault("view_point", "concat_view")  # the caption frames several cameras
     runtime, overrides = _split_env_kwargs(kwargs)
     world = load(model, **overrides)
-    env = make_world_model_env(world.model, world.knobs, **_env_kwargs(world, runtime))
+    env_kwargs = _env_kwargs(world, runtime)
+    if env_kwargs["max_windows"] == time_limit:  # counted by the outer TimeLimit
+        env_kwargs["max_windows"] = None
+    env = make_world_model_env(world.model, world.knobs, **env_kwargs)
     if robot_state:
         env = RobotStateObservation(env)
     if cameras is None:

@@ -254,6 +254,41 @@ def test_fork_env_keeps_gym_make_wrappers(world):  # noqa: F811
     assert counts(world.model) == (0, 0, 0)
 
 
+def _window_counters(env) -> list[str]:
+    """The wrappers of ``env`` that count windows (gymnasium's TimeLimit, and WindowLimit, one)."""
+    return [type(w).__name__ for w in _chain(env) if isinstance(w, gym.wrappers.TimeLimit)]
+
+
+def _windows_until_truncated(env) -> int:
+    env.reset(seed=0)
+    for windows in range(1, 100):
+        *_, terminated, truncated, _ = env.step(zeros(env.action_space))
+        assert not terminated
+        if truncated:
+            return windows
+    raise AssertionError("never truncated")
+
+
+def test_gym_make_counts_the_windows_once(world):  # noqa: F811
+    registered = gym.spec("worldstep/Tiny-v0").max_episode_steps
+    assert world.config.env.max_windows == registered  # the shared world is the registered config's
+    longer = gym.make("worldstep/Tiny-v0", model=world, max_episode_steps=registered + 1)
+    assert _window_counters(longer) == ["TimeLimit"] and longer.spec.max_episode_steps == registered + 1
+    assert _windows_until_truncated(longer) == registered + 1  # not cut at the config's max_windows
+    shorter = gym.make("worldstep/Tiny-v0", model=world, max_windows=2)  # another limit: the env keeps its own
+    assert _window_counters(shorter) == ["TimeLimit", "WindowLimit"] and shorter.get_wrapper_attr("max_windows") == 2
+    assert _windows_until_truncated(shorter) == 2
+    other = worldstep.load("tiny", device="cpu", max_windows=3, **FAST)  # a World whose config says otherwise
+    short_world = gym.make("worldstep/Tiny-v0", model=other)
+    assert _window_counters(short_world) == ["TimeLimit", "WindowLimit"] and _windows_until_truncated(short_world) == 3
+    for env in (longer, shorter, short_world):
+        env.close()
+    assert counts(world.model) == (0, 0, 0) and counts(other.model) == (0, 0, 0)
+    own = worldstep.make_env(world)  # make_env has no TimeLimit around it: its WindowLimit counts
+    assert _window_counters(own) == ["WindowLimit"] and own.get_wrapper_attr("max_windows") == registered
+    own.close()
+
+
 def _chain(env):
     out = []
     while isinstance(env, gym.Wrapper):
