@@ -39,8 +39,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     The env does what only the world model can do. What gymnasium puts in wrappers is in wrappers
     (``worldstep.envs.episode_wrappers``), applied by ``worldstep.make_env`` and ``gym.make`` from the config:
-    ``NormalizeActions`` (raw actions), ``JudgeSuccess`` (success, termination and reward) and ``WindowLimit``
-    (gymnasium's ``TimeLimit`` counted in windows).
+    ``NormalizeActions`` (raw actions), ``JudgeSuccess`` (success, termination and reward) and the window limit
+    (``WindowLimit``, gymnasium's ``TimeLimit`` counted in windows; under ``gym.make``, gymnasium's own).
 
     ## Action Space
 
@@ -81,8 +81,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     The env never terminates by itself. It truncates when the KV page pool cannot hold the next window
     (``info["kv_exhausted"]``): the session is closed and its pages returned, the observation repeats the last
-    frames. Reset to continue. ``JudgeSuccess`` terminates on success; ``WindowLimit`` truncates after
-    ``max_windows`` windows.
+    frames. Reset to continue. ``JudgeSuccess`` terminates on success; the window limit truncates after
+    ``max_windows`` windows (``max_episode_steps`` under ``gym.make``).
 
     ## Arguments
 

@@ -8,7 +8,8 @@ live in, and the deepest chain of nested worldstep frames under ``env.step`` (``
 Calls into torch, diffusers, numpy or gymnasium are not counted, nor what they call back. `test_internals_doc`
 uses `trace_env_step` to check that the functions `docs/internals.md` names are on the path, in its order.
 ``--kinds`` breaks the count down by where the functions live and what they are: comprehensions (not a
-``def``), properties, checks (a name starting ``check``/``_check``/``is_``: they only validate), and the rest.
+``def``), properties, checks (a name starting ``check`` or ``_check``, and ``is_int``: they only validate), and
+the rest.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class StepTrace:
         name = qualname.rsplit(".", 1)[-1]
         if qualname.endswith(INLINE):
             return "comprehension"
-        if name.startswith(("check", "_check", "is_")):
+        if name.startswith(("check", "_check")) or name == "is_int":
             return "check"
         owner, _, attr = qualname.rpartition(".")
         if owner and "<locals>" not in owner:
