@@ -1,14 +1,17 @@
 """`PagedKVCache`: the one K/V tensor many streams share, over the `StreamTable` it is, and the CPU offload.
 
 Layout: ``kv[layer, page, 0 | 1, slot, kv_head, dim]`` (flashinfer's NHD paged layout per layer). As a
-`StreamTable` the cache knows which pages hold which stream's tokens; its `Offload` (``offload``) parks whole
-sessions in host memory. This class adds what needs the tensor: appends (atomic, copy-on-write of a tail page
-shared with a fork), gathers, and moving sessions to the host and back. It is the one API over the pool for code
-outside ``engine/kv``, which never reads ``offload``. One lock (``lock``, re-entrant) covers the table, the tensor
-and the offload: every public method holds it across what it reads and writes.
+`StreamTable` the cache knows which pages hold which stream's tokens, parked sessions' included; its `Offload`
+(``offload``) is the host page pool they are parked in. This class adds what needs the tensor: appends (atomic,
+copy-on-write of a tail page shared with a fork), gathers, and moving sessions to the host pool and back. It is
+the one API over the pool for code outside ``engine/kv``, which never reads ``offload``. One lock (``lock``,
+re-entrant) covers the table, the tensor and the offload: every public method holds it across what it reads and
+writes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from worldstep.engine.checks import check_int
@@ -69,28 +72,58 @@ class PagedKVCache(StreamTable):
     def remove(self, key: StreamKey) -> int:
         """Drop one stream, offloaded or not; returns device pages that went back to the free pool."""
         if self.is_offloaded(check_stream_key(key).session_id):
-            self.offload.free(self.forget_parked(key))
+            self.offload.allocator.free(self._forget_parked(key).cpu_pages or ())
             return 0
         return super().remove(key)
 
     @locked
     def remove_session(self, session_id: str) -> int:
         """Drop every stream of a session, offloaded or not (idempotent); returns device pages freed."""
-        for state in self.drop_parked(session_id).values():
-            self.offload.free(state)
+        for state in self._drop_parked(session_id).values():
+            self.offload.allocator.free(state.cpu_pages or ())
         return super().remove_session(session_id)
 
     # offload
 
     @locked
     def offload_session(self, session_id: str) -> bool:
-        """Park the session in the CPU pool; False (nothing freed) when it does not fit there."""
-        return self.offload.offload(self, session_id)
+        """Park the session in the CPU pool; False (nothing freed) when it does not fit there.
+
+        Pages shared with another session (a fork) are copied and only this session's references are dropped,
+        so the other session keeps reading them; pages shared between streams of this session are saved once.
+        """
+        if self.is_offloaded(session_id):
+            raise ValueError(f"session {session_id!r} is offloaded to CPU already; reload it first")
+        keys = super().stream_keys(session_id)
+        if not keys:
+            raise KeyError(f"no KV streams for session {session_id!r}")
+        device = list(dict.fromkeys(p for key in keys for p in self.page_table(key).pages))
+        host = self.offload.save(device)
+        if host is None:
+            return False
+        on_host = dict(zip(device, host))
+        for state in self._detach(session_id).values():
+            state.cpu_pages, state.pages = [on_host[p] for p in state.pages], []
+            self.offload.allocator.share(state.cpu_pages)
+        self.offload.allocator.free(host)  # the streams hold their own references now
+        return True
 
     @locked
     def reload_session(self, session_id: str) -> None:
-        """Bring a parked session back onto device pages, or raise `KVPoolExhausted` (it stays parked)."""
-        self.offload.reload(self, session_id)
+        """Bring a parked session back onto fresh device pages, every stream at a new epoch, or raise
+        `KVPoolExhausted` (it stays parked, intact)."""
+        states = self.parked().get(session_id)
+        if states is None:
+            raise ValueError(f"session {session_id!r} is not offloaded")
+        host = list(dict.fromkeys(p for s in states.values() for p in s.cpu_pages or ()))
+        device = self.allocator.allocate(len(host))
+        self.offload.restore(host, device)
+        on_device = dict(zip(host, device))
+        self._attach(session_id, {key: dataclasses.replace(s, pages=[on_device[p] for p in s.cpu_pages or ()],
+                                                           cpu_pages=None) for key, s in states.items()})
+        self.allocator.free(device)  # the streams hold their own references now
+        for s in states.values():
+            self.offload.allocator.free(s.cpu_pages or ())
 
     # write and read
 

@@ -214,7 +214,7 @@ class StreamTable:
         """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
         check_snapshot(table, self._streams.get(table.key), table.key.session_id in self._parked)
 
-    # parking (offload.py moves a whole session between the device and the CPU pool)
+    # parking (`PagedKVCache` moves a whole session between the device and its offload's host pool)
 
     @locked
     def is_offloaded(self, session_id: str) -> bool:
@@ -224,11 +224,11 @@ class StreamTable:
         """The parked sessions' stream states (copies of the mappings; the states themselves)."""
         return {sid: dict(states) for sid, states in self._parked.items()}
 
-    def drop_parked(self, session_id: str) -> dict[StreamKey, StreamState]:
+    def _drop_parked(self, session_id: str) -> dict[StreamKey, StreamState]:
         """Forget a parked session (it is being removed); its states, {} when it was not parked."""
         return self._parked.pop(session_id, {})
 
-    def forget_parked(self, key: StreamKey) -> StreamState:
+    def _forget_parked(self, key: StreamKey) -> StreamState:
         """Drop one stream of a parked session and return its state (the session's last one unparks it)."""
         states = self._parked.get(key.session_id, {})
         if key not in states:
@@ -237,9 +237,9 @@ class StreamTable:
             del self._parked[key.session_id]
         return states.pop(key)
 
-    def detach(self, session_id: str) -> dict[StreamKey, StreamState]:
+    def _detach(self, session_id: str) -> dict[StreamKey, StreamState]:
         """Take every stream of a live session out of the table, its device pages freed; the session is
-        marked parked (operations on it raise "reload it first") until `attach`."""
+        marked parked (operations on it raise "reload it first") until `_attach`."""
         keys = self._keys_of(session_id)
         if not keys:
             raise KeyError(f"no KV streams for session {session_id!r}")
@@ -250,7 +250,7 @@ class StreamTable:
         self._parked[session_id] = states
         return states
 
-    def attach(self, session_id: str, states: dict[StreamKey, StreamState]) -> None:
+    def _attach(self, session_id: str, states: dict[StreamKey, StreamState]) -> None:
         """Put a parked session's streams back, on device pages the caller reserved (one reference is
         added per stream use); every stream gets a new epoch."""
         if session_id not in self._parked:
