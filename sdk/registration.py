@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 WORLD_MODEL_IDS = {
@@ -35,12 +34,16 @@ SIMULATOR_IDS = {"worldstep/PushSim-v0": "worldstep.envs.push_sim:PushSimEnv"}
 REMOTE_IDS = {"worldstep/Remote-v0": "worldstep.serve.client:RemoteWorldModelEnv"}
 
 
-@dataclass(frozen=True)
 class RegisteredEnv:
     """The entry point ``gym.make`` calls for the world-model id of ``config``: it knows which config the id's
-    ``max_episode_steps`` came from (``worldstep.world.make_registered_env``)."""
+    ``max_episode_steps`` came from (``worldstep.world.make_registered_env``). A callable, as gymnasium allows
+    (``spec.to_json()`` then refuses it, as it refuses every callable entry point)."""
 
-    config: str
+    def __init__(self, config: str) -> None:
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"RegisteredEnv({self.config!r})"
 
     def __call__(self, **kwargs: Any):
         from .world import make_registered_env

@@ -4,6 +4,7 @@ render_fps that matches what render() returns, and forking through gym.make's wr
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import gymnasium as gym
@@ -284,6 +285,10 @@ def test_gym_make_counts_the_windows_once(world):  # noqa: F811
     for env in (longer, shorter, short_world):
         env.close()
     assert counts(world.model) == (0, 0, 0) and counts(other.model) == (0, 0, 0)
+    spec = pickle.loads(pickle.dumps(gym.spec("worldstep/Tiny-v0")))  # an async vector env's workers get a copy
+    remade = gym.make(spec, model=world)
+    assert _window_counters(remade) == ["TimeLimit"] and remade.spec.max_episode_steps == registered
+    remade.close()
     own = worldstep.make_env(world)  # make_env has no TimeLimit around it: its WindowLimit counts
     assert _window_counters(own) == ["WindowLimit"] and own.get_wrapper_attr("max_windows") == registered
     own.close()
