@@ -66,6 +66,9 @@ class NormalizeActions(SplitStep):
             env.unwrapped.action_bounds = None  # normalised values may leave [-1, 1], as in training
 
     def step_in(self, action: Any) -> tuple[Any, dict[str, int]]:
+        live_episode = getattr(self.env.unwrapped, "live_episode", None)
+        if live_episode is not None:  # ResetNeeded before the actions are read, as gymnasium's OrderEnforcing
+            live_episode()
         result = self.normalizer(action)
         return result.actions, result.info()
 

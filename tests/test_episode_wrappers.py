@@ -49,6 +49,8 @@ def test_the_env_alone_only_runs_windows(world):  # noqa: F811
 def test_wrappers_by_hand_are_what_make_env_builds(world):  # noqa: F811
     kwargs = dict(embodiment="bridge_orig_lerobot", success_fn=_bright, reward_fn=_reward)
     built = worldstep.make_env(world, max_windows=2, action_normalizer=_normalizer(), **kwargs)
+    with pytest.raises(gym.error.ResetNeeded):  # before the normaliser refuses the actions, as under gym.make
+        built.step(np.full(built.action_space.shape, np.nan, np.float32))
     inner = WorldModelEnv(world.model, world.knobs, embodiment="bridge_orig_lerobot")
     by_hand = WindowLimit(JudgeSuccess(NormalizeActions(inner, _normalizer()), _bright, _reward), 2)
     assert [type(e) for e in _chain(built)] == [type(e) for e in _chain(by_hand)]
