@@ -65,10 +65,13 @@ class NormalizeActions(SplitStep):
         if hasattr(env.unwrapped, "action_bounds"):
             env.unwrapped.action_bounds = None  # normalised values may leave [-1, 1], as in training
 
-    def step_in(self, action: Any) -> tuple[Any, dict[str, int]]:
+    def step(self, action: Any):
         live_episode = getattr(self.env.unwrapped, "live_episode", None)
         if live_episode is not None:  # ResetNeeded before the actions are read, as gymnasium's OrderEnforcing
-            live_episode()
+            live_episode()  # (the batched steppers read it before any ``step_in``)
+        return super().step(action)
+
+    def step_in(self, action: Any) -> tuple[Any, dict[str, int]]:
         result = self.normalizer(action)
         return result.actions, result.info()
 
