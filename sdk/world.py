@@ -221,7 +221,7 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
     ``robot_state=True`` in ``RobotStateObservation`` (docs/observations.md).
     ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds gymnasium's own wrappers around it (`make_registered_env`).
     """
-    return _make_env(model, kwargs, time_limit=None)
+    return _make_env(model, kwargs, registered_windows=None)
 
 
 def make_registered_env(registered: str, **kwargs: Any):
@@ -232,15 +232,19 @@ def make_registered_env(registered: str, **kwargs: Any):
     ``env.max_windows``, or the value passed to it), so the env adds no ``WindowLimit`` of its own and
     ``gym.make(id, max_episode_steps=N)`` runs N windows. When ``kwargs`` ask for another limit than the registered
     one (``max_windows=4``, or a ``model`` whose config has another ``env.max_windows``), the env keeps a
-    ``WindowLimit`` of that many windows inside the ``TimeLimit`` (which then truncates at the smaller of the two).
+    ``WindowLimit`` of that many windows inside the ``TimeLimit`` (which then truncates at the smaller of the two);
+    so does an explicit ``max_windows`` equal to the registered limit.
     """
     from .config import shipped_env_section
 
-    return _make_env(kwargs.pop("model", registered), kwargs, time_limit=shipped_env_section(registered).max_windows)
+    return _make_env(kwargs.pop("model", registered), kwargs,
+                     registered_windows=shipped_env_section(registered).max_windows)
 
 
-def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[str, Any], time_limit: int | None):
-    """`make_env`; ``time_limit``: the window limit an outer ``TimeLimit`` applies (no ``WindowLimit`` of the same)."""
+def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[str, Any],
+              registered_windows: int | None):
+    """`make_env`; ``registered_windows``: the limit of the id ``gym.make`` builds this for (its ``TimeLimit``
+    counts the windows unless ``max_windows`` is given, or the config's differs)."""
     from worldstep.envs import MultiCameraObservation, RobotStateObservation
     from worldstep.envs.make import make_world_model_env
 
@@ -257,8 +261,8 @@ def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[s
     runtime, overrides = _split_env_kwargs(kwargs)
     world = load(model, **overrides)
     env_kwargs = _env_kwargs(world, runtime)
-    if env_kwargs["max_windows"] == time_limit:  # counted by the outer TimeLimit
-        env_kwargs["max_windows"] = None
+    if "max_windows" not in overrides and env_kwargs["max_windows"] == registered_windows:
+        env_kwargs["max_windows"] = None  # counted by gym.make's TimeLimit alone
     env = make_world_model_env(world.model, world.knobs, **env_kwargs)
     if robot_state:
         env = RobotStateObservation(env)

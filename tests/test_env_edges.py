@@ -279,6 +279,9 @@ def test_gym_make_counts_the_windows_once(world):  # noqa: F811
     shorter = gym.make("worldstep/Tiny-v0", model=world, max_windows=2)  # another limit: the env keeps its own
     assert _window_counters(shorter) == ["TimeLimit", "WindowLimit"] and shorter.get_wrapper_attr("max_windows") == 2
     assert _windows_until_truncated(shorter) == 2
+    asked = gym.make("worldstep/Tiny-v0", model=world, max_windows=registered, max_episode_steps=registered + 1)
+    assert _windows_until_truncated(asked) == registered  # an explicit max_windows is kept, even the registered one
+    asked.close()
     other = worldstep.load("tiny", device="cpu", max_windows=3, **FAST)  # a World whose config says otherwise
     short_world = gym.make("worldstep/Tiny-v0", model=other)
     assert _window_counters(short_world) == ["TimeLimit", "WindowLimit"] and _windows_until_truncated(short_world) == 3

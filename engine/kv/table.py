@@ -214,6 +214,11 @@ class StreamTable:
         """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
         check_snapshot(table, self._streams.get(table.key), table.key.session_id in self._parked)
 
+    @locked
+    def check_live(self, key: StreamKey) -> None:
+        """KeyError when there is no such stream, ValueError when its session is offloaded."""
+        self._live(key)
+
     # parking (`PagedKVCache` moves a whole session between the device and its offload's host pool)
 
     @locked
@@ -276,11 +281,6 @@ class StreamTable:
                 self._check_not_offloaded(key.session_id)
             raise KeyError(f"no KV stream {key}; create_stream first")
         return state
-
-    @locked
-    def check_live(self, key: StreamKey) -> None:
-        """KeyError when there is no such stream, ValueError when its session is offloaded."""
-        self._live(key)
 
     def _live(self, key: StreamKey) -> StreamState:
         state = self._streams.get(key)  # a parked session's streams are never in ``_streams``
