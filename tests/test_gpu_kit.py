@@ -8,6 +8,8 @@
   stands in as libcuda.so.1 (here, a module built by `cc` against that stub).
 - `run_gpu_checks.sh` rewrites summary.json after every step, so a step killed by its limit (or a run cut
   short) still returns what finished.
+- The kit travels to the GPU machine with the checkout's tracked files, at most 64 MiB of both: the checkout
+  keeps within its share, and `make gpu-kit` fails, naming the largest files, when the two do not fit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,27 @@ import kit_manifest  # noqa: E402
 import prebuilt  # noqa: E402
 
 HAS_CC = subprocess.run(["sh", "-c", "command -v cc && command -v ldd"], capture_output=True).returncode == 0
+
+
+# --- what travels -------------------------------------------------------------------------------------
+
+
+def test_the_checkout_leaves_room_for_the_kit():
+    """A run's resume state committed here once pushed the checkout to 48 MiB, and kit plus checkout over the
+    64 MiB a GPU run may carry: the GPU check could not have started."""
+    tracked = build_kit.tracked_files()
+    if tracked is None:
+        pytest.skip("not a git checkout (a source tarball): nothing here travels to a GPU machine")
+    checkout_mib = sum(tracked.values()) / 2**20
+    assert checkout_mib <= build_kit.CHECKOUT_MAX_MIB, sorted(tracked.items(), key=lambda item: -item[1])[:5]
+    assert build_kit.travel_problem(build_kit.TRAVEL_MIB - build_kit.CHECKOUT_MAX_MIB, tracked) is None
+
+
+def test_a_kit_and_checkout_over_the_limit_are_refused_naming_the_largest_files():
+    tracked = {"runs/a/dyn_state.pt": 40 * 2**20, "README.md": 10_000, "docs/x.png": 2**20}
+    problem = build_kit.travel_problem(29.0, tracked)
+    assert "over the 64 MiB" in problem and problem.index("dyn_state.pt (40.00 MiB)") < problem.index("docs/x.png")
+    assert build_kit.travel_problem(29.0, {"README.md": 10_000}) is None
 
 
 # --- absolute paths -----------------------------------------------------------------------------------
