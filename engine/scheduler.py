@@ -14,7 +14,6 @@ import itertools
 import threading
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from worldstep.engine.kv import KVPoolExhausted, PagedKVCache, StreamKey
@@ -53,14 +52,11 @@ class ScheduledWindow(Generic[S]):
 
 @dataclass(frozen=True)
 class StepBatch(Generic[S]):
-    """A step's windows in groups that each run as one batched window, in running order."""
+    """A step's windows (in the order the sessions were given), in groups that each run as one batched
+    window, in running order."""
 
+    windows: tuple[ScheduledWindow[S], ...]
     groups: tuple[tuple[ScheduledWindow[S], ...], ...]
-
-    @property
-    def windows(self) -> list[ScheduledWindow[S]]:
-        """Every window of the step, in the order the sessions were given."""
-        return sorted((w for g in self.groups for w in g), key=attrgetter("index"))
 
 
 class Scheduler(Generic[S]):
@@ -115,7 +111,7 @@ class Scheduler(Generic[S]):
             half = len(members) // 2
             split = self.split_groups and half and decodes is not None and all(decodes[w.index] for w in members)
             parts.extend([members[:half], members[half:]] if split else [members])
-        return StepBatch(tuple(tuple(p) for p in parts))
+        return StepBatch(tuple(windows), tuple(tuple(p) for p in parts))
 
     # admission maths
 
