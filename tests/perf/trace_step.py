@@ -9,12 +9,15 @@ Calls into torch, diffusers, numpy or gymnasium are not counted, nor what they c
 uses `trace_env_step` to check that the functions `docs/internals.md` names are on the path, in its order.
 ``--kinds`` breaks the count down by where the functions live and what they are: comprehensions (not a
 ``def``), properties, checks (a name starting ``check`` or ``_check``, and ``is_int``: they only validate), and
-the rest.
+the rest. ``--forwarders`` lists the functions on the path that only hand their arguments on (`forwards`): a
+layer a reader must cross that does no work of its own (`tests/test_step_path.py` keeps the path free of them).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import importlib
 import inspect
 import json
@@ -41,6 +44,7 @@ class StepTrace:
     """Worldstep functions one step ran, in first-call order, and the deepest chain of them."""
 
     calls: list[str] = field(default_factory=list)  # "path:qualname" in first-call order
+    codes: dict[str, object] = field(default_factory=dict)  # "path:qualname" -> its code object
     modules: dict[str, str] = field(default_factory=dict)  # "path:qualname" -> the module it is defined in
     files: set[str] = field(default_factory=set)
     depth: int = 0
@@ -107,6 +111,7 @@ def trace_env_step(env, action) -> StepTrace:
                 seen.add(name)
                 trace.calls.append(name)
                 trace.modules[name] = frame.f_globals.get("__name__", "")
+                trace.codes[name] = frame.f_code
                 trace.files.add(name.split(":")[0])
             if len(stack) > trace.depth:
                 trace.depth, trace.chain = len(stack), list(stack)
@@ -119,6 +124,35 @@ def trace_env_step(env, action) -> StepTrace:
     finally:
         sys.setprofile(None)
     return trace
+
+
+def _plain(node: ast.expr) -> bool:
+    """An argument passed on as it came: a name, an attribute chain, a constant or ``*args``/``**kwargs``."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Starred, ast.Load)) for n in ast.walk(node))
+
+
+def forwards(code) -> str | None:
+    """The statement, when the function of ``code`` (a module- or class-level ``def``) only hands its arguments
+    on: its body, past the docstring, is one call of another function (returned or not, under at most one
+    ``with``, as a lock-and-delegate facade) of a function named by a name or attribute chain, with arguments
+    that are names, attributes or constants. None else."""
+    if "<locals>" in code.co_qualname or code.co_qualname.endswith(INLINE):
+        return None  # closures (a decorator's wrapper) and comprehensions: not a layer of their own
+    source = Path(code.co_filename).read_text()
+    node = next((n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and min([n.lineno, *(d.lineno for d in n.decorator_list)]) == code.co_firstlineno), None)
+    if node is None:
+        return None
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    if len(body) == 1 and isinstance(body[0], (ast.With, ast.AsyncWith)):
+        body = body[0].body
+    if len(body) != 1 or not isinstance(body[0], (ast.Return, ast.Expr)) or not isinstance(body[0].value, ast.Call):
+        return None
+    call = body[0].value
+    is_builtin = isinstance(call.func, ast.Name) and hasattr(builtins, call.func.id)
+    if is_builtin or not all(_plain(a) for a in [call.func, *call.args, *(k.value for k in call.keywords)]):
+        return None
+    return ast.unparse(body[0])
 
 
 def tiny_env():
@@ -138,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write the counts here")
     parser.add_argument("--list", action="store_true", help="print every function, in first-call order")
     parser.add_argument("--kinds", action="store_true", help="count the functions by folder and kind")
+    parser.add_argument("--forwarders", action="store_true", help="list the functions that only hand arguments on")
     args = parser.parse_args(argv)
     import numpy as np
 
@@ -154,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{folder:28}" + "".join(f"{counts[k]:>15}" for k in kinds) + f"{sum(counts.values()):>8}")
         total = sum(table.values(), Counter())
         print(f"{'all':28}" + "".join(f"{total[k]:>15}" for k in kinds) + f"{sum(total.values()):>8}")
+    if args.forwarders:
+        found = {call: forwards(code) for call, code in trace.codes.items()}
+        print("\n".join(f"{call}: {stmt}" for call, stmt in found.items() if stmt) or "no forwarders on the path")
     print(f"one env.step on worldstep/Tiny-v0: {trace.functions} functions ({trace.named_functions} named with "
           f"def) in {len(trace.files)} files, {trace.depth} frames deep")
     print("deepest chain: " + " -> ".join(n.split(":")[1] for n in trace.chain))
