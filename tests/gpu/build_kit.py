@@ -409,39 +409,40 @@ def main(argv: list[str] | None = None) -> int:
     if manifest["total_mib"] > args.max_mib:
         print(f"error: the kit is {manifest['total_mib']} MiB, over {args.max_mib:g} MiB", file=sys.stderr)
         return 1
-    tracked = tracked_files()
-    if tracked is not None:
-        checkout = sum(tracked.values()) / 2**20
-        print(f"{checkout + manifest['total_mib']:8.2f} MiB  with the checkout's tracked files ({checkout:.2f} MiB); "
+    files = tracked_files(untracked=True)
+    if files is not None:
+        checkout = sum(files.values()) / 2**20
+        print(f"{checkout + manifest['total_mib']:8.2f} MiB  with the checkout's files ({checkout:.2f} MiB: tracked, "
+              "and untracked ones git does not ignore); "
               f"at most {TRAVEL_MIB} MiB travels to the GPU machine")
-        problem = travel_problem(manifest["total_mib"], tracked)
+        problem = travel_problem(manifest["total_mib"], files)
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 1
     return 0
 
 
-def tracked_files() -> dict[str, int] | None:
-    """Bytes of each file git tracks here (they travel with the kit), or None outside a git checkout."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+def tracked_files(untracked: bool = False) -> dict[str, int] | None:
+    """Bytes of each file git tracks here (they travel with the kit), with ``untracked`` also of the untracked
+    files git does not ignore (they travel too), or None outside a git checkout."""
+    others = ["--others", "--exclude-standard"] if untracked else []
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", *others], cwd=ROOT, capture_output=True)
     if listed.returncode:
         return None
     names = [n for n in listed.stdout.decode().split("\0") if n]
     return {n: (ROOT / n).stat().st_size for n in names if (ROOT / n).is_file()}
 
 
-def travel_problem(kit_mib: float, tracked: dict[str, int]) -> str | None:
-    """Why the kit and the checkout cannot travel together to the GPU machine (`run` carries at most
-    `TRAVEL_MIB` of both), naming the largest tracked files; None when they fit."""
-    checkout = sum(tracked.values()) / 2**20
+def travel_problem(kit_mib: float, files: dict[str, int]) -> str | None:
+    """Why the kit and the checkout's ``files`` cannot travel together to the GPU machine (`run` carries at most
+    `TRAVEL_MIB` of both), naming the largest files; None when they fit."""
+    checkout = sum(files.values()) / 2**20
     if checkout + kit_mib <= TRAVEL_MIB:
         return None
-    largest = sorted(tracked.items(), key=lambda item: -item[1])[:5]
+    largest = sorted(files.items(), key=lambda item: -item[1])[:5]
     names = ", ".join(f"{name} ({size / 2**20:.2f} MiB)" for name, size in largest)
-    return (f"the kit ({kit_mib:.2f} MiB) and the checkout's tracked files ({checkout:.2f} MiB) are "
-            f"{checkout + kit_mib:.2f} MiB, over the {TRAVEL_MIB} MiB that travels to the GPU machine; the "
-            f"largest tracked files: {names}")
-
+    return (f"the kit ({kit_mib:.2f} MiB) and the checkout's files ({checkout:.2f} MiB) are {checkout + kit_mib:.2f} "
+            f"MiB, over the {TRAVEL_MIB} MiB that travels to the GPU machine; the largest files: {names}")
 
 if __name__ == "__main__":
     sys.exit(main())
