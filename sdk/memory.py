@@ -71,12 +71,12 @@ def peak_pages(text_tokens: int, tokens_per_frame: int, knobs: RolloutKnobs, win
     table = StreamTable(num_pages=2 + _ceil(text_tokens + sum(per_window), page_size), page_size=page_size)
     key = StreamKey("plan", StreamLabel.MAIN)
     table.create_stream(key)
-    table.commit_append(table.reserve_append(key, text_tokens))
+    table.append(key, text_tokens)
     table.protect_prefix(key, text_tokens)
     peak = table.num_used_pages
     policy = schedule.retention(tokens_per_frame + action_tokens_per_frame, text_tokens)
     for tokens in per_window if knobs.window_mode == "kv" else ():  # chained windows commit nothing
-        table.commit_append(table.reserve_append(key, tokens))
+        table.append(key, tokens)
         peak = max(peak, table.num_used_pages)
         table.apply_retention(key, policy)
     return peak

@@ -42,12 +42,11 @@ HAS_CC = subprocess.run(["sh", "-c", "command -v cc && command -v ldd"], capture
 def test_the_checkout_leaves_room_for_the_kit():
     """A run's resume state committed here once pushed the checkout to 48 MiB, and kit plus checkout over the
     64 MiB a GPU run may carry: the GPU check could not have started."""
-    tracked = build_kit.tracked_files()
+    tracked = build_kit.checkout_files()
     if tracked is None:
         pytest.skip("not a git checkout (a source tarball): nothing here travels to a GPU machine")
     checkout_mib = sum(tracked.values()) / 2**20
     assert checkout_mib <= build_kit.CHECKOUT_MAX_MIB, sorted(tracked.items(), key=lambda item: -item[1])[:5]
-    assert build_kit.travel_problem(build_kit.TRAVEL_MIB - build_kit.CHECKOUT_MAX_MIB, tracked) is None
 
 
 def test_a_kit_and_checkout_over_the_limit_are_refused_naming_the_largest_files():

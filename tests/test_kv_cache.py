@@ -9,6 +9,7 @@ from worldstep.engine.kv import (
     StaleStreamError,
     StreamKey,
     StreamLabel,
+    StreamTable,
     check_invariants,
 )
 from worldstep.engine.windowing import RetentionPolicy
@@ -55,6 +56,26 @@ def test_append_gather_round_trip_all_layers():
     table = cache.page_table(MAIN)
     assert table.seq_len == 13 and len(table.pages) == 4
     assert cache.kv.shape == (L, 16, 2, PS, HKV, D)
+    check_invariants(cache)
+
+
+def test_a_cache_commits_no_token_it_did_not_write():
+    """The table's bookkeeping-only append (the memory planner's) is not a way around the cache's K/V: on a cache
+    `append` takes the tensors, and the reserve and commit steps are private (they were public once the cache
+    became its table, so a reserve committed without a write would have read stale pages as the stream)."""
+    cache = make_cache()
+    filled(cache, MAIN, 3)
+    with pytest.raises(TypeError):
+        cache.append(MAIN, 2)
+    with pytest.raises(ValueError, match="k.shape=int is invalid"):
+        cache.append(MAIN, 2, 2)
+    assert cache.page_table(MAIN).seq_len == 3
+    assert not [name for name in dir(cache) if "append" in name and not name.startswith("_")
+                and name not in ("append", "can_append")]
+    table = StreamTable(num_pages=4, page_size=PS)
+    table.create_stream(MAIN)
+    table.append(MAIN, PS + 1)
+    assert table.page_table(MAIN).seq_len == PS + 1 and table.num_used_pages == 2
     check_invariants(cache)
 
 

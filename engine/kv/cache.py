@@ -138,7 +138,7 @@ class PagedKVCache(StreamTable):
         if k.shape[1] == 0:
             return
         with self.lock:
-            plan = self.reserve_append(key, k.shape[1])
+            plan = self._reserve_append(key, k.shape[1])
             try:
                 if plan.copy is not None:
                     self.kv[:, plan.copy[1]] = self.kv[:, plan.copy[0]]
@@ -148,9 +148,9 @@ class PagedKVCache(StreamTable):
                 self.kv[:, pages, 0, slots] = k  # [L, n, Hkv, D]
                 self.kv[:, pages, 1, slots] = v
             except BaseException:
-                self.cancel_append(plan)
+                self.allocator.free(plan.new_pages)  # the reservation goes back
                 raise
-            self.commit_append(plan)
+            self._commit_append(plan)
 
     def gather(self, key: StreamKey, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of one layer's committed K and V, each ``[seq_len, kv_heads, head_dim]``."""

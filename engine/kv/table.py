@@ -98,7 +98,12 @@ class StreamTable:
         needed, _ = self._pages_needed(self._live(key), check_int("n_tokens", n_tokens, 0))
         return self.allocator.can_allocate(needed)
 
-    def reserve_append(self, key: StreamKey, n_tokens: int) -> AppendPlan:
+    @locked
+    def append(self, key: StreamKey, n_tokens: int) -> None:
+        """Record ``n_tokens`` more tokens: bookkeeping alone (a `PagedKVCache` appends K/V, through the same steps)."""
+        self._commit_append(self._reserve_append(key, n_tokens))
+
+    def _reserve_append(self, key: StreamKey, n_tokens: int) -> AppendPlan:
         """Reserve every page ``n_tokens`` more tokens need (KVPoolExhausted leaves everything as it was)."""
         state = self._live(key)
         needed, cow = self._pages_needed(state, check_int("n_tokens", n_tokens, 0))
@@ -111,7 +116,7 @@ class StreamTable:
         pages.extend(new_pages[1:] if cow else new_pages)
         return AppendPlan(key, tuple(pages), tuple(new_pages), copy, state.seq_len, n_tokens)
 
-    def commit_append(self, plan: AppendPlan) -> None:
+    def _commit_append(self, plan: AppendPlan) -> None:
         """The written plan becomes the stream's content (a copied tail page drops this stream's reference)."""
         state = self._live(plan.key)
         assert state.seq_len == plan.start, "the stream changed between reserve and commit"
@@ -120,9 +125,6 @@ class StreamTable:
         state.pages = list(plan.pages)
         state.seq_len += plan.n
         state.prefix_epoch = next(self._epoch_clock)
-
-    def cancel_append(self, plan: AppendPlan) -> None:
-        self.allocator.free(plan.new_pages)
 
     # protection and release
 
@@ -145,11 +147,9 @@ class StreamTable:
 
     @locked
     def release_oldest(self, key: StreamKey, n_tokens: int) -> int:
-        """Free whole pages from the front of the unprotected part, at most ``n_tokens`` tokens.
-
-        Page-floored: the page straddling the protected boundary and a partially filled tail page are
-        never freed. Returns the tokens actually released; callers re-offer the shortfall later.
-        """
+        """Free whole pages from the front of the unprotected part, at most ``n_tokens`` tokens. Page-floored: the
+        page straddling the protected boundary and a partially filled tail page are never freed. Returns the
+        tokens actually released; callers re-offer the shortfall later."""
         check_int("n_tokens", n_tokens, 0)
         state = self._live(key)
         first = -(-state.protected_prefix_tokens // self.page_size)  # first wholly unprotected page

@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     if manifest["total_mib"] > args.max_mib:
         print(f"error: the kit is {manifest['total_mib']} MiB, over {args.max_mib:g} MiB", file=sys.stderr)
         return 1
-    files = tracked_files(untracked=True)
+    files = checkout_files(untracked=True)
     if files is not None:
         checkout = sum(files.values()) / 2**20
         print(f"{checkout + manifest['total_mib']:8.2f} MiB  with the checkout's files ({checkout:.2f} MiB: tracked, "
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def tracked_files(untracked: bool = False) -> dict[str, int] | None:
+def checkout_files(untracked: bool = False) -> dict[str, int] | None:
     """Bytes of each file git tracks here (they travel with the kit), with ``untracked`` also of the untracked
     files git does not ignore (they travel too), or None outside a git checkout."""
     others = ["--others", "--exclude-standard"] if untracked else []

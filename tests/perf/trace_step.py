@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import functools
 import importlib
 import inspect
 import json
@@ -131,6 +132,14 @@ def _plain(node: ast.expr) -> bool:
     return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Starred, ast.Load)) for n in ast.walk(node))
 
 
+@functools.cache
+def _defs(filename: str) -> dict[int, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every ``def`` of a file by its first line (its first decorator's, as its code object counts it)."""
+    nodes = (n for n in ast.walk(ast.parse(Path(filename).read_text()))
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return {min([n.lineno, *(d.lineno for d in n.decorator_list)]): n for n in nodes}
+
+
 def forwards(code) -> str | None:
     """The statement, when the function of ``code`` (a module- or class-level ``def``) only hands its arguments
     on: its body, past the docstring, is one call of another function (returned or not, under at most one
@@ -138,9 +147,7 @@ def forwards(code) -> str | None:
     that are names, attributes or constants. None else."""
     if "<locals>" in code.co_qualname or code.co_qualname.endswith(INLINE):
         return None  # closures (a decorator's wrapper) and comprehensions: not a layer of their own
-    source = Path(code.co_filename).read_text()
-    node = next((n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and min([n.lineno, *(d.lineno for d in n.decorator_list)]) == code.co_firstlineno), None)
+    node = _defs(code.co_filename).get(code.co_firstlineno)
     if node is None:
         return None
     body = node.body[1:] if ast.get_docstring(node) is not None else node.body
