@@ -22,7 +22,8 @@ SUCCESS_MODES = ("sim", "none")
 
 class SplitStep(gym.Wrapper):
     """A wrapper whose ``step`` is ``step_out(env.step(step_in(action)))``, so many envs can share one engine
-    call between the halves. ``step_in`` returns the inner action and what ``step_out`` needs of this step."""
+    call between the halves. ``step_in`` returns the inner action and what ``step_out`` needs of this step; it
+    runs only on a live episode (ResetNeeded first)."""
 
     def step_in(self, action: Any) -> tuple[Any, Any]:
         return action, None
@@ -31,6 +32,9 @@ class SplitStep(gym.Wrapper):
         return outcome
 
     def step(self, action: Any):
+        live_episode = getattr(self.env.unwrapped, "live_episode", None)  # any gymnasium env may be wrapped
+        if live_episode is not None:  # ResetNeeded before a ``step_in`` reads the actions, as the batched
+            live_episode()  # steppers (`prepare`) and gymnasium's OrderEnforcing do
         inner, carry = self.step_in(action)
         return self.step_out(self.env.step(inner), action, carry)
 
@@ -64,12 +68,6 @@ class NormalizeActions(SplitStep):
             self.action_space = spaces.Box(low, high, (chunk, width), np.float32)
         if hasattr(env.unwrapped, "action_bounds"):
             env.unwrapped.action_bounds = None  # normalised values may leave [-1, 1], as in training
-
-    def step(self, action: Any):
-        live_episode = getattr(self.env.unwrapped, "live_episode", None)
-        if live_episode is not None:  # ResetNeeded before the actions are read, as gymnasium's OrderEnforcing
-            live_episode()  # (the batched steppers read it before any ``step_in``)
-        return super().step(action)
 
     def step_in(self, action: Any) -> tuple[Any, dict[str, int]]:
         result = self.normalizer(action)

@@ -36,8 +36,8 @@ def test_close_between_the_check_and_the_engine_call_is_a_clean_error(world, mon
         return episode
 
     monkeypatch.setattr(base, "live_episode", live_then_close)
-    with pytest.raises(gym.error.ClosedEnvironmentError, match="closed"):
-        env.step(zeros(env.action_space))
+    with pytest.raises(gym.error.ClosedEnvironmentError, match="closed"):  # the env's own step: its wrappers
+        base.step(zeros(env.action_space))  # check the episode before it, a separate read
     assert counts(world.model) == (0, 0, 0)
 
 

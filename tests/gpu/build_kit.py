@@ -444,5 +444,6 @@ def travel_problem(kit_mib: float, files: dict[str, int]) -> str | None:
     return (f"the kit ({kit_mib:.2f} MiB) and the checkout's files ({checkout:.2f} MiB) are {checkout + kit_mib:.2f} "
             f"MiB, over the {TRAVEL_MIB} MiB that travels to the GPU machine; the largest files: {names}")
 
+
 if __name__ == "__main__":
     sys.exit(main())
