@@ -114,6 +114,11 @@ class JudgeSuccess(SplitStep):
         self.success_fn = None if isinstance(success_fn, str) else success_fn
         self.simulator_judge = judge if success_fn == "sim" else None
 
+    @property
+    def judges(self) -> bool:
+        """Whether a window can be judged a success here, and so end the episode (False for ``"none"``)."""
+        return self.simulator_judge is not None or self.success_fn is not None
+
     def is_success(self, frames: np.ndarray) -> bool:
         if self.simulator_judge is not None:
             return bool(self.simulator_judge(self.env.unwrapped.episode.first_image, frames))

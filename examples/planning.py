@@ -57,7 +57,7 @@ if __name__ == "__main__":
 
     # env and policies
     overrides = {} if args.num_steps is None else {"num_steps": args.num_steps}
-    env = worldstep.make_env(args.model, max_windows=args.windows, **overrides)
+    env = worldstep.make_env(args.model, max_windows=args.windows, success_fn="none", **overrides)  # closed_loop judges
     proposals = {p.name: p for p in graded_policies(env.action_space.shape[0])}
     base = proposals[args.proposal]
     planner = ModelPredictivePlanner(env, copy.deepcopy(base), args.candidates)

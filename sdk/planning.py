@@ -18,7 +18,7 @@ of two ways (``observe``):
 ```python
 >>> import worldstep
 >>> from worldstep.planning import ModelPredictivePlanner, closed_loop
->>> env = worldstep.make_env("pusher")
+>>> env = worldstep.make_env("pusher", success_fn="none")  # the closed loop judges success, not the env
 >>> planner = ModelPredictivePlanner(env, worldstep.policies.make_policy("push", (4, 2)), candidates=8)
 >>> result = closed_loop(env, planner, seed=20_000_000, max_windows=16)
 >>> result.sim_success
@@ -35,6 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from worldstep.engine.checks import check_int
+from worldstep.envs.episode_wrappers import JudgeSuccess
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
 from worldstep.envs.video import frame_fps, video_writer
 from worldstep.envs.wrappers import fork_env
@@ -237,6 +238,10 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
         check_int("anchor_every", anchor_every, 1)
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r} is invalid; allowed: one of {OBSERVE}")
+    if observe == "model" and judges_success(env):
+        raise ValueError("env is invalid with observe='model': it judges success itself, so it would end the episode "
+                         "at the first window whose frames show success, before confirm_windows can count; allowed: "
+                         "an env made with success_fn='none' (the closed loop judges the streak)")
     if anchor_every is not None and observe != "model":
         raise ValueError(f"anchor_every={anchor_every!r} is invalid with observe={observe!r}; allowed: None "
                          "(the simulator loop re-anchors every window)")
@@ -293,6 +298,15 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                 break
     episode.finish(start)
     return result
+
+
+def judges_success(env: gym.Env) -> bool:
+    """Whether a ``JudgeSuccess`` in ``env``'s wrapper chain judges windows (and so may terminate on success)."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, JudgeSuccess) and env.judges:
+            return True
+        env = env.env
+    return False
 
 
 def _cost_ranks(policy: Policy, sim: gym.Env, first: np.ndarray) -> list[float | None]:

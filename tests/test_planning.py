@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import gymnasium as gym
 import numpy as np
 import pytest
-from worldstep.envs.push_sim import PUSHER_EMBODIMENT, PushState, render_state
+from worldstep.envs.push_sim import PUSHER_EMBODIMENT, PushSimEnv, PushState, render_state
 from worldstep.fidelity.policies import PixelPushPolicy
 from worldstep.planning import BlockToGoal, ModelPredictivePlanner, closed_loop
 
@@ -28,7 +29,7 @@ def pusher_checkpoint(tmp_path_factory):
 def pusher_env(pusher_checkpoint):
     import worldstep
 
-    env = worldstep.make_env(str(pusher_checkpoint), num_steps=1, max_windows=4)
+    env = worldstep.make_env(str(pusher_checkpoint), num_steps=1, max_windows=4, success_fn="none")
     yield env
     env.close()
 
@@ -238,3 +239,66 @@ def test_the_planner_s_imagined_costs_are_ranked_against_the_simulator(pusher_en
     result = closed_loop(pusher_env, planner, seed=6, max_windows=2, observe="model")
     assert len(result.cost_rank_correlation) == result.episode.windows
     assert all(r is None or -1.0 <= r <= 1.0 for r in result.cost_rank_correlation)
+
+
+class _Flicker(gym.Wrapper):
+    """A model whose frames show success on the windows ``schedule`` marks True, and not on the others: the
+    block is drawn on the goal of the simulator's scene, or where the scene started."""
+
+    def __init__(self, env, schedule):
+        super().__init__(env)
+        self.schedule = list(schedule)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        sim = PushSimEnv(chunk_size=self.env.action_space.shape[0])
+        sim.reset(seed=info["scene_seed"])
+        self.start, self.window = sim.state, 0
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        s = self.start
+        block = s.goal if self.schedule[self.window] else s.block
+        frame = render_state(PushState(s.effector, np.array(block), s.goal))
+        self.window += 1
+        frames = np.repeat(frame[None], len(obs["frames"]), axis=0)
+        return {**obs, "frames": frames}, reward, terminated, truncated, info
+
+
+def test_k1_and_k2_stop_on_different_windows_of_a_flickering_model(pusher_env):
+    flicker = [True, False, True, True]  # a one-window flicker at window 1, then held at windows 3-4 (the limit)
+    stops = {}
+    for k in (1, 2, 3):
+        env = _Flicker(pusher_env, flicker)
+        result = closed_loop(env, _Believer(), seed=5, max_windows=4, observe="model", confirm_windows=k)
+        stops[k] = (result.episode.windows, result.stop)
+    assert stops == {1: (1, "believed_success"), 2: (4, "believed_success"), 3: (4, "env_end")}
+
+
+def test_a_model_loop_refuses_an_env_that_judges_success_itself(pusher_env):
+    from worldstep.envs.episode_wrappers import JudgeSuccess
+
+    judged = JudgeSuccess(_Flicker(pusher_env, [False, True, False, True]), "sim")
+    # the bug it prevents: the env ends the episode at the first window that shows success, whatever k is
+    judged.reset(seed=5)
+    ends = [judged.step(np.zeros(judged.action_space.shape, np.float32))[2] for _ in range(2)]
+    assert ends == [False, True]
+    with pytest.raises(ValueError, match="success_fn='none'"):
+        closed_loop(judged, _Believer(), seed=5, max_windows=6, observe="model", confirm_windows=2)
+    result = closed_loop(judged, _Believer(), seed=5, max_windows=1, observe="simulator")  # MPC: the sim decides
+    assert result.episode.windows == 1
+
+
+def test_the_fidelity_planner_env_judges_nothing(pusher_checkpoint):
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.fidelity.rollouts import RolloutRecipe
+    from worldstep.fidelity.tasks import Worker
+    from worldstep.planning import judges_success
+
+    recipe = RolloutRecipe(prompt="A robot pushes a block to the goal.", domain_id=0, knobs=RolloutKnobs(num_steps=1))
+    worker = Worker(str(pusher_checkpoint), threads=1, recipe=recipe)
+    try:
+        assert not judges_success(worker.env)
+    finally:
+        worker.close()

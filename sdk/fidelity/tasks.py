@@ -51,8 +51,10 @@ class Worker:
 
             torch.set_num_threads(self.threads)
             knobs = self.recipe.knobs
+            # the env judges nothing: closed_loop alone judges the model's success streak (confirm_windows)
             self._env = worldstep.make_env(self.path, num_steps=knobs.num_steps, context_frames=knobs.context_frames,
-                                           flow_shift=knobs.flow_shift, max_windows=self.max_windows)
+                                           flow_shift=knobs.flow_shift, max_windows=self.max_windows,
+                                           success_fn="none")
         return self._env
 
     def close(self) -> None:
