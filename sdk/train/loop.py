@@ -136,6 +136,15 @@ class TrainArgs:
     """tiny models and data (smoke tests)"""
     vae_init: str | None = flag("start the VAE from the weights in another run's vae_state.pt", default=None,
                                 metavar="VAE_STATE")
+    init_from: str | None = flag("fine-tune from this checkpoint folder on the model's own rollouts, its VAE frozen "
+                                 "(worldstep.train.self_forcing): replaces the VAE, data and dynamics phases",
+                                 default=None, metavar="CHECKPOINT")
+    own_windows: int = 16
+    """windows of each own rollout (--init-from)"""
+    own_rollouts: int = 256
+    """own rollouts per round, from the DAgger seed range (--init-from)"""
+    refresh_every: int = 0
+    """steps between rounds of own rollouts, each made with the weights reached so far (--init-from; 0: one round)"""
     export_only: str | None = flag("write a checkpoint from --out's latest phase checkpoints (EMA weights) to DIR "
                                    "and exit; safe while the run continues", default=None, metavar="DIR")
 
@@ -161,6 +170,17 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
             raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 0")
     if args.stop_after_minutes < 0:
         raise ValueError(f"stop-after-minutes={args.stop_after_minutes} is invalid; allowed: >= 0 (0: no limit)")
+    for name in ("own_windows", "own_rollouts"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
+    if args.refresh_every < 0:
+        raise ValueError(f"refresh-every={args.refresh_every} is invalid; allowed: >= 0 (0: one round)")
+    if args.init_from is not None and not all((Path(args.init_from) / part / "config.json").exists()
+                                              for part in ("transformer", "vae")):
+        raise ValueError(f"init-from={args.init_from!r} is invalid; allowed: a diffusers checkpoint folder with "
+                         "transformer/ and vae/ (e.g. runs/pusher5/checkpoint)")
+    if args.init_from is not None and args.dyn_steps < 1:
+        raise ValueError(f"dyn-steps={args.dyn_steps} is invalid with --init-from; allowed: >= 1 (a fixed step count)")
     if args.dagger_clips > args.num_clips:
         raise ValueError(f"dagger-clips={args.dagger_clips} is invalid; allowed: 0..num-clips ({args.num_clips})")
     return args
@@ -578,6 +598,10 @@ def main(argv: list[str] | None = None) -> Path | None:
     log = start_log(args, out)
     stretch = Stretch(args.stop_after_minutes)
     try:
+        if args.init_from is not None:
+            from .self_forcing import fine_tune
+
+            return fine_tune(args, out, log, stretch, build_tokenizer)
         return _run(args, out, log, stretch, build_tokenizer)
     except StretchEnded as ended:
         log.write(event="stretch_end", at=str(ended), time=time.time())
