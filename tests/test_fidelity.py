@@ -98,7 +98,8 @@ def test_small_budget_report(tmp_path, capsys):
                  "rollouts_sim_kv_copy.mp4"):
         assert (tmp_path / name).stat().st_size > 0
     assert set(report["targets"]) == {"spearman_without_floor", "mean_abs_rate_error_without_floor",
-                                      "false_success_rate_without_floor", "object_vanish_rate_last_window",
+                                      "false_success_rate_without_floor", "precision_without_floor",
+                                      "object_vanish_rate_last_window",
                                       "moved_block_error_below_copy_vae_every_window", "planning_lift_model_loop",
                                       "planning_lift_mpc_on_simulator"}
     assert report["targets"]["object_vanish_rate_last_window"]["met"] is False  # random weights must not pass
@@ -108,6 +109,11 @@ def test_small_budget_report(tmp_path, capsys):
     for heading in ("### Targets", "### Open loop", "### Policies", "### Planning"):
         assert heading in text
     assert text.count("| expert |") == 1 and "kv minus copy_first_frame_vae" in text
+    assert "precision of the model's successes" in text and "false successes per window at risk" in text
+    hazard = saved["policies"]["false_success_hazard"]
+    assert hazard[0]["windows"] == [1, min(4, saved["policies"]["max_windows"])] and hazard[-1]["windows"][1] == \
+        saved["policies"]["max_windows"] and {"value", "ci95", "windows_at_risk"} <= set(hazard[0])
+    assert {"precision", "mmrv", "pearson"} <= set(saved["policies"]["without_floor"])
 
     # provenance: the commit, the code and weights that made the figures, the seed range, the command
     prov = saved["provenance"]

@@ -13,6 +13,8 @@ so the policies' rates stay paired the way they were measured.
 - Ranking: Spearman and Pearson of the per-policy rates, over all policies and without the floor ones.
 - Selection regret: the simulator success of the best policy minus that of the policy the model rates
   best (ties: the mean over the tied picks, i.e. a uniform random pick).
+- Decisions (`decisions`): the precision of the model's successes and MMRV per group; the hazard of false
+  success per bin of windows and the block-lost rate over the graded policies' model episodes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .decisions import decision_stats, episode_tables, hazard, lost_rate
 from .metrics import pearson, spearman
 from .rollouts import EpisodeOutcome
 from .stats import bootstrap, rate_dict
@@ -107,18 +110,23 @@ def group_stats(sim: np.ndarray, model: np.ndarray, replay: np.ndarray, seed: in
         "paired_seed": _judged(model, sim, seed),
         "selection_regret": bootstrap(lambda i: _regret(rates(model, i), rates(sim, i)), units,
                                       seed=seed).to_dict(),
+        **decision_stats(model, replay, lambda i: rates(sim, i), lambda i: rates(model, i), units, seed),
     }
 
 
 def policy_report(sim_results: list[EpisodeOutcome], model_results: list[EpisodeOutcome], names: list[str],
-                  floor: tuple[str, ...], seeds: list[int], seed: int = 0) -> dict[str, Any]:
-    """Everything the report says about policy evaluation in the model."""
+                  floor: tuple[str, ...], seeds: list[int], seed: int = 0,
+                  max_windows: int | None = None) -> dict[str, Any]:
+    """Everything the report says about policy evaluation in the model (`max_windows`: the episodes' limit, which
+    the hazard's bins cover; None: the longest episode's)."""
     sim = outcome_table(sim_results, names, seeds)
     model = outcome_table(model_results, names, seeds)
     replay = outcome_table(model_results, names, seeds, "replay_success")
     graded = np.array([n not in floor for n in names])
     sim_rates, model_rates = sim.mean(axis=1), model.mean(axis=1)
     kept = np.flatnonzero(graded)
+    group = [names[i] for i in kept] if len(kept) > 1 else names
+    tables = episode_tables(model_results, group, seeds)
     picks = [names[i] for i in kept[model_rates[kept] == model_rates[kept].max()]] if len(kept) else []
     return {
         "policies": names, "floor": [n for n in names if n in floor], "episodes": len(seeds),
@@ -127,4 +135,6 @@ def policy_report(sim_results: list[EpisodeOutcome], model_results: list[Episode
         "without_floor": group_stats(sim[graded], model[graded], replay[graded], seed) if graded.sum() > 1 else None,
         "model_pick": picks,
         "sim_best": [names[i] for i in kept[sim_rates[kept] == sim_rates[kept].max()]] if len(kept) else [],
+        "false_success_hazard": hazard(tables, max_windows or int(tables["windows"].max(initial=1)), seed),
+        "block_lost_rate": lost_rate(tables, seed),
     }

@@ -66,7 +66,8 @@ TINY_64 = {  # the embedded tiny architecture at 64x64, for `--budget small` wit
     "height": 64, "width": 64, "fps": 24,
 }
 TARGETS = {"spearman": 0.9, "spearman_low": 0.7, "mean_abs_rate_error": 0.10, "false_success_rate": 0.05,
-           "false_success_rate_high": 0.10, "object_vanish_rate_last_window": 0.10}
+           "false_success_rate_high": 0.10, "object_vanish_rate_last_window": 0.10, "precision": 0.95,
+           "precision_low": 0.90}
 OBSERVE_CHOICES = ("model", "simulator")
 SECTIONS = ("openloop", "policies", "planning")
 
@@ -225,7 +226,7 @@ def _policy_section(episodes: list, seeds: list[int], args: FidelityArgs, chunk:
     policies = graded_policies(chunk)
     sim = [r for r in episodes if r.replay_success is None]
     model = [r for r in episodes if r.replay_success is not None]
-    section = policy_report(sim, model, [p.name for p in policies], FLOOR, seeds)
+    section = policy_report(sim, model, [p.name for p in policies], FLOOR, seeds, max_windows=args.policy_windows)
     section["max_windows"] = args.policy_windows
     return section
 
@@ -278,6 +279,7 @@ def _policy_targets(policies: dict[str, Any]) -> dict[str, Any]:
     """Each target judged on its 95% interval, never on the point value alone."""
     group = policies["without_floor"] or policies["all"]
     rho, mae, fsr = group["spearman"], group["mean_abs_rate_error"], group["false_success_rate"]
+    prec = group["precision"]
     t = TARGETS
     return {
         "spearman_without_floor": _target(rho, f">= {t['spearman']} with ci95 low >= {t['spearman_low']}",
@@ -289,6 +291,10 @@ def _policy_targets(policies: dict[str, Any]) -> dict[str, Any]:
                  f"{t['false_success_rate']} with ci95 high <= {t['false_success_rate_high']}",
             fsr["value"] <= t["false_success_rate"] and fsr["ci95"][1] <= t["false_success_rate_high"],
             paired_seed=group["paired_seed"]["false_success_rate"]),
+        "precision_without_floor": _target(
+            prec, f"share of the model's successes its own chunks replayed confirm: >= {t['precision']} with ci95 "
+                  f"low >= {t['precision_low']}",
+            prec["value"] >= t["precision"] and prec["ci95"][0] >= t["precision_low"]),
     }
 
 

@@ -92,6 +92,28 @@ def policy_table(report: dict[str, Any]) -> str:
                     f"{_ci(g['mean_abs_rate_error'])} | {_ci(g['false_success_rate'])} | "
                     f"{_ci(g['missed_success_rate'])} | {paired} | {_ci(g['selection_regret'])} |")
     rows.append(f"\nThe model rates best: {', '.join(p['model_pick'])}; the simulator: {', '.join(p['sim_best'])}.")
+    if "false_success_hazard" in p:
+        rows += ["", decisions_table(p)]
+    return "\n".join(rows)
+
+
+def decisions_table(p: dict[str, Any]) -> str:
+    """Precision, MMRV, the per-window hazard of false success and the block-lost rate (`fidelity.decisions`)."""
+    rows = ["| group | precision of the model's successes (confirmed / reported) | MMRV |", "|---|---|---|"]
+    for group in ("all", "without_floor"):
+        g = p[group]
+        if g is None or "precision" not in g:
+            continue
+        prec = g["precision"]
+        rows.append(f"| {group} | {_ci(prec)} ({prec['confirmed']} / {prec['reported_successes']}) | "
+                    f"{_ci(g['mmrv'])} |")
+    lost = p["block_lost_rate"]
+    rows += ["", "| windows | false successes | windows at risk | false successes per window at risk |",
+             "|---|---|---|---|"]
+    rows += [f"| {h['windows'][0]}-{h['windows'][1]} | {h['false_successes']} | {h['windows_at_risk']} | "
+             f"{_ci(h, 3)} |" for h in p["false_success_hazard"]]
+    rows.append(f"\nBlock lost (the model's frames drop it while the replay shows it): {_ci(lost)} "
+                f"({lost['lost']} of {lost['episodes']} graded-policy episodes).")
     return "\n".join(rows)
 
 
