@@ -107,6 +107,26 @@ def test_fine_tune_arguments_are_checked(tmp_path):
         parse_args(["--init-from", "nowhere"])
     with pytest.raises(ValueError, match="own-rollouts=0"):
         parse_args(["--own-rollouts", "0"])
+    with pytest.raises(ValueError, match="context-level=1"):
+        parse_args(["--context-level", "1"])
     with pytest.raises(ValueError, match="refresh-every=-1"):
         parse_args(["--refresh-every", "-1"])
     assert np.isfinite(parse_args(["--own-windows", "16"]).own_windows)
+
+
+def test_a_fine_tune_with_context_noise_tells_the_model_its_level(base, tmp_path, monkeypatch):
+    from worldstep.train.dynamics import DynamicsModel
+
+    seen = []
+    loss = DynamicsModel.loss
+
+    def recording_loss(self, batch, context=None, context_level=None):
+        if torch.is_grad_enabled():  # a training step (the held-out loss runs without grad)
+            seen.append(None if context_level is None else context_level.clone())
+        return loss(self, batch, context, context_level)
+
+    monkeypatch.setattr(DynamicsModel, "loss", recording_loss)
+    tune = [a if a != "6" else "3" for a in TUNE]
+    assert main(["--out", str(tmp_path / "ft"), "--init-from", str(base), *tune, "--context-level", "0.2"]).exists()
+    assert len(seen) == 3 and all(s is not None and s.shape == (2,) and (s >= 0).all() and (s < 0.2).all()
+                                  for s in seen)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from worldstep.engine.models.cosmos3.runner import prefill_text
 from worldstep.train.dynamics import ClipLayout, DynamicsBatch, DynamicsModel, text_kv
@@ -158,7 +159,8 @@ def test_shipped_pusher_checkpoint_follows_actions():
     assert moved[0] > 4 and moved[1] < -4  # 4 steps of 3 px: about +-12 px in the simulator
 
 
-def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
+@pytest.mark.parametrize("level", [0.0, 0.3])
+def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch, level):
     """The training pass predicts, for every window of a clip, exactly the velocity the engine's paged
     rollout computes at that window's denoise step (same clip: the rollout's own committed latents).
 
@@ -166,9 +168,11 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
     scheduler step; the training batch is built from them (noise chosen so that `(1 - s) z + s eps` is the
     rollout's noisy tensor at `s = t / 1000`); one session steps alone, so it is row 0 of the window's
     stacked scheduler call. `page_size=1` makes the engine's page-floored retention
-    equal the nominal horizon the training mask uses (`context_frames` latent frames).
+    equal the nominal horizon the training mask uses (`context_frames` latent frames). With context noise at
+    `level`, the windows the engine committed (noised, the level as their timestep) are the training's context.
     """
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+    from worldstep.engine.models.cosmos3 import window as window_module
     from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
     from worldstep.engine.models.cosmos3.unipc import UniPCStepper
     from worldstep.envs.push_sim import PushSimEnv
@@ -179,7 +183,14 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
                                                 "fps": 24}, seed=1)
     world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=1, num_pages=4096)
     windows, context_frames, prompt, domain = 3, 1, "push the block", 2
-    knobs = RolloutKnobs(chunk_size=4, num_steps=3, context_frames=context_frames)
+    knobs = RolloutKnobs(chunk_size=4, num_steps=3, context_frames=context_frames, context_noise=level)
+    noised, noise_it = [], window_module._noised
+
+    def recording_noise(job, at):
+        noised.append(noise_it(job, at))
+        return noised[-1]
+
+    monkeypatch.setattr(window_module, "_noised", recording_noise)
     obs, _ = PushSimEnv().reset(seed=11)
     session = world.open_session(obs["frames"][0], prompt, domain, knobs=knobs,
                                  generator=torch.Generator().manual_seed(5), action_width=2)
@@ -198,6 +209,9 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
     world.close(session)
     assert len(calls) == windows * knobs.num_steps
     z = torch.cat(committed, dim=1)[None]  # [1, C, 1 + W, h, w]
+    assert len(noised) == (windows if level else 0)
+    context = torch.cat(noised, dim=1)[None] if level else None  # [1, C, 1 + W, h, w]: what each commit saw
+    context_level = torch.tensor([level]) if level else None
 
     tr = world.transformer
     per_frame = world.spec.tokens_per_frame
@@ -219,7 +233,7 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch):
             lead = 1 if w == 0 else 0
             noise[0, :, start + lead:end] = (sample[:, lead:] - (1 - s) * z[0, :, start + lead:end]) / s
         with torch.no_grad():
-            pred, _ = model.velocity(DynamicsBatch(z, padded, sigmas, noise))  # [1, C, W, h, w]
+            pred, _ = model.velocity(DynamicsBatch(z, padded, sigmas, noise), context, context_level)  # [1,C,W,h,w]
         for w, (_, _, velocity) in enumerate(picked):
             lead = 1 if w == 0 else 0
             torch.testing.assert_close(pred[0, :, w:w + 1], velocity[:, lead:], atol=2e-5, rtol=1e-4)

@@ -126,11 +126,15 @@ class DynamicsModel:
         self.positions = positions
         self.blocks = layout.blocks()
 
-    def velocity(self, batch: DynamicsBatch, context: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def velocity(self, batch: DynamicsBatch, context: torch.Tensor | None = None,
+                 context_level: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(predicted, target) velocities of every noisy frame, each `[B, C, W*n, h, w]`.
 
         `context` `[B, C, T, h, w]` replaces the clean latents the committed windows are built from (a
         rollout commits its own, imperfect windows); the noisy windows and targets stay on `batch.latents`.
+        `context_level` `[B]`: the flow level the context was noised at, given to its committed windows as their
+        timestep (the engine's ``context_noise`` knob; frame 0 stays clean); None: no timestep, as released
+        checkpoints commit.
         """
         tr, lay = self.transformer, self.layout
         z, sig = batch.latents, batch.sigmas
@@ -138,6 +142,7 @@ class DynamicsModel:
         cos, sin = rotary(tr, self.positions, tr.proj_in.weight.dtype)  # [N, D]
         act = action_tokens(tr, batch.actions, self.domain_id)  # [B, W*chunk, hidden]
         temb = embed_timesteps(tr, sig.flatten() * 1000.0).unflatten(0, sig.shape)  # [B, W, hidden]
+        ctx_temb = None if context_level is None else embed_timesteps(tr, context_level * 1000.0)[:, None]  # [B,1,hid]
         tokens, targets, noisy_slices, pos = [], [], [], 0
         for kind, k in self.blocks:
             start, end = lay.frames(k)
@@ -154,7 +159,10 @@ class DynamicsModel:
                 noisy_slices.append((pos + clean_lead * per_frame, pos + vis.shape[1], end - start - clean_lead))
             else:
                 ctx = frames if context is None else context[:, :, start:end]
-                vis = vision_tokens(tr, ctx, end - start, None)  # [B, f*hw, hidden]
+                if ctx_temb is None:
+                    vis = vision_tokens(tr, ctx, end - start, None)  # [B, f*hw, hidden]
+                else:
+                    vis = vision_tokens(tr, ctx, 1 if k == 0 else 0, ctx_temb)
             tokens += [vis, act[:, k * lay.chunk:(k + 1) * lay.chunk]]
             pos += vis.shape[1] + lay.chunk
         attend = masked_attention(text_k, text_v, self.mask)
@@ -165,9 +173,10 @@ class DynamicsModel:
                  for s0, s1, nf in noisy_slices]
         return torch.cat(preds, dim=2), torch.cat(targets, dim=2)
 
-    def loss(self, batch: DynamicsBatch, context: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(self, batch: DynamicsBatch, context: torch.Tensor | None = None,
+             context_level: torch.Tensor | None = None) -> torch.Tensor:
         """Flow-matching MSE over every noisy frame, weighted by `batch.weights` when given."""
-        pred, target = self.velocity(batch, context)
+        pred, target = self.velocity(batch, context, context_level)
         if batch.weights is None:
             return F.mse_loss(pred.float(), target.float())
         weights = batch.weights.expand_as(pred)
@@ -192,3 +201,12 @@ def sample_sigmas(generator: torch.Generator, shape: tuple[int, ...]) -> torch.T
     logit = torch.sigmoid(torch.randn(shape, generator=generator))
     pick = torch.rand(shape, generator=generator) < 0.5
     return torch.where(pick, uniform, logit).clamp(0.001, 0.999)
+
+
+def noised_context(context: torch.Tensor, level: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`[B, C, T, h, w]` context at flow level `level` `[B]`, `(1 - s) z + s eps`, frame 0 kept clean (what the
+    engine commits with its ``context_noise`` knob)."""
+    eps = torch.randn(context.shape, generator=generator)
+    s = level.view(-1, 1, 1, 1, 1)
+    out = (1 - s) * context + s * eps
+    return torch.cat([context[:, :, :1], out[:, :, 1:]], dim=2)

@@ -143,6 +143,9 @@ class TrainArgs:
     """windows of each own rollout (--init-from)"""
     own_rollouts: int = 256
     """own rollouts per round, from the DAgger seed range (--init-from)"""
+    context_level: float = 0.0
+    """max flow level of noise on the committed context, given to the model as its timestep, drawn per clip
+    (--init-from; 0: off); a model tuned with it rolls out with the rollout knob context_noise"""
     refresh_every: int = 0
     """steps between rounds of own rollouts, each made with the weights reached so far (--init-from; 0: one round)"""
     export_only: str | None = flag("write a checkpoint from --out's latest phase checkpoints (EMA weights) to DIR "
@@ -173,6 +176,8 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     for name in ("own_windows", "own_rollouts"):
         if getattr(args, name) < 1:
             raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
+    if not 0 <= args.context_level < 1:
+        raise ValueError(f"context-level={args.context_level} is invalid; allowed: 0 <= level < 1 (0: off)")
     if args.refresh_every < 0:
         raise ValueError(f"refresh-every={args.refresh_every} is invalid; allowed: >= 0 (0: one round)")
     if args.init_from is not None and not all((Path(args.init_from) / part / "config.json").exists()

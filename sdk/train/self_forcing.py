@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .dagger import model_loop
 from .data import ClipSet
-from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel
+from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, noised_context
 from .vae import encode_clips
 
 HELD_OFFSET = 9_000  # DAgger-range offset of the held-out rollouts (rounds count up from ROUND_OFFSET)
@@ -133,7 +133,11 @@ class FineTune:
         batch, own = own_batch(data, idx, self.tr.config.action_dim, self.gen, self.model.layout.windows, cells,
                                args.moving_weight)
         context = own if self.rng.random() < args.own_context_share else None  # None: the replay's (teacher)
-        loss = self.model.loss(batch, context)
+        level = None
+        if args.context_level > 0:  # the context noised at a level the model is told (the context_noise knob)
+            level = torch.rand(len(idx), generator=self.gen) * args.context_level
+            context = noised_context(batch.latents if context is None else context, level, self.gen)
+        loss = self.model.loss(batch, context, level)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.tr.parameters(), 1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ...settings import NonNegativeInt, PositiveInt, StrictModel
 
@@ -36,6 +36,10 @@ class RolloutKnobs(StrictModel):
     """camera framing the JSON caption states (None: the embodiment's default view point, else ego_view)"""
     decode: bool = True
     """decode each window to frames (off: latents only, e.g. for planners scoring in latent space)"""
+    context_noise: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.0
+    """flow-matching level at which a committed window's latents are noised before the commit pass, given to the
+    model as their timestep (kv mode; a model fine-tuned with context noise, ``--context-level``); 0: committed
+    clean with no timestep, as released Cosmos3 checkpoints expect"""
 
     @field_validator("chunk_size")
     @classmethod
@@ -43,6 +47,13 @@ class RolloutKnobs(StrictModel):
         if value < TEMPORAL_COMPRESSION or value % TEMPORAL_COMPRESSION:
             raise ValueError(f"a multiple of {TEMPORAL_COMPRESSION} and >= {TEMPORAL_COMPRESSION}")
         return value
+
+    @model_validator(mode="after")
+    def _context_noise_in_kv_mode(self) -> RolloutKnobs:
+        if self.context_noise > 0 and self.window_mode != "kv":
+            raise ValueError(f"context_noise={self.context_noise} is invalid with window_mode="
+                             f"{self.window_mode!r}; allowed: 0 (only kv mode commits windows)")
+        return self
 
     @property
     def latents_per_window(self) -> int:

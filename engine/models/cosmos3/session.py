@@ -134,8 +134,8 @@ class RolloutSession:
     def group_key(self, plan: WindowPlan) -> tuple:
         """Sessions with equal keys run one window together: same timesteps, same window shape."""
         knobs, spec = self.knobs, self.spec
-        return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, plan.units, plan.cond_units,
-                spec.latent_height, spec.latent_width, spec.patch_grid)
+        return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, float(knobs.context_noise), plan.units,
+                plan.cond_units, spec.latent_height, spec.latent_width, spec.patch_grid)
 
     def check_open(self) -> None:
         if self.closed or self.abort.is_set():

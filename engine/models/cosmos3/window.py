@@ -117,14 +117,18 @@ def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torc
     return rotary(ctx.transformer, torch.cat([vision, acts], dim=1), ctx.dtype)  # [N, D] each
 
 
-def _hidden(ctx: WindowContext, jobs: list[_Job], timestep: float | None) -> torch.Tensor:
+def _hidden(ctx: WindowContext, jobs: list[_Job], timestep: float | None,
+            latents: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """The rows' input tokens: each job's latents (or `latents`, one `[C, T, h, w]` per job), its frames from
+    `job.clean` on given `timestep`'s embedding (None: none, a clean commit), then its action tokens."""
     rows = []
     temb = None  # [1, hidden], once for every row
     if timestep is not None:
         temb = embed_timesteps(ctx.transformer, torch.full((1,), float(timestep), device=ctx.device)).to(ctx.dtype)
-    for job in jobs:
-        noisy_from = job.clean if timestep is not None else job.latents.shape[1]
-        vision = vision_tokens(ctx.transformer, job.latents, noisy_from, temb)
+    for i, job in enumerate(jobs):
+        frames = job.latents if latents is None else latents[i]
+        noisy_from = job.clean if timestep is not None else frames.shape[1]
+        vision = vision_tokens(ctx.transformer, frames, noisy_from, temb)
         row = torch.cat([vision, job.action_tokens], dim=0)  # [N_row, hidden]
         rows.extend([row] * len(job.session.labels))
     return torch.cat(rows, dim=0)
@@ -180,11 +184,18 @@ def _denoise_step(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBat
 
 
 def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
-    """Append each row's clean-window K/V (no timestep embedding), then release beyond the horizon."""
+    """Append each row's clean-window K/V (no timestep embedding; with the ``context_noise`` knob, the window
+    noised at that level and given it as its timestep), then release beyond the horizon."""
     for job in jobs:
         if job.plan.index == 0:  # the conditioning frame is known exactly
             job.latents[:, :1] = job.session.first_latent.to(job.latents.device)
-    out = gen_forward(ctx.transformer, _hidden(ctx, jobs, None), cos, sin, batch, collect_kv=True)
+    level = jobs[0].session.knobs.context_noise  # one per group (group_key)
+    if level > 0:
+        timestep = level * ctx.scheduler_config["num_train_timesteps"]  # the scale of the denoise steps' timesteps
+        hidden = _hidden(ctx, jobs, timestep, [_noised(job, level) for job in jobs])
+    else:
+        hidden = _hidden(ctx, jobs, None)
+    out = gen_forward(ctx.transformer, hidden, cos, sin, batch, collect_kv=True)
     offset = 0
     for job in jobs:
         session = job.session
@@ -193,3 +204,12 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
             ctx.cache.append(key, out.keys[:, offset:end], out.values[:, offset:end])
             ctx.cache.apply_retention(key, session.retention[key.label])
             offset = end
+
+
+def _noised(job: _Job, level: float) -> torch.Tensor:
+    """`[C, T, h, w]`: the window's latents, frames past its clean ones at flow level `level`, `(1 - s) x + s eps`,
+    with noise from the session's generator (the latents the window returns stay clean)."""
+    eps = torch.randn(job.latents.shape, generator=job.session.generator, dtype=torch.float32).to(job.latents.device)
+    noised = (1 - level) * job.latents + level * eps
+    noised[:, :job.clean] = job.latents[:, :job.clean]
+    return noised
