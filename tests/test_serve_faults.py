@@ -3,23 +3,28 @@ windows in all through a TCP proxy that cuts connections before requests, mid-fr
 a step but before its reply arrived; every episode's frames equal the fault-free local run's, no step is lost or
 applied twice (the engine's calls and the server's own count per session), and no page is in use after the
 clients close, nor after the grace period for clients killed with ``kill -9``. A server killed with ``kill -9``
-and restarted gives the client a clear error, not a hang."""
+and restarted gives the client a clear error, not a hang. A client that stops reading replies stalls only
+itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 
 import numpy as np
 import pytest
 from fault_proxy import FaultProxy
 from serve_client import serve_actions
-from test_serve import ROOT, TOKEN, WAIT_S, engine_calls, local_frames, processes, serve, wait_for  # noqa: F401
+from test_serve import ROOT, TOKEN, WAIT_S, ask, engine_calls, local_frames, processes, serve, wait_for  # noqa: F401
 from test_serve_sessions import port_of
 from tiny_world import FAST, cache_dir, world  # noqa: F401 - fixtures
-from worldstep.serve import RemoteEnvConnectionError, RemoteWorldModelEnv
+from worldstep.remote_policy import packb
+from worldstep.serve import PROTOCOL_VERSION, RemoteEnvConnectionError, RemoteWorldModelEnv
 
 CLIENTS, STEPS = 4, 50  # 200 steps in all
 
@@ -105,3 +110,51 @@ def test_a_server_killed_and_restarted_gives_the_client_a_clear_error(processes,
     env.close()
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=WAIT_S) == 0
+
+
+def test_a_client_that_stops_reading_stalls_only_itself(world, serve):  # noqa: F811
+    """Its replies fill bounded buffers (the server's send buffer, its own receive buffer), then its handler waits
+    on the socket and its later steps do not run; the other client's steps go on. The injected violation: with
+    the kernel's autotuned send buffer (``send_buffer_bytes=4 MiB``) every one of its steps runs."""
+    from websockets.sync.client import connect
+
+    server = serve(max_batch=1, session_grace_s=0, send_buffer_bytes=64 * 1024)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port_of(server.url)))
+    slow = connect(server.url, sock=sock, additional_headers={"Authorization": f"Api-Key {TOKEN}"},
+                   compression=None, max_size=None, proxy=None, max_queue=4, legacy=True)
+    sent = 200
+    try:
+        ask(slow, {"id": 0, "op": "hello", "protocol": PROTOCOL_VERSION})
+        opened = ask(slow, {"id": 1, "op": "open", "env": {"max_windows": 1000}})
+        session, shape = opened["session"], tuple(opened["action_space"]["low"].shape)
+        assert ask(slow, {"id": 2, "op": "reset", "session": session, "seq": 1, "seed": 0})["ok"]
+
+        def flood() -> None:  # never reads a reply
+            with contextlib.suppress(Exception):
+                for k in range(sent):
+                    slow.send(packb({"id": 3 + k, "op": "step", "session": session, "seq": 2 + k,
+                                     "actions": serve_actions(shape, k)}))
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        calls = lambda: next(r["model_calls"] for r in server.status() if r["session"] == session)  # noqa: E731
+        wait_for(lambda: calls() >= 4, "the slow client's first steps")
+        fast = RemoteWorldModelEnv(server.url, token=TOKEN, max_windows=1000)
+        fast.reset(seed=1)
+        frames, seen = [], []  # the other client steps until the slow one made no step during its last three
+        while len(seen) < 4 or len(set(seen[-4:])) > 1:
+            assert len(frames) < 150, seen
+            frames.append(fast.step(serve_actions(fast.action_space.shape, len(frames)))[0]["frames"])
+            seen.append(calls())
+        fast.close()
+        assert seen[-1] < 1 + sent, seen  # the slow client's steps wait behind its unread replies
+        assert np.array_equal(np.stack(frames), local_frames(world, 1, len(frames))[1:])  # the other went on
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)
+        slow.close()
+    flooder.join(timeout=WAIT_S)
+    assert not flooder.is_alive()
+    wait_for(lambda: server.open_sessions() == 0, "the slow client's session closed")
+    assert server.pages_in_use() == 0
