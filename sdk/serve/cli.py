@@ -47,6 +47,9 @@ class ServeFlags:
                                  default=300.0)
     session_grace_s: float = flag("how long a dropped connection's sessions wait for the client to resume them "
                                   "before they close and free their pages", default=60.0)
+    send_buffer_bytes: int | None = flag("kernel send buffer of each connection (default 4 MiB): a client that "
+                                         "stops reading stalls only itself once it is full", default=None,
+                                         type=positive_int)
     max_message_bytes: int | None = flag("largest request accepted (default 8 MiB); a bigger one closes its "
                                          "connection", default=None, type=positive_int)
     tls_cert: str | None = flag("PEM certificate chain: serve wss://", default=None)
