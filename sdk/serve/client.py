@@ -104,7 +104,7 @@ class ServeConnection:
         self.reconnects = 0
         self._token, self._tls_ca = token, tls_ca
         self._ids = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._closed = False
         self._conn = self._connect()
         try:
@@ -138,39 +138,34 @@ class ServeConnection:
             raise RemoteEnvConnectionError(self.url, f"cannot connect ({type(err).__name__}: {err})") from err
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one request and return the reply's fields; a refusal raises the matching exception."""
+        """Send one request and return the reply's fields; a refusal raises the matching exception. A dropped
+        connection is reconnected (its sessions resumed) and the request resent, within ``reconnect_s``."""
+        session, started = fields.get("session"), None
         with self._lock:
-            return self._request(op, fields, None)
+            while True:
+                if self._conn is None:
+                    if self._closed or started is None and not self.backoff.total_s:
+                        raise RemoteEnvConnectionError(self.url, "the connection is closed")
+                    started = time.monotonic() if started is None else started
+                    self._reconnect(op, session, started)
+                try:
+                    return self._exchange_or_raise(op, fields)
+                except _Lost as err:
+                    if not self.backoff.total_s:
+                        raise RemoteEnvConnectionError(self.url, str(err)) from err.__cause__
+                    started = time.monotonic() if started is None else started
 
     def session_request(self, session: str, op: str, **fields: Any) -> dict[str, Any]:
         """A ``reset``, ``step`` or ``fork`` of ``session`` with its next sequence number (acknowledged only by an
         ok reply: a refused request consumes no number)."""
-        with self._lock:
-            record = self._session(session)
+        with self._lock:  # re-entered by request(): the number and its acknowledgement belong together
+            if session in self.lost:
+                raise RemoteEnvConnectionError(self.url, self.lost[session])
+            record = self.sessions[session]
             seq = record.seq + 1
-            reply = self._request(op, {"session": session, "seq": seq, **fields}, session)
+            reply = self.request(op, session=session, seq=seq, **fields)
             record.seq, record.committed_step = seq, int(reply["committed_step"])
             return reply
-
-    def _session(self, session: str) -> ClientSession:
-        if session in self.lost:
-            raise RemoteEnvConnectionError(self.url, self.lost[session])
-        return self.sessions[session]
-
-    def _request(self, op: str, fields: dict[str, Any], session: str | None) -> dict[str, Any]:
-        started = None
-        while True:
-            if self._conn is None:
-                if self._closed or started is None and not self.backoff.total_s:
-                    raise RemoteEnvConnectionError(self.url, "the connection is closed")
-                started = time.monotonic() if started is None else started
-                self._reconnect(op, session, started)
-            try:
-                return self._exchange_or_raise(op, fields)
-            except _Lost as err:
-                if not self.backoff.total_s:
-                    raise RemoteEnvConnectionError(self.url, str(err)) from err.__cause__
-                started = time.monotonic() if started is None else started
 
     def _exchange_or_raise(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
         """One request and its reply on the current connection; ``_Lost`` when the connection fails."""

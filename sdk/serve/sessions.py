@@ -106,7 +106,7 @@ class SessionTable:
                 raise ServeError(ErrorKind.UNKNOWN_SESSION, "session cannot be resumed: no session of this token "
                                                             "has this id and key (closed, expired after the grace "
                                                             "period, or the server restarted)")
-            session.owner, session.detached_at = owner, None
+            session.owner, session.detached_at, session.last_request_at = owner, None, time.monotonic()
             return session
 
     def attach(self, session_id: str, owner: object) -> None:
