@@ -158,3 +158,30 @@ def test_a_client_that_stops_reading_stalls_only_itself(world, serve):  # noqa: 
     assert not flooder.is_alive()
     wait_for(lambda: server.open_sessions() == 0, "the slow client's session closed")
     assert server.pages_in_use() == 0
+
+
+def test_a_reply_left_unsent_past_the_send_timeout_closes_the_connection(serve):  # noqa: F811
+    """The stalled connection closes (its handler freed) and its session, nobody resuming it, closes with it."""
+    from websockets.sync.client import connect
+
+    server = serve(session_grace_s=0, send_buffer_bytes=64 * 1024, send_timeout_s=0.5)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port_of(server.url)))
+    slow = connect(server.url, sock=sock, additional_headers={"Authorization": f"Api-Key {TOKEN}"},
+                   compression=None, max_size=None, proxy=None, max_queue=4, legacy=True)
+    try:
+        ask(slow, {"id": 0, "op": "hello", "protocol": PROTOCOL_VERSION})
+        opened = ask(slow, {"id": 1, "op": "open", "env": {"max_windows": 1000}})
+        session, shape = opened["session"], tuple(opened["action_space"]["low"].shape)
+        assert ask(slow, {"id": 2, "op": "reset", "session": session, "seq": 1, "seed": 0})["ok"]
+        with contextlib.suppress(Exception):  # never reads a reply; the sends fail once the server closes
+            for k in range(200):
+                slow.send(packb({"id": 3 + k, "op": "step", "session": session, "seq": 2 + k,
+                                 "actions": serve_actions(shape, k)}))
+        # within 20 s: before the websocket keepalive (a 20 s ping, 20 s for its pong) would close it anyway
+        wait_for(lambda: server.open_sessions() == 0, "the stalled connection closed", timeout_s=20)
+        assert server.pages_in_use() == 0
+    finally:
+        sock.close()
+        slow.close()

@@ -50,6 +50,8 @@ class ServeFlags:
     send_buffer_bytes: int | None = flag("kernel send buffer of each connection (default 4 MiB): a client that "
                                          "stops reading stalls only itself once it is full", default=None,
                                          type=positive_int)
+    send_timeout_s: float | None = flag("close a connection whose reply stays unsent this long (default 60; its "
+                                        "sessions then wait for a resume)", default=None)
     max_message_bytes: int | None = flag("largest request accepted (default 8 MiB); a bigger one closes its "
                                          "connection", default=None, type=positive_int)
     tls_cert: str | None = flag("PEM certificate chain: serve wss://", default=None)

@@ -14,6 +14,7 @@ import hmac
 import http
 import socket
 import ssl
+import struct
 import sys
 import threading
 import traceback
@@ -62,6 +63,7 @@ class ServeOptions(StrictModel):
     retry_after_s: float = Field(1.0, gt=0)  # the delay a "server full" refusal suggests
     session_grace_s: float = Field(60.0, ge=0, le=86_400)  # a dropped connection's sessions wait this long
     send_buffer_bytes: int = Field(4 * 2**20, ge=4096)  # the kernel's send buffer of each connection
+    send_timeout_s: float = Field(60.0, gt=0, le=86_400)  # a reply unsent this long closes its connection
     tls_cert: str | None = None  # PEM certificate chain: serve wss://
     tls_key: str | None = None  # its PEM private key
 
@@ -169,7 +171,10 @@ class WorldModelServer:
     def _reap(self) -> None:
         interval = min(max(self.options.session_grace_s / 4, 0.05), 1.0)
         while not self._reaping.wait(interval):
-            self.reap()
+            try:
+                self.reap()
+            except Exception:  # a failing close is a bug to log; the reaper goes on with the next sessions
+                traceback.print_exc(file=sys.stderr)
 
     def _close(self, sessions: list[ServedSession]) -> None:
         """Close sessions already taken out of the table: their pages and decoder caches go back."""
@@ -220,7 +225,7 @@ class WorldModelServer:
         from websockets.exceptions import ConnectionClosed
 
         state = _Connection(token_digest(conn.request.headers.get("Authorization")))
-        conn.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.send_buffer_bytes)
+        bound_sends(conn.socket, self.options.send_buffer_bytes, self.options.send_timeout_s)
         try:
             while True:
                 try:
@@ -340,6 +345,16 @@ class WorldModelServer:
                 "embodiments": sorted(e.name for e in model.embodiments.within(model.spec.num_domains)),
                 "max_sessions": self.options.max_sessions, "max_message_bytes": self.options.max_message_bytes,
                 "session_grace_s": self.options.session_grace_s, "env": self._default_env}
+
+
+def bound_sends(sock: socket.socket, buffer_bytes: int, timeout_s: float) -> None:
+    """A client that stops reading fills at most ``buffer_bytes`` of kernel buffer (no autotuning past it), and a
+    reply it leaves unsent for ``timeout_s`` fails the send (``SO_SNDTIMEO``), which closes its connection."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+    if sys.platform != "win32":  # a struct timeval; Windows takes milliseconds and has no such stall to bound
+        seconds = int(timeout_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                        struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6)))
 
 
 def _describe(env) -> dict[str, Any]:
