@@ -1,12 +1,14 @@
-"""A client process of the serve tests: ``python serve_client.py URL TOKEN SEED STEPS OUT [GO_FILE]``.
+"""A client process of the serve tests: ``python serve_client.py URL TOKEN SEED STEPS OUT [GO_FILE [CLOSE_FILE]]``.
 
 Opens a RemoteWorldModelEnv, resets with SEED, writes OUT.ready, waits for GO_FILE (when given), steps
-``serve_actions(space, k)`` STEPS times (STEPS < 0: forever) and saves every window's frames to OUT (.npy).
-Any attempt to load a model in this process raises.
+``serve_actions(space, k)`` STEPS times (STEPS < 0: forever) and saves every window's frames to OUT (.npy). With
+CLOSE_FILE it then writes the server's ``status`` of its session to OUT.status.json and waits for CLOSE_FILE
+before closing. Any attempt to load a model in this process raises.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,7 +37,8 @@ def forbid_model_loading() -> None:
     worldstep.world._load_model = refuse
 
 
-def main(url: str, token: str, seed: int, steps: int, out: Path, go: Path | None) -> None:
+def main(url: str, token: str, seed: int, steps: int, out: Path, go: Path | None = None,
+         close: Path | None = None) -> None:
     import worldstep
 
     forbid_model_loading()
@@ -49,13 +52,17 @@ def main(url: str, token: str, seed: int, steps: int, out: Path, go: Path | None
     while steps < 0 or k < steps:
         frames.append(env.step(serve_actions(env.action_space.shape, k))[0]["frames"])
         k += 1
-    env.close()
     np.save(out, np.stack(frames))
+    if close is not None:
+        out.with_suffix(".status.json").write_text(json.dumps(env.status()))
+        while not close.exists():
+            time.sleep(0.01)
+    env.close()
 
 
 if __name__ == "__main__":
     url, token, seed, steps, out = sys.argv[1:6]
-    main(url, token, int(seed), int(steps), Path(out), Path(sys.argv[6]) if len(sys.argv) > 6 else None)
+    main(url, token, int(seed), int(steps), Path(out), *(Path(arg) for arg in sys.argv[6:8]))
 
 
 def remote_image_env(url: str, token: str):

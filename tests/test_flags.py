@@ -37,7 +37,8 @@ CLI_FLAGS = {
     "info": (*MODEL, "--context-frames", "--json", "--text-tokens", "--windows"),
     "stats": ("--column", "--dims", "--json", "--key", "--out"),
     "serve": (*MODEL, "--host", "--idle-timeout-s", "--max-batch", "--max-message-bytes", "--max-sessions",
-              "--max-wait-ms", "--port", "--tls-cert", "--tls-key", "--token-file"),
+              "--max-wait-ms", "--port", "--send-buffer-bytes", "--send-timeout-s", "--session-grace-s", "--tls-cert",
+              "--tls-key", "--token-file"),
 }
 
 

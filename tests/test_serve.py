@@ -194,7 +194,8 @@ def test_remote_env_raises_the_local_errors(world, serve):  # noqa: F811
 def test_another_protocol_version_gets_a_clear_error(serve, monkeypatch):
     server = serve()
     monkeypatch.setattr(worldstep.serve.client, "PROTOCOL_VERSION", 99)
-    with pytest.raises(RemoteEnvProtocolError, match="protocol 99 is invalid; this server speaks protocol 1"):
+    speaks = f"this server speaks protocol {worldstep.serve.PROTOCOL_VERSION}"
+    with pytest.raises(RemoteEnvProtocolError, match=f"protocol 99 is invalid; {speaks}"):
         RemoteWorldModelEnv(server.url, token=TOKEN)
 
 
@@ -202,8 +203,9 @@ def test_hello_names_model_embodiments_spaces_and_version(serve):
     server = serve()
     conn = raw_connection(server.url, hello=False)
     try:
-        reply = ask(conn, {"id": 3, "op": "hello", "protocol": 1})
-        assert reply["ok"] and reply["id"] == 3 and reply["protocol"] == 1 and reply["model"] == "tiny"
+        version = worldstep.serve.PROTOCOL_VERSION
+        reply = ask(conn, {"id": 3, "op": "hello", "protocol": version})
+        assert reply["ok"] and reply["id"] == 3 and reply["protocol"] == version and reply["model"] == "tiny"
         assert reply["embodiments"] and reply["env"]["action_space"]["kind"] == "box"
     finally:
         conn.close()
@@ -252,7 +254,7 @@ def test_a_slow_client_does_not_stall_the_others_beyond_max_wait(serve, engine_c
 
 
 def test_kill_9_of_a_client_mid_stepping_frees_its_pages(serve, processes, tmp_path):
-    server = serve(idle_timeout_s=30)
+    server = serve(idle_timeout_s=30, session_grace_s=0)  # grace: tests/test_serve_faults.py
     out = tmp_path / "client.npy"
     proc = processes("serve_client.py", server.url, TOKEN, "0", "-1", str(out))
     wait_for(lambda: server.loop.batches >= 2, "the client stepping")
@@ -264,7 +266,7 @@ def test_kill_9_of_a_client_mid_stepping_frees_its_pages(serve, processes, tmp_p
 
 
 def test_idle_timeout_closes_the_session_and_frees_its_pages(serve):
-    server = serve(idle_timeout_s=0.3)
+    server = serve(idle_timeout_s=0.3, session_grace_s=0)  # no grace: the session closes with its connection
     env = RemoteWorldModelEnv(server.url, token=TOKEN)
     env.reset(seed=0)
     assert server.pages_in_use() > 0
@@ -322,6 +324,8 @@ def test_sessions_belong_to_their_connection(serve):
         assert len(owner.session) >= 32  # 24 random bytes
         for op in ("step", "reset", "fork", "close"):
             fields = {"actions": np.zeros(owner.action_space.shape, np.float32)} if op == "step" else {}
+            if op != "close":
+                fields["seq"] = 2  # the owner's next number: only the connection stops the intruder
             reply = ask(intruder, {"id": 1, "op": op, "session": owner.session, **fields})
             assert not reply["ok"] and reply["error"]["kind"] == "unknown_session"
         assert server.open_sessions() == 1
@@ -383,7 +387,7 @@ def test_worldstep_serve_prints_its_url_and_drains_on_sigterm(processes, tmp_pat
     line = proc.stdout.readline()
     assert line.startswith("serving on ws://127.0.0.1:"), line + proc.stderr.read()
     url = line.split()[-1]
-    env = RemoteWorldModelEnv(url, token=TOKEN)
+    env = RemoteWorldModelEnv(url, token=TOKEN, reconnect_s=2)  # a drained server is gone: the error comes after 2 s
     env.reset(seed=0)
     errors: list[Exception] = []
 
@@ -430,10 +434,10 @@ def test_a_server_bug_is_an_internal_error_reply_and_the_connection_goes_on(serv
     conn = raw_connection(server.url)
     try:
         monkeypatch.setattr(server, "_hello", lambda: {}["secret-internal-detail"])
-        reply = ask(conn, {"id": 7, "op": "hello", "protocol": 1})
+        reply = ask(conn, {"id": 7, "op": "hello", "protocol": worldstep.serve.PROTOCOL_VERSION})
         assert reply["id"] == 7 and reply["error"] == {"kind": "internal", "message": "the server failed (KeyError)"}
         monkeypatch.undo()
-        assert ask(conn, {"id": 8, "op": "hello", "protocol": 1})["ok"]
+        assert ask(conn, {"id": 8, "op": "hello", "protocol": worldstep.serve.PROTOCOL_VERSION})["ok"]
     finally:
         conn.close()
     assert "secret-internal-detail" in capfd.readouterr().err  # the traceback stays on the server

@@ -20,7 +20,7 @@ from worldstep.serve.server import WorldModelServer
 
 EXAMPLES = 1000
 OPS = [op.value for op in Op] + ["", "STEP", "exec", "__init__"]
-FIELDS = ["session", "actions", "seed", "options", "env", "protocol", "id", "op", "extra"]
+FIELDS = ["session", "actions", "seed", "options", "env", "protocol", "seq", "key", "id", "op", "extra"]
 
 
 def array_marker(shape=None, dtype=None, data=None):
@@ -52,13 +52,14 @@ def bad_actions(shape):
 def hostile_messages(own: str, victim: str, shape: tuple[int, int]):
     envelope = st.fixed_dictionaries(
         {"id": st.integers(0, 2**62) | VALUES, "op": st.sampled_from(OPS) | VALUES},
-        optional={name: VALUES | st.sampled_from([own, victim]) for name in FIELDS[:6]})
-    own_attacks = st.fixed_dictionaries({"id": st.integers(0, 100), "op": st.just("step"),
+        optional={name: VALUES | st.sampled_from([own, victim]) for name in FIELDS[:8]})
+    own_attacks = st.fixed_dictionaries({"id": st.integers(0, 100), "op": st.just("step"), "seq": st.just(2),
                                          "session": st.just(own), "actions": bad_actions(shape)})
     victim_attacks = st.fixed_dictionaries({
         "id": st.integers(0, 100), "op": st.sampled_from(["step", "reset", "fork", "close"]),
         "session": st.just(victim)},
-        optional={"actions": st.just(np.zeros(shape, np.float32)), "seed": st.integers(0, 9)})
+        optional={"actions": st.just(np.zeros(shape, np.float32)), "seed": st.integers(0, 9),
+                  "seq": st.integers(1, 3)})
     packed = (envelope | own_attacks | victim_attacks).map(lambda m: ("packed", m))
     truncated = st.tuples(own_attacks, st.floats(0, 0.99)).map(
         lambda t: ("bytes", packb(t[0])[: int(len(packb(t[0])) * t[1])]))
@@ -76,7 +77,8 @@ def test_a_thousand_hostile_messages_then_a_well_behaved_client_is_served(world)
         victim.reset(seed=4)
         opened = unpackb(_ask(fuzzer, packb({"id": 1, "op": "open", "env": {}})))
         assert opened["ok"]
-        assert unpackb(_ask(fuzzer, packb({"id": 2, "op": "reset", "session": opened["session"]})))["ok"]
+        assert unpackb(_ask(fuzzer, packb({"id": 2, "op": "reset", "session": opened["session"],
+                                                        "seq": 1})))["ok"]
         shape = victim.action_space.shape
 
         @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,

@@ -43,7 +43,15 @@ class ServeFlags:
     max_sessions: int = flag("open sessions over all clients", default=64, type=positive_int)
     max_batch: int = flag("steps in one engine call", default=16, type=positive_int)
     max_wait_ms: float = flag("how long a step waits for other clients' steps to join its batch", default=2.0)
-    idle_timeout_s: float = flag("close a connection silent this long, freeing its sessions", default=300.0)
+    idle_timeout_s: float = flag("close a connection silent this long (its sessions then wait for a resume)",
+                                 default=300.0)
+    session_grace_s: float = flag("how long a dropped connection's sessions wait for the client to resume them "
+                                  "before they close and free their pages", default=60.0)
+    send_buffer_bytes: int | None = flag("kernel send buffer of each connection (default 4 MiB): a client that "
+                                         "stops reading stalls only itself once it is full", default=None,
+                                         type=positive_int)
+    send_timeout_s: float | None = flag("close a connection whose reply stays unsent this long (default 60; its "
+                                        "sessions then wait for a resume)", default=None)
     max_message_bytes: int | None = flag("largest request accepted (default 8 MiB); a bigger one closes its "
                                          "connection", default=None, type=positive_int)
     tls_cert: str | None = flag("PEM certificate chain: serve wss://", default=None)

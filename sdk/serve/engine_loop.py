@@ -43,7 +43,7 @@ _STOP = object()
 class EngineLoop:
     """Run jobs on one daemon thread; ``step`` jobs of different sessions batch within ``max_wait_s``.
 
-    ``open_sessions()`` says how many sessions could send a step (the wait ends early once they all have).
+    ``open_sessions()`` says how many sessions could send a step now (the wait ends early once they all have).
     ``batches`` counts the engine calls the loop made for steps and ``batch_sizes`` their sizes.
     """
 
@@ -58,6 +58,10 @@ class EngineLoop:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         """Finish every job already queued, then end the thread."""

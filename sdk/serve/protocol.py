@@ -4,7 +4,8 @@ Every message is one binary websocket frame holding one msgpack map (``worldstep
 openpi codec, numpy arrays as ``{"__ndarray__", "data", "dtype", "shape"}``). A client sends requests
 ``{"id": int, "op": str, ...fields}``; the server answers each with ``{"id", "ok": True, ...}`` or
 ``{"id", "ok": False, "error": {"kind", "message", "retry_after_s"?}}``. The first request of a connection
-must be ``hello`` with the client's ``protocol``; docs/serving.md lists every op and its fields.
+must be ``hello`` with the client's ``protocol``; docs/serving.md lists every op and its fields. ``reset``,
+``step`` and ``fork`` carry the session's sequence number ``seq`` (at most once: ``sessions.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = [
     "encode_space",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: resumable sessions, sequence numbers, status
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 2**20  # a reset image of 1080p is 6 MiB
 MAX_ACTION_VALUES = 2**16  # a chunk of 64 actions of width 64 is 4096
 OPEN_KEYS = ("max_windows", "prompt", "domain_id", "embodiment", "action_width", "image", "success_fn",
@@ -49,6 +50,8 @@ class Op(str, Enum):
     FORK = "fork"
     CLOSE = "close"
     STATS = "stats"  # sessions and KV pages in use
+    RESUME = "resume"  # a session of a lost connection, by its id and resume key, onto this connection
+    STATUS = "status"  # this connection's sessions: pages, bytes, context, committed step, idle time
 
 
 class ErrorKind(str, Enum):
@@ -59,7 +62,8 @@ class ErrorKind(str, Enum):
     TYPE = "type"  # TypeError of the env
     RESET_NEEDED = "reset_needed"
     CLOSED = "closed"
-    UNKNOWN_SESSION = "unknown_session"  # not a session of this connection
+    UNKNOWN_SESSION = "unknown_session"  # not a session of this connection (or not resumable)
+    SEQUENCE = "sequence"  # a seq that is neither the next one nor a retry of the last applied one
     SERVER_FULL = "server_full"
     DRAINING = "draining"
     INTERNAL = "internal"
@@ -78,11 +82,13 @@ _NONE = type(None)
 SCHEMA: dict[Op, dict[str, tuple[type, ...]]] = {
     Op.HELLO: {"protocol": (int,)},
     Op.OPEN: {"env": (dict,)},
-    Op.RESET: {"session": (str,), "seed": (int, _NONE), "options": (dict, _NONE)},
-    Op.STEP: {"session": (str,), "actions": (np.ndarray,)},
-    Op.FORK: {"session": (str,), "seed": (int, _NONE)},
+    Op.RESET: {"session": (str,), "seq": (int,), "seed": (int, _NONE), "options": (dict, _NONE)},
+    Op.STEP: {"session": (str,), "seq": (int,), "actions": (np.ndarray,)},
+    Op.FORK: {"session": (str,), "seq": (int,), "seed": (int, _NONE)},
     Op.CLOSE: {"session": (str,)},
     Op.STATS: {},
+    Op.RESUME: {"session": (str,), "key": (str,)},
+    Op.STATUS: {},
 }
 _OPTIONAL = {"seed", "options"}
 _SCALARS = (str, int, float, bool, _NONE)
@@ -148,6 +154,10 @@ def _decode_fields(request_id: int, message: dict) -> Request:
 def _check_fields(op: Op, fields: dict[str, Any]) -> None:
     if "session" in fields and not 0 < len(fields["session"]) <= 64:
         raise ProtocolError("session is invalid; allowed: a session id this connection opened")
+    if "seq" in fields and not 1 <= fields["seq"] < 2**63:
+        raise ProtocolError(f"seq={fields['seq']} is invalid; allowed: an int in [1, 2**63)")
+    if "key" in fields and not 0 < len(fields["key"]) <= 128:
+        raise ProtocolError("key is invalid; allowed: the resume key open or fork returned")
     if op is Op.STEP:
         _check_array("actions", fields["actions"], 2, "fiu", MAX_ACTION_VALUES)
     if op is Op.OPEN:

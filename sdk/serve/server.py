@@ -1,21 +1,24 @@
 """``worldstep serve``: one loaded world model hosting many env clients over a websocket.
 
-Each connection owns the sessions it opens (an unguessable id, valid on that connection only); a disconnect,
-an idle timeout or ``drain()`` closes them and their KV pages and decoder caches go back. Requests are checked
-against the schema of ``protocol.py`` before anything reaches the model; a bad one gets an error reply and the
-connection goes on. Steps of different connections batch into one engine call (``EngineLoop``).
+A session outlives its connection for ``session_grace_s``: a reconnecting client resumes it with its key, and
+its ``reset``/``step``/``fork`` requests carry sequence numbers, so a retried request is applied at most once and
+its reply re-delivered (``sessions.py``). A session no connection resumes within the grace period, and every
+session at ``drain()``, is closed and its KV pages and decoder cache go back. Requests are checked against the
+schema of ``protocol.py`` before anything reaches the model; a bad one gets an error reply and the connection
+goes on. Steps of different connections batch into one engine call (``EngineLoop``).
 """
 
 from __future__ import annotations
 
 import hmac
 import http
-import secrets
+import socket
 import ssl
+import struct
 import sys
 import threading
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +29,7 @@ from worldstep.envs.wrappers import fork_env
 
 from ..world import World, make_env
 from .engine_loop import EngineLoop
+from .errors import ServeError
 from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,
@@ -39,8 +43,10 @@ from .protocol import (
     encode_reply,
     encode_space,
 )
+from .sessions import ServedSession, SessionTable, token_digest
+from .status import committed_step, session_status
 
-__all__ = ["ServeError", "ServeOptions", "WorldModelServer"]
+__all__ = ["ServeError", "ServeOptions", "WorldModelServer"]  # ServeError lives in errors.py
 
 
 class ServeOptions(StrictModel):
@@ -55,24 +61,19 @@ class ServeOptions(StrictModel):
     idle_timeout_s: float = Field(300.0, gt=0)  # a connection silent this long is closed, its sessions freed
     max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=1024)  # bigger messages close the connection
     retry_after_s: float = Field(1.0, gt=0)  # the delay a "server full" refusal suggests
+    session_grace_s: float = Field(60.0, ge=0, le=86_400)  # a dropped connection's sessions wait this long
+    send_buffer_bytes: int = Field(4 * 2**20, ge=4096)  # the kernel's send buffer of each connection
+    send_timeout_s: float = Field(60.0, gt=0, le=86_400)  # a reply unsent this long closes its connection
     tls_cert: str | None = None  # PEM certificate chain: serve wss://
     tls_key: str | None = None  # its PEM private key
 
 
-class ServeError(Exception):
-    """A refusal the client gets as ``{"kind", "message"}``."""
-
-    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.kind, self.retry_after_s = kind, retry_after_s
-
-
-@dataclass
+@dataclass(eq=False)
 class _Connection:
-    """What one client connection holds: whether it said hello, and its sessions by id."""
+    """One client connection: whether it said hello, and the digest of the token it presented."""
 
+    token: bytes
     greeted: bool = False
-    sessions: dict[str, Any] = field(default_factory=dict)
 
 
 class WorldModelServer:
@@ -91,12 +92,15 @@ class WorldModelServer:
         self.options = ServeOptions(**{**(options.model_dump() if options is not None else {}), **kwargs})
         if (self.options.tls_cert is None) != (self.options.tls_key is None):
             raise ValueError("tls_cert and tls_key are invalid: give both (PEM files) or neither")
-        self.loop = EngineLoop(self.options.max_batch, self.options.max_wait_ms / 1000, self.open_sessions)
+        self.sessions = SessionTable()
+        self.loop = EngineLoop(self.options.max_batch, self.options.max_wait_ms / 1000, self.sessions.attached)
         self._lock = threading.Lock()
+        self._reaping = threading.Event()  # set: the reaper stops
         self._open = 0  # sessions open or being opened, over all connections
         self._draining = False
         self._server = None
         self._thread: threading.Thread | None = None
+        self._reaper = threading.Thread(target=self._reap, name="worldstep-serve-reaper", daemon=True)
         self._default_env = _describe(make_env(world))  # the served config's env, checked before binding
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -114,6 +118,7 @@ class WorldModelServer:
         if self._server is not None:
             return self
         self.loop.start()
+        self._reaper.start()
         self._server = serve(self._handle, self.options.host, self.options.port, ssl=self._ssl_context(),
                              process_request=self._admit, compression=None,
                              max_size=self.options.max_message_bytes, server_header=None)
@@ -122,14 +127,20 @@ class WorldModelServer:
         return self
 
     def drain(self) -> None:
-        """Stop admitting, let in-flight steps finish, close every connection and its sessions, stop the loop."""
+        """Stop admitting, let in-flight steps finish, close every connection and every session (detached ones
+        too), stop the loop."""
         with self._lock:
             self._draining = True
         server, self._server = self._server, None
         if server is not None:
-            server.shutdown()  # closes connections; their handlers close their sessions through the loop
+            server.shutdown()  # closes connections and waits for their handlers
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._reaping.set()
+        if self._reaper.is_alive():
+            self._reaper.join(timeout=30)
+        if self.loop.running:
+            self._close(self.sessions.pop_all())
         self.loop.stop()
 
     stop = drain
@@ -146,6 +157,32 @@ class WorldModelServer:
     def pages_in_use(self) -> int:
         """KV pages the served model's pool has handed out (its baseline is 0 with no session open)."""
         return self.world.model.kv.num_used_pages
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every session's ``status`` row (``status.session_status``), attached or waiting for a resume."""
+        return self.loop.call(lambda: [session_status(s) for s in self.sessions.of()])
+
+    def reap(self, now: float | None = None) -> int:
+        """Close the sessions detached longer than the grace period (at ``now``, monotonic); how many closed."""
+        gone = self.sessions.expired(self.options.session_grace_s, now)
+        self._close(gone)
+        return len(gone)
+
+    def _reap(self) -> None:
+        interval = min(max(self.options.session_grace_s / 4, 0.05), 1.0)
+        while not self._reaping.wait(interval):
+            try:
+                self.reap()
+            except Exception:  # a failing close is a bug to log; the reaper goes on with the next sessions
+                traceback.print_exc(file=sys.stderr)
+
+    def _close(self, sessions: list[ServedSession]) -> None:
+        """Close sessions already taken out of the table: their pages and decoder caches go back."""
+        if sessions:
+            try:
+                self.loop.call(lambda: [s.env.close() for s in sessions])
+            finally:
+                self._release(len(sessions))
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -187,7 +224,8 @@ class WorldModelServer:
     def _handle(self, conn) -> None:
         from websockets.exceptions import ConnectionClosed
 
-        state = _Connection()
+        state = _Connection(token_digest(conn.request.headers.get("Authorization")))
+        bound_sends(conn.socket, self.options.send_buffer_bytes, self.options.send_timeout_s)
         try:
             while True:
                 try:
@@ -195,20 +233,17 @@ class WorldModelServer:
                 except TimeoutError:
                     conn.close(code=1001, reason="idle timeout")
                     return
-                conn.send(self._answer(data, state))
+                conn.send(self._answer(data, state))  # blocks while a client that stopped reading fills its buffers
         except ConnectionClosed:
             return
         finally:
-            self._close_all(state)
+            self._disconnected(state)
 
-    def _close_all(self, state: _Connection) -> None:
-        envs = list(state.sessions.values())
-        state.sessions.clear()
-        if envs:
-            try:
-                self.loop.call(lambda: [env.close() for env in envs])
-            finally:
-                self._release(len(envs))
+    def _disconnected(self, state: _Connection) -> None:
+        """The connection is gone: its sessions wait ``session_grace_s`` for a resume (closed now without one)."""
+        held = self.sessions.detach(state)
+        if self.options.session_grace_s == 0 or self._draining:
+            self._close([s for s in held if self.sessions.pop(s.id) is s])
 
     def _answer(self, data: Any, state: _Connection) -> bytes:
         request_id = None
@@ -251,25 +286,41 @@ class WorldModelServer:
         if request.op is Op.STATS:
             return {"sessions": self._open, "pages_in_use": self.loop.call(self.pages_in_use),
                     "batches": self.loop.batches}
-        env = state.sessions.get(request.session)
-        if env is None:
-            raise ServeError(ErrorKind.UNKNOWN_SESSION, "session is invalid: not a session of this connection "
-                                                        "(open one first)")
+        if request.op is Op.STATUS:
+            return {"sessions": self.loop.call(lambda: [session_status(s) for s in self.sessions.of(state)])}
+        if request.op is Op.RESUME:
+            session = self.sessions.resume(f["session"], f["key"], state.token, state)
+            return {"session": session.id, "seq": session.seq, "committed_step": committed_step(session)}
+        session = self.sessions.owned(request.session, state)
+        if request.op is Op.CLOSE:
+            if self.sessions.pop(session.id) is session:
+                self._close([session])
+            return {}
+        with session.lock:  # a retry on a new connection waits here for the same request still running
+            recorded = session.admit(request.op, f["seq"])
+            if recorded is not None:
+                if request.op is Op.FORK:
+                    self.sessions.attach(recorded["session"], state)
+                return recorded
+            reply = self._apply(session, request, state)
+            reply["committed_step"] = committed_step(session)
+            session.applied(request.op, f["seq"], reply)
+            return reply
+
+    def _apply(self, session: ServedSession, request: Request, state: _Connection) -> dict[str, Any]:
+        """Run one reset, step or fork of ``session`` on the engine loop (counted in ``model_calls``)."""
+        f, env = request.fields, session.env
         if request.op is Op.RESET:
             obs, info = self.loop.call(lambda: env.reset(seed=f["seed"], options=f["options"]))
-            return {"obs": obs, "info": encode_info(info)}
-        if request.op is Op.STEP:
+            reply = {"obs": obs, "info": encode_info(info)}
+        elif request.op is Op.STEP:
             obs, reward, terminated, truncated, info = self.loop.step(env, f["actions"])
-            return {"obs": obs, "reward": reward, "terminated": bool(terminated), "truncated": bool(truncated),
-                    "info": encode_info(info)}
-        if request.op is Op.FORK:
-            return self._open_session(state, lambda: fork_env(env, seed=f["seed"]))
-        del state.sessions[request.session]  # Op.CLOSE
-        try:
-            self.loop.call(env.close)
-        finally:
-            self._release()
-        return {}
+            reply = {"obs": obs, "reward": reward, "terminated": bool(terminated), "truncated": bool(truncated),
+                     "info": encode_info(info)}
+        else:  # Op.FORK
+            reply = self._open_session(state, lambda: fork_env(env, seed=f["seed"]))
+        session.model_calls += 1
+        return reply
 
     def _open_session(self, state: _Connection, make) -> dict[str, Any]:
         self._reserve("open a session")
@@ -278,9 +329,9 @@ class WorldModelServer:
         except BaseException:
             self._release()
             raise
-        session = secrets.token_urlsafe(24)
-        state.sessions[session] = env
-        return {"session": session, **_describe(env)}
+        session = self.sessions.add(env, state, state.token)
+        return {"session": session.id, "key": session.key, "committed_step": committed_step(session),
+                **_describe(env)}
 
     def _make_env(self, overrides: dict[str, Any]):
         """The client's env: ``worldstep.make_env(world, **overrides)``, with the local call's checks and errors."""
@@ -293,7 +344,17 @@ class WorldModelServer:
         return {"protocol": PROTOCOL_VERSION, "worldstep": __version__, "model": self.world.config.model.name,
                 "embodiments": sorted(e.name for e in model.embodiments.within(model.spec.num_domains)),
                 "max_sessions": self.options.max_sessions, "max_message_bytes": self.options.max_message_bytes,
-                "env": self._default_env}
+                "session_grace_s": self.options.session_grace_s, "env": self._default_env}
+
+
+def bound_sends(sock: socket.socket, buffer_bytes: int, timeout_s: float) -> None:
+    """A client that stops reading fills at most ``buffer_bytes`` of kernel buffer (no autotuning past it), and a
+    reply it leaves unsent for ``timeout_s`` fails the send (``SO_SNDTIMEO``), which closes its connection."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+    if sys.platform != "win32":  # a struct timeval; Windows takes milliseconds and has no such stall to bound
+        seconds = int(timeout_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                        struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6)))
 
 
 def _describe(env) -> dict[str, Any]:
