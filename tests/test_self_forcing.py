@@ -50,6 +50,9 @@ def test_fine_tune_trains_on_its_own_rollouts_and_refreshes_them(base, tmp_path)
     assert torch.allclose(data.own[:, :, 0], data.true[:, :, 0], atol=1e-4)  # the same first frame
     assert not torch.allclose(data.own[:, :, 1:], data.true[:, :, 1:], atol=1e-2)  # the model's own windows
 
+    snap = main(["--out", str(out), "--init-from", str(base), *TUNE, "--export-only", str(tmp_path / "snap")])
+    assert _transformer(snap).keys() == _transformer(path).keys()
+    assert all(torch.equal(_transformer(snap)[k], v) for k, v in _transformer(path).items())  # the EMA it exported
     tuned, start = _transformer(path), _transformer(base)
     assert tuned.keys() == start.keys() and any(not torch.equal(tuned[k], start[k]) for k in tuned)
     vae = {f.name: load_file(f) for f in sorted((path / "vae").glob("*.safetensors"))}

@@ -596,6 +596,10 @@ def main(argv: list[str] | None = None) -> Path | None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.export_only and args.init_from is not None:
+        from .self_forcing import export_snapshot as export_fine_tune
+
+        return export_fine_tune(args, Path(args.export_only), build_tokenizer)
     if args.export_only:
         return export_snapshot(args, Path(args.export_only))
     out = Path(args.out)

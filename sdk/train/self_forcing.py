@@ -241,3 +241,21 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
     _save(state_path, ft.state())
     log.write(phase="self_forcing", event="done", **ft.held_loss(held), time=time.time())
     return export_checkpoint(out / "checkpoint", ft.ema.eval(), vae, tokenizer)
+
+
+def export_snapshot(args, target: Path, build_tokenizer) -> Path:
+    """Export the latest EMA weights of a self-forcing run in `args.out` (in progress or not) with the frozen VAE
+    of `args.init_from`; safe while the run goes on."""
+    from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
+
+    from .loop import export_checkpoint
+
+    state = Path(args.out) / "ft_state.pt"
+    if not state.exists():
+        raise ValueError(f"{state} is missing; allowed: a self-forcing run past its first checkpoint")
+    init = Path(args.init_from)
+    transformer = Cosmos3OmniTransformer.from_pretrained(init / "transformer")
+    transformer.load_state_dict(torch.load(state, weights_only=False)["ema"])
+    vae = AutoencoderKLWan.from_pretrained(init / "vae")
+    tokenizer = build_tokenizer(int(transformer.config.vocab_size))
+    return export_checkpoint(target, transformer.eval(), vae.eval(), tokenizer)
