@@ -183,9 +183,12 @@ class ClosedLoopResult:
     cost_rank_correlation: list[float | None] = field(default_factory=list)
     """per window of a planner: Spearman between its imagined candidate costs and the same candidates'
     costs when their chunks are replayed in a copy of the simulator (None: undefined, e.g. equal costs)"""
+    window_success: list[list[bool | None]] = field(default_factory=list)
+    """per window: [the model's frames show success (None: observe="simulator"), the simulator has succeeded by
+    then], so ``stopped_at`` can tell where any confirmation count would have stopped the same episode"""
 
     RECORD_KEYS = ("seed", "policy", "observe", "windows", "model_success", "sim_success", "actions", "stop",
-                   "anchor_every", "cost_rank_correlation")
+                   "anchor_every", "cost_rank_correlation", "window_success")
     """The fields of a planner episode's record (the fidelity report's ``planning.jsonl``), in order."""
 
     @property
@@ -198,7 +201,8 @@ class ClosedLoopResult:
         return {**self.episode.to_dict(), "policy": self.policy, "observe": self.observe,
                 "model_success": self.model_success, "sim_success": self.sim_success,
                 "actions": [np.asarray(a).tolist() for a in self.actions], "stop": self.stop,
-                "anchor_every": self.anchor_every, "cost_rank_correlation": list(self.cost_rank_correlation)}
+                "anchor_every": self.anchor_every, "cost_rank_correlation": list(self.cost_rank_correlation),
+                "window_success": [list(w) for w in self.window_success]}
 
     def to_record(self) -> dict[str, Any]:
         """The ``RECORD_KEYS`` of ``to_dict``."""
@@ -210,7 +214,27 @@ class ClosedLoopResult:
         """The result a ``to_record`` row describes (episode ``index`` of its run)."""
         episode = EpisodeResult(index=index, seed=row["seed"], windows=row["windows"], success=row["sim_success"])
         return cls(episode, row["policy"], row["observe"], row["model_success"], row["actions"], row["stop"],
-                   row["anchor_every"], row["cost_rank_correlation"])
+                   row["anchor_every"], row["cost_rank_correlation"], row.get("window_success", []))
+
+    def stopped_at(self, confirm_windows: int) -> tuple[int, bool, bool]:
+        """(windows, believed success, simulator success) of this model-loop episode had it stopped at
+        ``confirm_windows`` consecutive windows of believed success. The loop's choices never depend on the
+        count, so this equals a run with that count wherever this run went at least as far (a run with a larger
+        count, or one that stopped no earlier); ValueError when it stopped before the answer is known."""
+        check_int("confirm_windows", confirm_windows, 1)
+        if self.observe != "model" or len(self.window_success) != self.episode.windows:
+            raise ValueError(f"observe={self.observe!r} is invalid; allowed: a model-loop episode with its "
+                             "window_success")
+        streak = 0
+        for w, (model, sim) in enumerate(self.window_success):
+            streak = streak + 1 if model else 0
+            if streak >= confirm_windows:
+                return w + 1, True, bool(sim)
+        if self.stop == "believed_success":
+            raise ValueError(f"confirm_windows={confirm_windows} is invalid for an episode that stopped at "
+                             f"{self.episode.windows} windows on a streak shorter than that; allowed: <= the "
+                             "count it ran with")
+        return self.episode.windows, False, bool(self.window_success[-1][1]) if self.window_success else False
 
 
 def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 16, observe: str = "model",
@@ -283,9 +307,12 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                 episode.terminated, episode.truncated = bool(terminated), bool(truncated)
             result.actions.append(np.asarray(actions, dtype=np.float32))
             episode.success = episode.success or bool(PushSimEnv.success_from_frames(first, sim_obs["frames"]))
+            seen_success = None
             if observe == "model":
-                streak = streak + 1 if PushSimEnv.success_from_frames(first, obs["frames"]) else 0
+                seen_success = bool(PushSimEnv.success_from_frames(first, obs["frames"]))
+                streak = streak + 1 if seen_success else 0
                 result.model_success = streak >= confirm_windows
+            result.window_success.append([seen_success, result.sim_success])
             if writer is not None:
                 writer.write(side_by_side(seen, sim_obs["frames"], scale))
             if result.model_success:

@@ -19,7 +19,8 @@ SDK = Path(__file__).resolve().parents[1] / "sdk"
 # a planning.jsonl row and an episodes.jsonl row as the report writes them (actions: float32 values)
 PLAN_ROW = {"seed": 20000000, "policy": "planner", "observe": "model", "windows": 2, "model_success": True,
             "sim_success": False, "actions": [[[0.5, -0.25]], [[0.75, 0.125]]], "stop": "believed_success",
-            "anchor_every": None, "cost_rank_correlation": [0.5, None]}
+            "anchor_every": None, "cost_rank_correlation": [0.5, None],
+            "window_success": [[True, False], [True, False]]}
 EPISODE_ROW = {"policy": "expert", "seed": 20000001, "success": True, "windows": 1, "replay_success": False,
                "actions": [[[0.5, 0.5]]], "stop": "success",
                "detections": [{"model": {"effector": [1.0, 2.0], "block": None}, "sim": None,

@@ -94,6 +94,8 @@ def test_small_budget_report(tmp_path, capsys):
     assert sum(first["confusion"].values()) == 2 and len(first["sim_success"]["ci95"]) == 2
     assert set(saved["planning"]) >= {"model", "simulator", "base_policy"}
     assert {"lift", "planner_sim_success", "base_sim_success"} <= set(saved["planning"]["model"])
+    by_k = saved["planning"]["model"]["by_confirm_windows"]
+    assert list(by_k) == [str(k) for k in range(1, saved["planning"]["confirm_windows"] + 1)]
     for name in ("psnr.png", "ssim.png", "object_vanish.png", "moved_block_error.png", "policy_success.png",
                  "rollouts_sim_kv_copy.mp4"):
         assert (tmp_path / name).stat().st_size > 0

@@ -302,3 +302,20 @@ def test_the_fidelity_planner_env_judges_nothing(pusher_checkpoint):
         assert not judges_success(worker.env)
     finally:
         worker.close()
+
+
+def test_one_run_tells_where_every_smaller_confirmation_count_stops(pusher_env):
+    flicker = [True, False, True, True]
+    longest = closed_loop(_Flicker(pusher_env, flicker), _Believer(), seed=5, max_windows=4, observe="model",
+                          confirm_windows=3)
+    assert [w[0] for w in longest.window_success] == flicker
+    for k in (1, 2, 3):
+        run = closed_loop(_Flicker(pusher_env, flicker), _Believer(), seed=5, max_windows=4, observe="model",
+                          confirm_windows=k)
+        assert longest.stopped_at(k) == (run.episode.windows, run.model_success, run.sim_success)
+    again = type(longest).from_record(longest.to_record())
+    assert again.stopped_at(2) == longest.stopped_at(2)
+    first = closed_loop(_Flicker(pusher_env, flicker), _Believer(), seed=5, max_windows=4, observe="model",
+                        confirm_windows=1)
+    with pytest.raises(ValueError, match="confirm_windows=2"):
+        first.stopped_at(2)  # it stopped at window 1: where k = 2 stops is not known from it

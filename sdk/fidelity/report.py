@@ -247,6 +247,9 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
             entry["planner_model_success"] = float(np.mean([by_seed[s].model_success for s in seeds]))
             entry["stops"] = {k: sum(by_seed[s].stop == k for s in seeds) for k in
                               sorted({by_seed[s].stop for s in seeds})}
+            if anchor is None and all(by_seed[s].window_success for s in seeds):  # records before it lack them
+                entry["by_confirm_windows"] = _by_confirm_windows([by_seed[s] for s in seeds], args.confirm_windows,
+                                                                  base_sim)
         entry["cost_rank_correlation"] = _rank_by_window(
             [by_seed[s].cost_rank_correlation for s in seeds], args.policy_windows)
         if anchor is None:
@@ -254,6 +257,20 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
         else:
             section["anchored"][str(anchor)] = entry
     return section
+
+
+def _by_confirm_windows(results: list, confirm_windows: int, base_sim: np.ndarray) -> dict[str, Any]:
+    """The same model-loop episodes stopped at every count k <= the run's (`ClosedLoopResult.stopped_at`: the
+    loop's choices never depend on k, so one run gives each smaller count's stops exactly)."""
+    out = {}
+    for k in range(1, confirm_windows + 1):
+        stops = [r.stopped_at(k) for r in results]
+        believed = np.array([b for _, b, _ in stops])
+        sim = np.array([s for _, _, s in stops])
+        out[str(k)] = {"believed_stops": int(believed.sum()),
+                       "believed_stops_not_confirmed": int((believed & ~sim).sum()),
+                       "mean_windows": float(np.mean([w for w, _, _ in stops])), **lift_summary(sim, base_sim, None)}
+    return out
 
 
 def _rank_by_window(per_episode: list[list], windows: int) -> dict[str, list]:

@@ -136,6 +136,14 @@ def planning_table(report: dict[str, Any]) -> str:
     for k, q in plan.get("anchored", {}).items():
         rows.append(f"| model, re-anchored on the simulator every {k} windows | {_ci(q['planner_sim_success'])} | "
                     f"{_ci(q['base_sim_success'])} | {_ci(q['lift'])} | n/a | n/a |")
+    counts = plan.get("model", {}).get("by_confirm_windows")
+    if counts:
+        rows += ["", "The same model-loop episodes stopped at each confirmation count k (from the run's per-window "
+                     "beliefs; the loop's choices never depend on k):", "",
+                 "| k | stopped on believed success | of those, not a success in the simulator | mean windows | "
+                 "planner, simulator success | lift |", "|---|---|---|---|---|---|"]
+        rows += [f"| {k} | {q['believed_stops']} | {q['believed_stops_not_confirmed']} | {q['mean_windows']:.1f} | "
+                 f"{_ci(q['planner_sim_success'])} | {_ci(q['lift'])} |" for k, q in counts.items()]
     if "model" in plan and "cost_rank_correlation" in plan["model"]:
         ranks = plan["model"]["cost_rank_correlation"]["value"]
         rows += ["", "Spearman between imagined and simulator-replayed candidate costs, model loop, per window: "
