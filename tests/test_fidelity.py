@@ -128,6 +128,16 @@ def test_small_budget_report(tmp_path, capsys):
     from worldstep.fidelity.recompute import main as recompute
 
     assert recompute([str(tmp_path)]) == 0
+    # a report that predates a figure still recomputes: the new figure is listed beside it, not a difference
+    report_path = tmp_path / "report.json"
+    kept = report_path.read_text()
+    older = json.loads(kept)
+    del older["policies"]["false_success_hazard"]
+    report_path.write_text(json.dumps(older))
+    capsys.readouterr()
+    assert recompute([str(tmp_path)]) == 0
+    assert "predates, computed from its records: /policies/false_success_hazard" in capsys.readouterr().out
+    report_path.write_text(kept)
     episodes = (tmp_path / "records" / "episodes.jsonl").read_text().splitlines()
     first_model = next(json.loads(line) for line in episodes if json.loads(line)["world"] == "model")
     assert {"seed", "policy", "actions", "success", "replay_success", "stop", "detections"} <= set(first_model)

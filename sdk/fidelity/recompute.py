@@ -17,24 +17,32 @@ from .records import read_records
 from .report import FidelityArgs, sections
 
 
-def differences(a: Any, b: Any, where: str = "") -> list[str]:
-    """Paths at which two JSON values differ."""
+def differences(a: Any, b: Any, where: str = "", added: list[str] | None = None) -> list[str]:
+    """Paths at which two JSON values differ. With `added`, keys only `b` has are listed there instead (figures
+    the code computes now that report `a` predates), and everything `a` has must still match."""
     if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{where}/{k}: missing on one side" for k in sorted(set(a) ^ set(b))]
+        only_b = sorted(set(b) - set(a)) if added is not None else []
+        if added is not None:
+            added += [f"{where}/{k}" for k in only_b]
+        out = [f"{where}/{k}: missing on one side" for k in sorted((set(a) ^ set(b)) - set(only_b))]
         for k in sorted(set(a) & set(b)):
-            out += differences(a[k], b[k], f"{where}/{k}")
+            out += differences(a[k], b[k], f"{where}/{k}", added)
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]", added)]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
-def recompute(out: Path) -> tuple[dict[str, Any], list[str]]:
-    """The sections rebuilt from `out`'s records, and where they differ from its report.json."""
+def recompute(out: Path) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The sections rebuilt from `out`'s records, where they differ from its report.json, and the figures the
+    report predates (computed now from the same records, reported beside it, never a difference)."""
     report = json.loads((out / "report.json").read_text())
-    args = FidelityArgs(**report["args"])
+    known = set(FidelityArgs.__dataclass_fields__)
+    args = FidelityArgs(**{k: v for k, v in report["args"].items() if k in known})
     rebuilt = json.loads(json.dumps(sections(read_records(out), args, report["settings"]["chunk_size"])))
-    return rebuilt, differences({k: report.get(k) for k in rebuilt}, rebuilt)
+    added: list[str] = []
+    diffs = differences({k: report.get(k) for k in rebuilt}, rebuilt, added=added)
+    return rebuilt, diffs, added
 
 
 @dataclass
@@ -45,9 +53,16 @@ class RecomputeArgs:
 def main(argv: list[str] | None = None) -> int:
     out = Path(parse_flags(RecomputeArgs, argv, prog="python -m worldstep.fidelity.recompute",
                            description=__doc__).out)
-    rebuilt, diffs = recompute(out)
+    rebuilt, diffs, added = recompute(out)
     for line in diffs:
         print(line)
+    if added:
+        print(f"figures the report predates, computed from its records: {', '.join(added)}")
+        for path in added:
+            value: Any = rebuilt
+            for part in path.strip("/").split("/"):
+                value = value[part]
+            print(f"{path} = {json.dumps(value)}")
     print(f"{'recomputed' if not diffs else 'DIFFERS'}: {', '.join(rebuilt)} from {out / 'records'}"
           f"{'' if not diffs else f' ({len(diffs)} differences)'}")
     return 1 if diffs else 0
