@@ -16,6 +16,7 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 from worldstep.engine.checks import check_int
+from worldstep.engine.devices import canonical_device
 from worldstep.engine.flashinfer_kernels import FlashinferKernels, Layout
 from worldstep.engine.kv import PagedKVCache, PageTable, StreamKey
 
@@ -52,7 +53,7 @@ def resolve_backend(
     except ValueError:
         allowed = ", ".join(repr(b.value) for b in AttentionBackendName)
         raise ValueError(f"attention_backend must be one of {allowed}, got {name!r}") from None
-    device = torch.device(device)
+    device = canonical_device(device)
     problems = flashinfer_problems(device, dtype, head_dim)
     if name is AttentionBackendName.AUTO:
         return AttentionBackendName.SDPA if problems else AttentionBackendName.FLASHINFER

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from worldstep.engine.devices import canonical_device
 from worldstep.engine.kv import PageTable
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -43,7 +44,7 @@ class FlashinferKernels:
     """The workspace and wrappers of one model; `lock` is held across a plan and the runs that use it."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.lock = threading.Lock()
         self.layout: Layout | None = None
         self.ragged: Any = None

@@ -191,14 +191,19 @@ def test_input_validation_names_the_argument():
         PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [1, 2], "sdpa")
 
 
-def test_resolve_backend_on_cpu():
+def test_resolve_backend_on_cpu(monkeypatch):
     assert resolve_backend("auto", "cpu") is AttentionBackendName.SDPA
     assert resolve_backend(AttentionBackendName.SDPA, torch.device("cpu")) is AttentionBackendName.SDPA
     with pytest.raises(ValueError, match="attention_backend='flashinfer'.*CUDA"):
         resolve_backend("flashinfer", "cpu")
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         resolve_backend("flash", "cpu")
-    # auto never picks kernels that cannot take the cache's dtype or head_dim
+    if not torch.cuda.is_available():  # a device this machine lacks is refused, not mapped to sdpa
+        with pytest.raises(ValueError, match="device='cuda': CUDA is not available"):
+            resolve_backend("auto", "cuda")
+    # auto never picks kernels that cannot take the cache's dtype or head_dim (a CUDA device, emulated)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert resolve_backend("auto", "cuda", dtype=torch.float32) is AttentionBackendName.SDPA
     assert resolve_backend("auto", "cuda", dtype=torch.bfloat16, head_dim=16) is AttentionBackendName.SDPA
 

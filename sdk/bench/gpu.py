@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import torch
+from worldstep.engine.devices import canonical_device
 
 from .archs import action_chunks, bench_arch
 from .flops import GenShape, forward_flops, peak_tflops
@@ -49,7 +50,7 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
         result.results = {"skipped": True, "reason": reason}
         result.notes.append(reason)
         return result
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = canonical_device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     arch = bench_arch(settings.arch)
     progress(f"building {arch.name} with random {_name(dtype)} weights on {device} (VAE {settings.vae_dtype})")
