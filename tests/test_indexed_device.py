@@ -161,8 +161,8 @@ def _replay(model, seed: int, actions: list[np.ndarray]):
 def test_offload_and_reload_under_cpu_0_are_bit_identical(models):
     """The pool holds one session of this size (14 pages); stepping the other offloads the idle one to the host."""
     _, plain = models
-    indexed = Cosmos3WorldModel(plain.components, device=torch.device("cpu:0"), num_pages=20, page_size=16, cpu_offload_pages=64,
-                                height=32, width=32)
+    indexed = Cosmos3WorldModel(plain.components, device=torch.device("cpu:0"), num_pages=20, page_size=16,
+                                cpu_offload_pages=64, height=32, width=32)
     knobs = {"decode": False}
     a, b = _open(indexed, 4, **knobs), _open(indexed, 5, **knobs)
     offloaded = False
