@@ -208,6 +208,48 @@ def test_resolve_backend_on_cpu(monkeypatch):
     assert resolve_backend("auto", "cuda", dtype=torch.bfloat16, head_dim=16) is AttentionBackendName.SDPA
 
 
+def test_auto_takes_flashinfer_only_where_its_kernels_load(monkeypatch):
+    """A CUDA machine whose flashinfer imports, emulated: ``auto`` asks `load_problem`, and a package whose modules
+    do not load (a kit without them, JIT disabled) gives sdpa; an explicit ``flashinfer`` says why it cannot run."""
+    from worldstep.engine import attention
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(attention, "flashinfer_available", lambda: True)
+    asked = []
+    monkeypatch.setattr(attention, "load_problem", lambda *a: asked.append(a) or None)
+    assert resolve_backend("auto", "cuda", dtype=torch.bfloat16, head_dim=128) is AttentionBackendName.FLASHINFER
+    assert asked == [(torch.device("cuda:0"), torch.bfloat16, 128)]
+    reason = "its kernels do not load here (RuntimeError: no prebuilt module and FLASHINFER_DISABLE_JIT=1)"
+    monkeypatch.setattr(attention, "load_problem", lambda *a: reason)
+    assert resolve_backend("auto", "cuda", dtype=torch.bfloat16, head_dim=128) is AttentionBackendName.SDPA
+    with pytest.raises(ValueError, match=r"attention_backend='flashinfer' cannot run here: its kernels do not load"):
+        resolve_backend("flashinfer", "cuda", dtype=torch.bfloat16, head_dim=128)
+
+
+def test_load_problem_runs_the_kernels_once_and_names_what_failed(monkeypatch):
+    """`load_problem` over the CPU emulation of flashinfer: the probe batch plans both wrappers and merges (None),
+    once per (device, dtype, head_dim); a module that fails to load is the reason, in one line."""
+    import flashinfer_emulation
+    from worldstep.engine.flashinfer_kernels import load_problem
+
+    flashinfer_emulation.install(monkeypatch)
+    load_problem.cache_clear()
+    try:
+        assert load_problem(torch.device("cpu"), torch.float32, 16) is None
+        assert flashinfer_emulation.COUNTS == {"wrappers": 2, "plans": 2, "runs": 2}
+        assert load_problem(torch.device("cpu"), torch.float32, 16) is None and flashinfer_emulation.COUNTS["runs"] == 2
+
+        def missing(*args, **kwargs):
+            raise RuntimeError("cascade module not found\nsecond line")
+
+        monkeypatch.setattr(flashinfer_emulation, "merge_state", missing)
+        assert load_problem(torch.device("cpu"), torch.float32, 32) == (
+            "its kernels do not load here (RuntimeError: cascade module not found)")
+    finally:
+        load_problem.cache_clear()
+
+
 def test_flashinfer_is_never_imported_on_cpu():
     code = (
         "import sys, torch\n"
