@@ -249,7 +249,7 @@ def _measure_backends(components, arch, settings: GpuSettings, device: torch.dev
     for backend in (AttentionBackendName.SDPA, AttentionBackendName.FLASHINFER):
         problems = flashinfer_problems(device, dtype, config.head_dim) if backend.value == "flashinfer" else []
         if problems:  # flashinfer only where its kernels load; the figures say why not
-            out["flashinfer_note"] = f"not run: {'; '.join(problems)}"
+            out["flashinfer_note"] = f"flashinfer not run: {'; '.join(problems)}"
             continue
         model = edge_model(components, arch, device, backend.value, height=settings.height, width=settings.width)
         per_count = {}
