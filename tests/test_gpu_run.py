@@ -120,3 +120,14 @@ def test_a_bench_sections_errors_are_named_in_the_summary(tmp_path):
     doc = summary.summarize(out, "cuda", 5, 1, final=True)
     assert doc["steps"][0]["error"] == "backends: RuntimeError: flashinfer modules missing"
     assert doc["device_name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_summary_reads_a_check_whose_results_are_a_list(tmp_path):
+    """attention.json's ``results`` is a list of rows (the dry run once failed to write summary.json on it)."""
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "attention.json").write_text(json.dumps({"device_name": "cpu", "ok": False, "results": [{"ok": False}]}))
+    (out / "logs" / "attention.log").write_text("FAIL steady step 0 layer 1\nattention: FAILED\n")
+    (out / "steps.jsonl").write_text(json.dumps({"step": "attention", "rc": 1, "timed_out": False}) + "\n")
+    doc = summary.summarize(out, "cpu", 5, 1, final=True)
+    assert doc["steps"][0]["error"] == "attention: FAILED" and doc["device_name"] == "cpu"

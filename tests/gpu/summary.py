@@ -82,8 +82,7 @@ def smoke(out: Path) -> dict | None:
 
 
 def cadence(out: Path) -> dict | None:
-    doc = _read(out / CADENCE_BENCH)
-    c = (doc or {}).get("results", {}).get("cadence")
+    c = _results(_read(out / CADENCE_BENCH)).get("cadence")
     if c is None:
         return None
     return {k: c.get(k) for k in ("num_steps", "time_to_first_frames_s", "timed_windows", "inter_window_p50_ms",
@@ -99,11 +98,17 @@ def parity_diffusers(out: Path) -> dict | None:
             "measured": {name: r.get("measured", r.get("reason")) for name, r in doc.get("backends", {}).items()}}
 
 
+def _results(doc: Any) -> dict:
+    """A bench's ``results`` (a check's own ``results`` may be a list: nothing to read there)."""
+    results = doc.get("results") if isinstance(doc, dict) else None
+    return results if isinstance(results, dict) else {}
+
+
 def device_name(out: Path) -> str | None:
     """The device the figures came from, as the checks and benches wrote it."""
     for name in STEP_FILES.values():
         doc = _read(out / name) if name.endswith(".json") else None
-        found = (doc or {}).get("device_name") or (doc or {}).get("results", {}).get("device_name")
+        found = (doc.get("device_name") if isinstance(doc, dict) else None) or _results(doc).get("device_name")
         if found:
             return found
     return None
@@ -113,8 +118,7 @@ def step_error(out: Path, step: dict) -> str | None:
     """Why a step failed: the errors its bench recorded per section, else the last error line of its log."""
     if step.get("skipped"):
         return step.get("reason")
-    doc = _read(out / STEP_FILES.get(step["step"], "-"))
-    errors = (doc or {}).get("results", {}).get("errors") if isinstance(doc, dict) else None
+    errors = _results(_read(out / STEP_FILES.get(step["step"], "-"))).get("errors")
     if errors:
         return "; ".join(f"{section}: {message.splitlines()[0]}" for section, message in errors.items())
     if step.get("rc", 0) == 0:
