@@ -37,7 +37,7 @@ from worldstep.engine.devices import canonical_device
 from .archs import action_chunks, bench_arch
 from .flops import GenShape, forward_flops, peak_tflops
 from .gpu_memory import fit_problem, measured_extra, section_plan, start_measuring
-from .gpu_model import edge_model, open_sessions, rows
+from .gpu_model import MAX_WARM_UP, edge_model, fill_context, open_sessions, rows
 from .inmemory import build_components, parameter_count
 from .machine import describe_machine
 from .measure import median, ratio
@@ -197,21 +197,6 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
         "latents_finite": all(w["finite"] for w in windows),
         "windows": [{k: round(v, 5) if isinstance(v, float) else v for k, v in w.items()} for w in windows],
     }
-
-
-MAX_WARM_UP = 12  # windows; Edge's 8-frame context is full after 2, the tiny arch's after 8
-
-
-def fill_context(model, session, chunks) -> dict[str, Any]:
-    """Step warm-up windows until the context holds all it keeps (the commit released pages behind the
-    horizon), so every timed window attends to the same context length; at least one window (it warms
-    kernels, allocators and the decoder cache) and at most `MAX_WARM_UP`."""
-    main = session.keys[0]
-    for count in range(1, MAX_WARM_UP + 1):
-        model.step([session], [next(chunks)])
-        if model.kv.page_table(main).released_tokens > 0:
-            return {"windows": count, "full": True}
-    return {"windows": MAX_WARM_UP, "full": False}
 
 
 def _table(f: dict[str, Any]) -> Table:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .archs import action_chunks
 from .flops import GenShape, forward_flops
-from .gpu_model import open_sessions, rows
+from .gpu_model import MAX_WARM_UP, fill_context, open_sessions, rows
 from .measure import median, ratio
 from .progress import Progress
 from .results import Table
@@ -31,8 +31,6 @@ MIN_WINDOWS = 16
 
 def measure_cadence(model, arch, settings, peak: float | None, progress: Progress) -> dict[str, Any]:
     from worldstep.engine.models.cosmos3 import RolloutKnobs
-
-    from .gpu import MAX_WARM_UP, fill_context
 
     windows = max(MIN_WINDOWS, settings.cadence_windows)
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps,
