@@ -57,7 +57,7 @@ def test_every_step_writes_its_own_file_and_the_smoke_comes_first():
     assert set(_table("PLAN_GIB")) <= set(_table("LIMIT"))
 
 
-def _steps(tmp_path, script: str, free_mib: int | None = None, env: dict | None = None):
+def _steps(tmp_path, script: str, free_mib: int | str | None = None, env: dict | None = None):
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True, exist_ok=True)
     path = os.environ["PATH"]
@@ -93,6 +93,12 @@ def test_a_step_whose_plan_does_not_fit_is_skipped_with_the_reason_and_the_next_
 
 def test_without_nvidia_smi_nothing_is_checked(tmp_path):
     _, doc = _run_steps(tmp_path, "run a true", plan="[a]=10000")
+    assert doc["steps"][0]["rc"] == 0 and doc["ok"] is True
+
+
+def test_a_free_memory_nvidia_smi_cannot_tell_checks_nothing(tmp_path):
+    """A MIG slice reports "[N/A]": no figure, so no step is skipped for want of memory."""
+    _, doc = _run_steps(tmp_path, "run a true", plan="[a]=60", free_mib="[N/A]")
     assert doc["steps"][0]["rc"] == 0 and doc["ok"] is True
 
 

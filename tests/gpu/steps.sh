@@ -14,7 +14,7 @@ if ! declare -p PLAN_GIB > /dev/null 2>&1; then declare -A PLAN_GIB=(); fi
 free_gib() {
   command -v nvidia-smi > /dev/null 2>&1 || return 0
   nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i "${CUDA_VISIBLE_DEVICES:-0}" 2>/dev/null \
-    | head -n 1 | awk '{printf "%d", $1 / 1024}'
+    | head -n 1 | awk '$1 ~ /^[0-9]+$/ {printf "%d", $1 / 1024}'  # "[N/A]" (a MIG slice): nothing to check
 }
 
 # skip NAME REASON: record a step that did not run, and why
