@@ -74,6 +74,33 @@ def test_sdpa_matches_dense_reference_on_ragged_streams(dtype):
         torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("committed", [[13, 0, 4], [0, 0]])
+def test_flashinfer_path_with_rows_without_context_matches_the_reference(monkeypatch, committed):
+    """flashinfer (CPU emulation, tests/flashinfer_emulation.py) on a batch made outside a model: rows with and
+    without committed tokens (the paged kernel runs on the rows with context only, merged into the fresh part),
+    and a batch with no context at all (the fresh part alone); `prime` and the first call make the kernels."""
+    import flashinfer_emulation
+    from worldstep.engine.attention import prime
+
+    flashinfer_emulation.install(monkeypatch)
+    gen = torch.Generator().manual_seed(4)
+    cache = make_cache(torch.float32)
+    keys = [StreamKey(f"s{i}", StreamLabel.MAIN) for i in range(len(committed))]
+    for key, n in zip(keys, committed):
+        add_stream(cache, key, n, gen)
+    q_lens = [3, 5, 2][: len(committed)]
+    q, k_new, v_new = random_inputs(q_lens, gen, torch.float32)
+    primed = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, AttentionBackendName.FLASHINFER)
+    prime(primed, H)
+    assert primed.kernels is not None and primed.kernels.plans == 1
+    for batch in (primed, PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens,
+                                              AttentionBackendName.FLASHINFER)):
+        for layer in range(L):
+            expected = reference_for(cache, keys, q_lens, q, k_new, v_new, layer)
+            torch.testing.assert_close(paged_attention(q, k_new, v_new, batch, layer), expected, atol=1e-5, rtol=0)
+        assert batch.kernels is not None and batch.kernels.has_context == any(committed)
+
+
 def test_stream_with_nothing_committed_attends_to_fresh_only():
     gen = torch.Generator().manual_seed(1)
     cache = make_cache()
