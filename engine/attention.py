@@ -16,7 +16,8 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 from worldstep.engine.checks import check_int
-from worldstep.engine.flashinfer_kernels import FlashinferKernels, Layout
+from worldstep.engine.devices import canonical_device
+from worldstep.engine.flashinfer_kernels import FlashinferKernels, Layout, load_problem
 from worldstep.engine.kv import PagedKVCache, PageTable, StreamKey
 
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
@@ -44,7 +45,7 @@ def resolve_backend(
     """Turn a configured backend into the one that will run on ``device``.
 
     ``auto`` takes flashinfer when CUDA and flashinfer are there and its kernels fit ``dtype`` and
-    ``head_dim`` (when given), else sdpa. An explicit ``flashinfer`` that cannot run raises
+    ``head_dim`` and load (when both are given), else sdpa. An explicit ``flashinfer`` that cannot run raises
     ValueError naming ``attention_backend`` and the reason.
     """
     try:
@@ -52,7 +53,7 @@ def resolve_backend(
     except ValueError:
         allowed = ", ".join(repr(b.value) for b in AttentionBackendName)
         raise ValueError(f"attention_backend must be one of {allowed}, got {name!r}") from None
-    device = torch.device(device)
+    device = canonical_device(device)
     problems = flashinfer_problems(device, dtype, head_dim)
     if name is AttentionBackendName.AUTO:
         return AttentionBackendName.SDPA if problems else AttentionBackendName.FLASHINFER
@@ -71,6 +72,9 @@ def flashinfer_problems(device: torch.device, dtype: torch.dtype | None, head_di
         problems.append(f"its kernels take dtype float16 or bfloat16, got dtype={dtype}")
     if head_dim is not None and head_dim not in FLASHINFER_HEAD_DIMS:
         problems.append(f"its kernels take head_dim in {FLASHINFER_HEAD_DIMS}, got head_dim={head_dim}")
+    if not problems and dtype is not None and head_dim is not None:  # importable is not loadable: try them once
+        problem = load_problem(device, dtype, head_dim)
+        problems += [problem] if problem else []
     return problems
 
 

@@ -5,15 +5,20 @@ step's fresh K/V, paged prefill over the committed pages) live as long as the mo
 layout of the batch (its streams' pages, lengths and fresh-token counts) differs from the last one planned, so
 every denoise step of a window and every layer reuse one plan. Plans take host index tensors, so planning
 never copies from the device. The wrappers are imported lazily: flashinfer needs CUDA to import cleanly.
+
+`load_problem` says whether the kernels load at all: a package that imports may still lack (or fail to build)
+the modules its wrappers load at their first plan, so one small batch is planned and run once per process.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from worldstep.engine.devices import canonical_device
 from worldstep.engine.kv import PageTable
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -43,7 +48,7 @@ class FlashinferKernels:
     """The workspace and wrappers of one model; `lock` is held across a plan and the runs that use it."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.lock = threading.Lock()
         self.layout: Layout | None = None
         self.ragged: Any = None
@@ -86,6 +91,36 @@ class FlashinferKernels:
     @property
     def has_context(self) -> bool:
         return self.all_rows_have_context or self.context_rows is not None
+
+
+PROBE_QUERIES = 128  # > 64 queries in a row: flashinfer's sm90 `auto` then picks the FA3 module, as for a real window
+
+
+@functools.cache
+def load_problem(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why flashinfer's kernels do not load on ``device`` for ``dtype`` and ``head_dim``, or None when they do.
+
+    Plans and runs one batch shaped like a window row (`PROBE_QUERIES` fresh queries over one committed page) and
+    merges the two parts: that loads every module the backend uses (prebuilt, cached or, when flashinfer's JIT is
+    on, compiled now). Any failure is the reason, as one line."""
+    try:
+        import flashinfer
+
+        kernels = FlashinferKernels(device)
+        page_size = 16
+        pages = torch.zeros(1, 2, page_size, 1, head_dim, dtype=dtype, device=kernels.device)  # [P, 2, page, Hkv, D]
+        q = torch.zeros(PROBE_QUERIES, 1, head_dim, dtype=dtype, device=kernels.device)  # [N, H, D]
+        layout = Layout((PROBE_QUERIES,), ((0,),), (page_size,), 1, 1, head_dim, page_size, dtype)
+        plan = kernels.plan(layout)
+        o_new, lse_new = plan.ragged.run(q, q, q, return_lse=True)
+        o_ctx, lse_ctx = plan.paged.run(q, pages, return_lse=True)
+        flashinfer.merge_state(o_ctx, lse_ctx, o_new, lse_new)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as err:  # noqa: BLE001 - whatever stops the kernels loading is the reason
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        return f"its kernels do not load here ({type(err).__name__}: {first})"
+    return None
 
 
 def _indptr(lengths: list[int] | tuple[int, ...]) -> torch.Tensor:

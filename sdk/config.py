@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 EMBEDDED_PREFIX = "embedded:"
-_DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+_DEVICE_PATTERN = re.compile(r"auto|(cpu|cuda)(:\d+)?")
 
 
 class ModelConfig(StrictModel):
@@ -69,7 +69,7 @@ class ModelConfig(StrictModel):
     fps: PositiveInt | None = None
     """frames per second the model is conditioned on (None: the checkpoint's)"""
     device: str = "auto"
-    """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``"""
+    """``auto`` (CUDA when available), ``cpu`` (``cpu:N`` is the same CPU), ``cuda`` or ``cuda:N``"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """weights and activations dtype (None: float32, the engine's default)"""
     attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
@@ -88,7 +88,7 @@ class ModelConfig(StrictModel):
     @classmethod
     def _device(cls, value: str) -> str:
         if not _DEVICE_PATTERN.fullmatch(value):
-            raise ValueError("one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+            raise ValueError("one of 'auto', 'cpu', 'cpu:N', 'cuda', 'cuda:N'")
         return value
 
     @model_validator(mode="after")

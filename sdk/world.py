@@ -150,11 +150,13 @@ def embedded_checkpoint(name: str, architecture: dict) -> Path:
 
 def _load_model(config: WorldstepConfig, share: bool):
     import torch
+    from worldstep.engine.devices import canonical_device
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
 
     m = config.model
     device = ("cuda" if torch.cuda.is_available() else "cpu") if m.device == "auto" else m.device
     check_device(device)
+    device = str(canonical_device(device, name="model.device"))  # one model per device, however it is spelled
     key = json.dumps([{**m.model_dump(mode="json"), "device": device}, config.cache.model_dump(),
                       config.decoder.model_dump()], sort_keys=True)
     model = _SHARED.get(key) if share else None

@@ -8,7 +8,7 @@ import pytest
 
 # what `make test` installs beyond the core (pyproject's dev, dist, remote, lerobot and view extras)
 TEST_EXTRAS = ("hypothesis", "torchrl", "stable_baselines3", "ray", "websockets", "msgpack", "pyarrow", "rerun",
-               "datafusion", "scipy", "moviepy")
+               "datafusion", "scipy", "moviepy", "coverage")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -62,3 +62,54 @@ def test_overlap_section_sets_one_forward_of_n_against_two_overlapped_halves():
     assert f["sessions"] == 2 and f["forwards_halves"] == 2 * f["forwards_one"] > 0
     assert f["ms_one_forward"] > 0 and f["ms_overlapped_halves"] > 0
     assert f["overlap_wins"] == (f["ms_overlapped_halves"] < f["ms_one_forward"])
+
+
+def test_cadence_reports_first_frames_percentiles_and_aggregate_real_time_factor():
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sections=["cadence"], session_steps=1, windows=1,
+                           context_frames=2, cadence_windows=4)
+    result = run_gpu(settings, QUIET).results
+    c = result["cadence"]
+    assert c["timed_windows"] == 16 and c["full_context"] is True  # never fewer than 16, whatever was asked
+    assert 0 < c["reset_s"] < c["time_to_first_frames_s"]
+    assert 0 < c["inter_window_p50_ms"] <= c["inter_window_p95_ms"] <= c["inter_window_max_ms"]
+    assert c["real_time_factor_n1"] > 0 and c["mfu"] is None  # no peak on a CPU: no MFU claimed
+    assert c["aggregate"]["sessions"] == 8 and c["aggregate"]["aggregate_real_time_factor"] == pytest.approx(
+        8 * c["aggregate"]["per_session_real_time_factor"])
+    assert result["device"] == "cpu" and result["device_name"] == "cpu"
+
+
+def test_a_failed_section_is_recorded_and_the_next_still_reports(monkeypatch):
+    """flashinfer's modules missing, injected into the backends section: its error is in the figures, the overlap
+    section after it still reports, and the bench exits 1 (the CLI) rather than losing the run."""
+    from worldstep.bench import gpu
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("flashinfer modules missing (injected)")
+
+    monkeypatch.setattr(gpu, "_measure_backends", missing)
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sections=["backends", "overlap"], sessions=[1, 2],
+                           session_steps=1, windows=1)
+    result = run_gpu(settings, QUIET).results
+    assert result["errors"] == {"backends": "RuntimeError: flashinfer modules missing (injected)"}
+    assert "backends" not in result and result["overlap"]["forwards_one"] > 0
+    assert set(result["section_s"]) == {"backends", "overlap"}
+
+
+def test_a_section_whose_plan_does_not_fit_is_skipped_with_the_reason(monkeypatch):
+    from worldstep.bench import gpu, gpu_memory
+
+    monkeypatch.setattr(gpu_memory, "free_device_bytes", lambda device: 10 * 2**30)
+    real = gpu_memory.section_plan
+
+    def plan(section, model, settings):
+        doc = real(section, model, settings)
+        return {**doc, "plan_bytes": 100 * 2**30} if section == "sessions" else doc
+
+    monkeypatch.setattr(gpu, "section_plan", plan)
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sections=["sessions", "windows"], steps=[1], guidance=[1.0],
+                           windows=1, context_frames=2, sessions=[1])
+    result = run_gpu(settings, QUIET).results
+    assert result["skipped_sections"]["sessions"] == (
+        "skipped: its plan needs 100.0 GiB (1 session(s)) and cpu has 10.0 GiB free")
+    assert "sessions" not in result and result["runs"][0]["timed_windows"] == 1  # the next section ran
+    assert result["memory"]["windows"]["plan_bytes"] > 0 and result["memory"]["windows"]["reasoned"] is True

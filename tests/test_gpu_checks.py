@@ -82,3 +82,62 @@ def test_cosmos3_comparison_fails_on_nan():
     bad = [torch.ones(2, 3), torch.full((2, 3), float("nan"))]
     rows = check_cosmos3_backends.compare(ref, bad, bound=0.5)
     assert [r["ok"] for r in rows] == [True, False] and rows[1]["finite"] is False
+
+
+def test_smoke_runs_each_backend_and_records_a_failing_one(tmp_path, monkeypatch):
+    """The smoke on the CPU with flashinfer emulated (tests/flashinfer_emulation.py): both backends reset, step,
+    fork and close with every page back; a backend that raises is recorded and the other still runs."""
+    import check_smoke
+    import flashinfer_emulation
+
+    monkeypatch.setenv("WORLDSTEP_CACHE", str(tmp_path / "cache"))
+    flashinfer_emulation.install(monkeypatch)
+    monkeypatch.setattr("worldstep.engine.attention.flashinfer_problems", lambda *a: [])
+    assert check_smoke.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "smoke.json").read_text())
+    assert {name: (r["backend"], r["pages_after_close"]) for name, r in doc["backends"].items()} == {
+        "sdpa": ("sdpa", 0), "flashinfer": ("flashinfer", 0)}
+    assert flashinfer_emulation.COUNTS["runs"] > 0
+    real = check_smoke.smoke
+
+    def broken(device, backend):
+        if backend == "sdpa":
+            raise RuntimeError("injected: CUDA error: an illegal memory access")
+        return real(device, backend)
+
+    monkeypatch.setattr(check_smoke, "smoke", broken)
+    assert check_smoke.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 1
+    doc = json.loads((tmp_path / "smoke.json").read_text())
+    assert doc["backends"]["sdpa"]["error"] == "RuntimeError: injected: CUDA error: an illegal memory access"
+    assert doc["backends"]["flashinfer"]["ok"] is True and doc["ok"] is False
+
+
+def test_smoke_says_why_flashinfer_did_not_run(tmp_path, monkeypatch):
+    import check_smoke
+
+    monkeypatch.setenv("WORLDSTEP_CACHE", str(tmp_path / "cache"))
+    assert check_smoke.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
+    flashinfer = json.loads((tmp_path / "smoke.json").read_text())["backends"]["flashinfer"]
+    assert flashinfer == {"ran": False, "ok": None, "reason": "not run: it needs a CUDA device, got device='cpu'"}
+
+
+def test_parity_with_diffusers_on_cpu_and_a_mismatch_fails(tmp_path, monkeypatch):
+    """The same modules, inputs and seed: worldstep's window and the pipeline's agree (bf16, tiny) far inside the
+    reasoned bound; a worldstep window drawn from other noise (another seed) fails the check."""
+    import check_parity_diffusers as check
+
+    assert check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "parity_diffusers.json").read_text())
+    sdpa = doc["backends"]["sdpa"]
+    assert sdpa["ran"] and sdpa["measured"] < check.WINDOW_BOUND / 10 and doc["bound_reasoned"] is True
+    assert doc["diffusers_abs_max"] > 0.1 and "not run" in doc["backends"]["flashinfer"]["reason"]
+    real = check.worldstep_window
+
+    def other_noise(*args):
+        with monkeypatch.context() as m:
+            m.setattr(check, "SEED", check.SEED + 1)
+            return real(*args)
+
+    monkeypatch.setattr(check, "worldstep_window", other_noise)
+    assert check.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)]) == 1
+    assert json.loads((tmp_path / "parity_diffusers.json").read_text())["backends"]["sdpa"]["ok"] is False

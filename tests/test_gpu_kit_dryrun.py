@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("kit", "flashinfer_ready", "attention", "cosmos3_backends", "bench_gpu_headline", "bench_gpu_backends")
-STEPS = ["setup", "kit", "flashinfer_ready", "attention", "bench_headline", "gpu_tests", "cosmos3_backends",
-         "bench_backends"]
+FIGURES = ("smoke", "kit", "flashinfer_ready", "attention", "cosmos3_backends", "parity_diffusers",
+           "bench_gpu_headline", "bench_gpu_cadence", "bench_gpu_backends", "bench_gpu_overlap")
+STEPS = ["setup", "smoke", "kit", "flashinfer_ready", "attention", "bench_headline", "bench_cadence",
+         "parity_diffusers", "gpu_tests", "cosmos3_backends", "bench_backends", "bench_overlap"]
 
 
 @pytest.mark.slow
@@ -39,7 +40,8 @@ def test_gpu_kit_dry_run():
     summary = json.loads((dry / "out" / "summary.json").read_text())
     assert summary["ok"] and summary["finished"] and [s["step"] for s in summary["steps"]] == STEPS
     docs = {name: json.loads((dry / "out" / f"{name}.json").read_text()) for name in FIGURES}
-    assert all(docs[n]["ok"] for n in ("kit", "flashinfer_ready", "attention", "cosmos3_backends"))
+    assert all(docs[n]["ok"] for n in ("smoke", "kit", "flashinfer_ready", "attention", "cosmos3_backends",
+                                       "parity_diffusers"))
     assert not docs["kit"]["missing"] and docs["kit"]["versions"]["flashinfer-python"] == "0.7.4"
     assert set(docs["kit"]["kit_prebuilt"]) <= set(docs["kit"]["prebuilt_found"])
     prebuilt = docs["kit"]["prebuilt"]  # the MANIFEST matches what is asked; each module loaded, ldd -r clean
@@ -47,10 +49,13 @@ def test_gpu_kit_dry_run():
     assert {load["name"] for load in prebuilt["loads"]} == set(docs["kit"]["kit_prebuilt"])
     assert all(load["ok"] and load["ldd_problems"] == [] for load in prebuilt["loads"])
     assert docs["flashinfer_ready"]["sources"]["checked"] is True  # nvcc found every header in the trimmed tree
-    for bench in ("bench_gpu_headline", "bench_gpu_backends"):
+    for bench in ("bench_gpu_headline", "bench_gpu_cadence", "bench_gpu_backends", "bench_gpu_overlap"):
         assert docs[bench]["results"]["skipped"] is False and docs[bench]["results"]["section_s"]
+        assert not docs[bench]["results"].get("errors")
     assert docs["bench_gpu_headline"]["results"]["official"]["skipped"] is False  # 256x256: a pipeline canvas
     head = summary["headline"]
     assert head["parity"]["ok"] is True and head["bench"]["sections_done"] == ["windows", "sessions", "official"]
     assert all(w["timed_windows"] == 2 for w in head["bench"]["windows"])
     assert all(s["one_forward_of_n"] for s in head["bench"]["sessions"])
+    assert head["cadence"]["timed_windows"] >= 16 and head["smoke"]["ok"] is True
+    assert head["parity_diffusers"]["ok"] is True and summary["device_name"] == "cpu"

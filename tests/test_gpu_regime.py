@@ -246,6 +246,12 @@ def _emulated_graphs(model, monkeypatch):
     return cache
 
 
+def graph_replays(steps: list, num_steps: int) -> int:
+    """Replays a rollout's denoise steps take: one per denoise step of every GROUP a model step ran (each group is
+    its own forward), counted from the results' `shared_by` (a group of k gives k results, each shared by k)."""
+    return sum(round(sum(1 / r.timings.shared_by for r in results)) for results in steps) * num_steps
+
+
 GRAPH_LATENTS_ATOL = 1e-6
 """Graph replay vs eager (docs/exactness.md): padded keys get exactly zero weight, but the graph's sdpa call has a
 mask, a longer key row and a KV head's query heads folded into its query length, so its sums run in another order
@@ -276,6 +282,21 @@ def test_graphs_are_captured_once_per_geometry_and_batch_and_replayed_after(chec
     assert len(keys) == 12 and len(set(keys[1:])) == 1
     assert cache.captures == len(cache) == 2  # the first window's geometry, then one for every later window
     assert sum(g.replays for g in cache._graphs.values()) == 12 * 3  # every denoise step of every window
+    model.close_all()
+    assert len(cache) == 0
+
+
+def test_graph_replays_count_per_group_when_decodes_overlap(checkpoint, monkeypatch):
+    """CUDA's default regime on a CPU (capture mocked, `overlap_decode` on): two decoding sessions run as two
+    groups of one, each its own forward, so 12 windows of 6 steps replay 12 x 2 x 6 = 144 times, not 12 x 6 (what
+    `test_cuda_graph_replay_equals_eager_steps` once asserted); both groups share the two captured geometries."""
+    kwargs = dict(device="cpu", height=32, width=32, page_size=3, overlap_decode=True)
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs)
+    cache = _emulated_graphs(model, monkeypatch)
+    steps = _rollout(model, windows=12, num_steps=6)
+    assert all([r.timings.shared_by for r in results] == [1, 1] for results in steps)  # split: two groups
+    assert cache.captures == 2
+    assert sum(g.replays for g in cache._graphs.values()) == graph_replays(steps, 6) == 144
     model.close_all()
     assert len(cache) == 0
 
@@ -330,6 +351,7 @@ def test_cuda_graph_replay_equals_eager_steps(checkpoint):
         for x, y in zip(a, b):
             torch.testing.assert_close(y.latents, x.latents, atol=1e-2, rtol=0)  # bf16: masked vs unmasked kernels
     graphs = model.runner.ctx.graphs
-    assert graphs.captures == 2 and sum(g.replays for g in graphs._graphs.values()) == 12 * 6
+    # per group: CUDA overlaps decodes, so the two decoding sessions are two groups (12 x 2 x 6 = 144 replays)
+    assert graphs.captures == 2 and sum(g.replays for g in graphs._graphs.values()) == graph_replays(graphed, 6)
     model.close_all()
     assert len(graphs) == 0

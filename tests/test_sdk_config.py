@@ -66,7 +66,7 @@ def base() -> dict:
         ("cache", "cpu_offload_pages", -2, "cache.cpu_offload_pages = -2"),
         ("env", "max_windows", 0, "env.max_windows = 0: must be >= 1"),
         ("env", "prompt", "  ", "env.prompt = '  ': must be a non-empty string"),
-        ("model", "device", "gpu", "model.device = 'gpu': must be one of 'auto', 'cpu', 'cuda', 'cuda:N'"),
+        ("model", "device", "gpu", "model.device = 'gpu': must be one of 'auto', 'cpu', 'cpu:N', 'cuda', 'cuda:N'"),
         ("model", "attention_backend", "xformers", "model.attention_backend = 'xformers'"),
         ("model", "dtype", "float64", "model.dtype = 'float64'"),
     ],

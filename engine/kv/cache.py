@@ -15,6 +15,7 @@ import dataclasses
 
 import torch
 from worldstep.engine.checks import check_int
+from worldstep.engine.devices import canonical_device
 from worldstep.engine.kv.locking import locked
 from worldstep.engine.kv.offload import Offload
 from worldstep.engine.kv.stream import PageTable, StreamKey, check_stream_key
@@ -35,7 +36,7 @@ class PagedKVCache(StreamTable):
         check_int("cpu_offload_pages", cpu_offload_pages, 0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype!r} is invalid; allowed: a floating torch.dtype")
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.kv = torch.zeros(num_layers, num_pages, 2, page_size, num_kv_heads, head_dim, dtype=dtype,
                               device=self.device)
         self.offload = Offload(self.kv, cpu_offload_pages)

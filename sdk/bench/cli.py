@@ -94,7 +94,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         path = result.write_json(args.json)
         print(f"\nfigures written to {path}")
-    return 0
+    return 1 if isinstance(result.results, dict) and result.results.get("errors") else 0  # a section failed
 
 
 def format_result(result: BenchResult) -> str:

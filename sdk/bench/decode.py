@@ -22,6 +22,7 @@ from statistics import median
 from typing import Any
 
 import torch
+from worldstep.engine.devices import canonical_device
 
 from .machine import describe_machine
 from .measure import ratio
@@ -63,7 +64,7 @@ def run_decode(settings: DecodeSettings, progress: Progress) -> BenchResult:
 
     result = BenchResult("decode", describe_machine(), settings=vars(settings).copy())
     vae = build_bench_vae(settings.base_dim)
-    norm = LatentNorm.from_vae(vae, torch.device("cpu"), torch.float32)
+    norm = LatentNorm.from_vae(vae, canonical_device("cpu"), torch.float32)
     rows = []
     for w in settings.window_latents:
         progress(f"{w} latents/window: {settings.timed_windows} timed windows, warm | stateless | whole clip")

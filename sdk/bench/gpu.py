@@ -15,9 +15,15 @@ float32 as `load()` builds it today), and run at 832x480 with 16-action windows.
 - ``backends``: ms per denoise step with sdpa and with flashinfer on the same modules (decode off).
 - ``overlap``: N decoding sessions as one forward of N vs two halves with one half's decode overlapped
   (`gpu_overlap.py`): whether the engine's decode overlap pays on this GPU.
+- ``cadence``: time to first frames, inter-window p50/p95 at full context, real-time factor at N = 1 and
+  aggregate at N = 8, MFU (`gpu_cadence.py`).
 
-Figures of each finished section go to `--partial-json` at once, so a run cut short keeps them. Without
-CUDA it prints why and exits 0 (`--allow-cpu` runs the same code on the CPU, for tests with `--arch tiny`).
+Each section runs on its own: before it starts, its memory plan (`gpu_memory.py`) is checked against the
+device's free memory, and one that cannot fit is skipped with the reason (``skipped_sections``); one that
+fails has its error recorded (``errors``, exit status 1) and the next section still runs. Figures of each
+finished section go to `--partial-json` at once, so a run cut short keeps them. Every figure names its device
+(``device``, ``device_name``). Without CUDA it prints why and exits 0 (`--allow-cpu` runs the same code on the
+CPU, for tests with `--arch tiny`).
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import time
 from typing import Any
 
 import torch
+from worldstep.engine.devices import canonical_device
 
 from .archs import action_chunks, bench_arch
 from .flops import GenShape, forward_flops, peak_tflops
-from .gpu_model import edge_model, open_sessions, rows
+from .gpu_memory import fit_problem, measured_extra, section_plan, start_measuring
+from .gpu_model import MAX_WARM_UP, edge_model, fill_context, open_sessions, rows
 from .inmemory import build_components, parameter_count
 from .machine import describe_machine
 from .measure import median, ratio
@@ -37,7 +45,7 @@ from .progress import Progress
 from .results import BenchResult, Table
 from .settings import GpuSettings
 
-SECTIONS = ("windows", "sessions", "official", "backends", "overlap")
+SECTIONS = ("windows", "sessions", "official", "backends", "overlap", "cadence")
 VAE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -49,7 +57,7 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
         result.results = {"skipped": True, "reason": reason}
         result.notes.append(reason)
         return result
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = canonical_device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     arch = bench_arch(settings.arch)
     progress(f"building {arch.name} with random {_name(dtype)} weights on {device} (VAE {settings.vae_dtype})")
@@ -58,7 +66,8 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
                        width=settings.width)
     peak = settings.peak_tflops or (peak_tflops(result.machine.get("gpu", "")) if device.type == "cuda" else None)
     result.results = {
-        "skipped": False, "arch": arch.name, "device": str(device), "dtype": _name(dtype),
+        "skipped": False, "arch": arch.name, "device": str(device), "device_name": _device_name(device),
+        "dtype": _name(dtype),
         "vae_dtype": settings.vae_dtype, "attention_backend": model.backend.value, "height": model.spec.height,
         "width": model.spec.width, "chunk_size": arch.chunk_size, "fps": model.spec.fps,
         "tokens_per_frame": model.spec.tokens_per_frame, "peak_tflops": peak,
@@ -72,34 +81,66 @@ def run_gpu(settings: GpuSettings, progress: Progress) -> BenchResult:
     for section in settings.sections:
         progress(f"section {section}")
         start = time.perf_counter()
-        if section == "windows":
-            result.results["runs"] = []
-            for steps in settings.steps:
-                for guidance in settings.guidance:
-                    result.results["runs"].append(_measure(model, arch, settings, steps, guidance, peak, progress))
-                    checkpoint()
-            result.tables.append(_table(result.results))
-        elif section == "sessions":
-            from .gpu_sessions import measure_sessions, sessions_table
-
-            result.results["sessions"] = measure_sessions(model, arch, settings, progress)
-            result.tables.append(sessions_table(result.results))
-        elif section == "official":
-            from .gpu_official import measure_official, official_table
-
-            result.results["official"] = measure_official(components, model, arch, settings, progress)
-            result.tables.append(official_table(result.results))
-        elif section == "overlap":
-            from .gpu_overlap import measure_overlap, overlap_table
-
-            result.results["overlap"] = measure_overlap(components, model, arch, settings, progress)
-            result.tables.append(overlap_table(result.results))
-        else:
-            result.results["backends"] = _measure_backends(components, arch, settings, device, progress)
-            result.tables.append(_backends_table(result.results))
+        plan = result.results.setdefault("memory", {})[section] = section_plan(section, model, settings)
+        problem = fit_problem(plan, device)
+        if problem is not None:
+            result.results.setdefault("skipped_sections", {})[section] = problem
+            result.notes.append(f"section {section} {problem}")
+            checkpoint()
+            continue
+        before = start_measuring(device)
+        try:
+            _run_section(section, result, components, model, arch, settings, device, peak, progress, checkpoint)
+        except Exception as err:  # noqa: BLE001 - a failed section is recorded and the next one still runs
+            message = f"{type(err).__name__}: {err}"[:2000]
+            result.results.setdefault("errors", {})[section] = message
+            result.notes.append(f"section {section} failed: {message.splitlines()[0]}")
+            progress(f"section {section} failed: {message.splitlines()[0]}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # what the failed section held goes back before the next one
+        plan["measured_extra_bytes"] = measured_extra(device, before)
         result.results.setdefault("section_s", {})[section] = round(time.perf_counter() - start, 1)
         checkpoint()
     return result
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _run_section(section: str, result: BenchResult, components, model, arch, settings: GpuSettings,
+                 device: torch.device, peak: float | None, progress: Progress, checkpoint) -> None:
+    """One section's figures into ``result`` (a table too)."""
+    if section == "windows":
+        result.results["runs"] = []
+        for steps in settings.steps:
+            for guidance in settings.guidance:
+                result.results["runs"].append(_measure(model, arch, settings, steps, guidance, peak, progress))
+                checkpoint()
+        result.tables.append(_table(result.results))
+    elif section == "sessions":
+        from .gpu_sessions import measure_sessions, sessions_table
+
+        result.results["sessions"] = measure_sessions(model, arch, settings, progress)
+        result.tables.append(sessions_table(result.results))
+    elif section == "official":
+        from .gpu_official import measure_official, official_table
+
+        result.results["official"] = measure_official(components, model, arch, settings, progress)
+        result.tables.append(official_table(result.results))
+    elif section == "overlap":
+        from .gpu_overlap import measure_overlap, overlap_table
+
+        result.results["overlap"] = measure_overlap(components, model, arch, settings, progress)
+        result.tables.append(overlap_table(result.results))
+    elif section == "cadence":
+        from .gpu_cadence import cadence_table, measure_cadence
+
+        result.results["cadence"] = measure_cadence(model, arch, settings, peak, progress)
+        result.tables.append(cadence_table(result.results))
+    else:
+        result.results["backends"] = _measure_backends(components, arch, settings, device, progress)
+        result.tables.append(_backends_table(result.results))
 
 
 def _check(settings: GpuSettings) -> None:
@@ -158,21 +199,6 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
     }
 
 
-MAX_WARM_UP = 12  # windows; Edge's 8-frame context is full after 2, the tiny arch's after 8
-
-
-def fill_context(model, session, chunks) -> dict[str, Any]:
-    """Step warm-up windows until the context holds all it keeps (the commit released pages behind the
-    horizon), so every timed window attends to the same context length; at least one window (it warms
-    kernels, allocators and the decoder cache) and at most `MAX_WARM_UP`."""
-    main = session.keys[0]
-    for count in range(1, MAX_WARM_UP + 1):
-        model.step([session], [next(chunks)])
-        if model.kv.page_table(main).released_tokens > 0:
-            return {"windows": count, "full": True}
-    return {"windows": MAX_WARM_UP, "full": False}
-
-
 def _table(f: dict[str, Any]) -> Table:
     peak = f"peak {f['peak_tflops']:g} TFLOP/s" if f["peak_tflops"] else "peak unknown (--peak-tflops)"
     table = Table(
@@ -196,16 +222,19 @@ def _table(f: dict[str, Any]) -> Table:
 def _measure_backends(components, arch, settings: GpuSettings, device: torch.device,
                       progress: Progress) -> dict[str, Any]:
     """ms per denoise step, decode off, with each attention backend over the same modules and inputs."""
-    from worldstep.engine.attention import AttentionBackendName, resolve_backend
+    from worldstep.engine.attention import AttentionBackendName, flashinfer_problems
     from worldstep.engine.models.cosmos3 import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps, context_frames=8,
                          decode=False)
     counts = sorted({1, max(settings.sessions)})
     out: dict[str, Any] = {"num_steps": knobs.num_steps, "counts": counts, "ms_per_denoise_step": {}}
+    config = components.transformer.config
+    dtype = next(components.transformer.parameters()).dtype
     for backend in (AttentionBackendName.SDPA, AttentionBackendName.FLASHINFER):
-        if resolve_backend("auto", device) is not AttentionBackendName.FLASHINFER and backend.value == "flashinfer":
-            out["flashinfer_note"] = "not run: flashinfer needs CUDA and the flashinfer package"
+        problems = flashinfer_problems(device, dtype, config.head_dim) if backend.value == "flashinfer" else []
+        if problems:  # flashinfer only where its kernels load; the figures say why not
+            out["flashinfer_note"] = f"flashinfer not run: {'; '.join(problems)}"
             continue
         model = edge_model(components, arch, device, backend.value, height=settings.height, width=settings.width)
         per_count = {}

@@ -1,4 +1,5 @@
-"""The few engine calls the GPU bench and the GPU checks make: a model over in-memory modules, sessions, rows.
+"""The few engine calls the GPU bench and the GPU checks make: a model over in-memory modules, sessions, rows,
+warm-up to full context.
 
 Several models may share one set of modules (`Cosmos3Components`), each with its own KV pool and attention
 backend: that is how the bench and `tests/gpu/check_cosmos3_backends.py` compare backends on identical
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -63,3 +65,18 @@ def rows(model, sessions: list) -> list[tuple[int, int]]:
         q = session.plan.units * model.spec.tokens_per_frame + session.knobs.chunk_size  # the next window's tokens
         out += [(q, model.kv.page_table(key).seq_len + q) for key in session.keys]
     return out
+
+
+MAX_WARM_UP = 12  # windows; Edge's 8-frame context is full after 2, the tiny arch's after 8
+
+
+def fill_context(model, session, chunks) -> dict[str, Any]:
+    """Step warm-up windows until the context holds all it keeps (the commit released pages behind the
+    horizon), so every timed window attends to the same context length; at least one window (it warms
+    kernels, allocators and the decoder cache) and at most `MAX_WARM_UP`."""
+    main = session.keys[0]
+    for count in range(1, MAX_WARM_UP + 1):
+        model.step([session], [next(chunks)])
+        if model.kv.page_table(main).released_tokens > 0:
+            return {"windows": count, "full": True}
+    return {"windows": MAX_WARM_UP, "full": False}

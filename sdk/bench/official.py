@@ -74,7 +74,7 @@ class OfficialRecipe:
         self.frame = np.asarray(image, dtype=np.uint8)
         self.prompt, self.chunk_size, self.num_steps = prompt, chunk_size, num_steps
         self.generator = torch.Generator().manual_seed(seed)
-        self.tier = _tier(self.frame.shape[0], self.frame.shape[1])
+        self.tier = canvas_tier(self.frame.shape[0], self.frame.shape[1])
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, dict[str, tuple[float, float]]]:
         """One chunk: the chunk's `chunk_size` new frames, uint8 `[T, H, W, 3]`, and its (wall, CPU) seconds in
@@ -116,7 +116,7 @@ def pipeline_from_components(components):
     )
 
 
-def _tier(height: int, width: int) -> int:
+def canvas_tier(height: int, width: int) -> int:
     """The resolution tier whose canvas is exactly `height` x `width`.
 
     Any other frame size would be padded up to a canvas by the pipeline, and the baseline would do

@@ -63,7 +63,7 @@ class SoakSettings:
 @dataclass
 class GpuSettings:
     arch: str = flag("architecture (edge: Cosmos3-Edge at full size)", default="edge")
-    sections: list[str] = flag("what to measure, in order: windows, sessions, official, backends, overlap",
+    sections: list[str] = flag("what to measure, in order: windows, sessions, official, backends, overlap, cadence",
                                 default_factory=lambda: ["windows", "sessions", "official", "backends"])
     attention_backend: str = flag("attention backend of the windows/sessions/official sections: auto, sdpa, "
                                    "flashinfer", default="auto")
@@ -76,6 +76,7 @@ class GpuSettings:
     context_frames: int = flag("committed latent frames kept in context (windows section; timed at full context)",
                                 default=8)
     official_steps: int = flag("denoise steps of the official-recipe comparison", default=4)
+    cadence_windows: int = flag("timed windows of the cadence section (at least 16, at full context)", default=16)
     height: int | None = flag("frame height (default: the arch's, 480 for edge)", default=None)
     width: int | None = flag("frame width (default: the arch's, 832 for edge)", default=None)
     windows: int = flag("measured windows per setting (windows section: at full context, after warm-up windows "

@@ -65,7 +65,7 @@ echo "== stand-ins: ${SPECS[*]} as cp311 builds; $TORCH_SPEC (CPU) for torch 2.1
 # --- the GPU run's script, on the CPU, at tiny size
 rc=0
 BASE_PY=$IMAGE/bin/python GPU_KIT=$DKIT OUT=$DRY/out WORK=$DRY/work GPU_CHECK_BUDGET_S=${GPU_CHECK_BUDGET_S:-3600} \
-  GPU_CHECK_TIME_SCALE=${GPU_CHECK_TIME_SCALE:-6} \
+  GPU_CHECK_TIME_SCALE=${GPU_CHECK_TIME_SCALE:-10} \
   tests/gpu/run_gpu_checks.sh --device cpu --tiny || rc=$?
 echo "dry run: $([ $rc = 0 ] && echo ok || echo FAILED) in $(($(date +%s) - START))s; figures in $DRY/out"
 exit $rc

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from worldstep.engine.devices import canonical_device
 
 
 def parse_args(description: str, argv: list[str] | None = None, extra=None) -> argparse.Namespace:
@@ -31,11 +32,13 @@ def parse_args(description: str, argv: list[str] | None = None, extra=None) -> a
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device | None:
-    """The device to run on, or None (after saying why) when CUDA was asked for and is not there."""
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("CUDA is not available: nothing checked (use --device cpu for the dry run)", file=sys.stderr)
+    """The device to run on (canonical: ``cuda:<current>``), or None (after saying why) when CUDA was asked for
+    and is not there."""
+    try:
+        return canonical_device(args.device, name="--device")
+    except ValueError as err:
+        print(f"{err}: nothing checked (use --device cpu for the dry run)", file=sys.stderr)
         return None
-    return torch.device(args.device)
 
 
 def write(out: str | os.PathLike, name: str, doc: dict[str, Any]) -> Path:
@@ -65,7 +68,7 @@ class Timer:
     """Wall seconds of a block, synchronising CUDA around it so queued kernels are counted."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        self.device = canonical_device(device)
         self.seconds = 0.0
 
     def __enter__(self) -> Timer:

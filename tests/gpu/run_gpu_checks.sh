@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks in ONE run of at most 8 minutes, kit install included, on a bare, offline H100/H200 machine
-# (`make gpu-check`). The headline figures come first:
+# The GPU checks in ONE run of at most 8 minutes, kit install included, on a bare, offline H100 80 GB or H200
+# 141 GB machine (`make gpu-check`; the same script, unchanged, on either). A tiny smoke first, then the
+# headline figures:
 #   setup             a venv over the image's python3 (--system-site-packages), the kit's wheels installed
 #                     offline (--no-index --no-deps), worldstep from this checkout (--no-deps)
+#   smoke             check_smoke.py: worldstep/Tiny-v0 on CUDA with sdpa and flashinfer (where its kernels
+#                     load): reset, a step, a fork, a close, every page back; seconds
 #   kit               versions; the kit's MANIFEST against what flashinfer_modules.py asks for; every
 #                     prebuilt module through `ldd -r` and `tvm_ffi.load_module` (check_kit.py)
 #   flashinfer_ready  one Edge-shaped flashinfer batch loads the prebuilt modules; FLASHINFER_DISABLE_JIT=1,
@@ -11,22 +14,29 @@
 #   bench_headline    headline: `bench gpu` windows at full context (>= 5 timed windows at one context
 #                     length: ms per window, MFU, real-time factor), sessions 1/4/8 (one forward of N:
 #                     throughput, memory), the official recipe side by side
+#   bench_cadence     `bench gpu` cadence: time to first frames, inter-window p50/p95 over 16 windows at full
+#                     context, real-time factor at N = 1 and aggregate at N = 8, MFU
+#   parity_diffusers  check_parity_diffusers.py: one Edge-geometry bf16 window vs diffusers' Cosmos3 forward
 #   gpu_tests         the `gpu`-marked tests: CUDA graphs captured once and replayed equal eager; a window's
 #                     denoise loop under set_sync_debug_mode("error"); 8 sessions with decode overlap equal
-#                     the same decoded in turn, frame for frame; flashinfer equals sdpa
+#                     the same decoded in turn, frame for frame
 #   cosmos3_backends  check_cosmos3_backends.py: Edge windows and a rollout, flashinfer vs sdpa
-#   bench_backends    `bench gpu` backends: ms per denoise step, sdpa next to flashinfer; overlap: N decoding
-#                     sessions as one forward of N vs two halves with the decode overlapped (does it pay?)
-# Every figure is JSON under $OUT; summary.json (headline figures, then each step's exit code, seconds and
-# limit) is rewritten after EVERY step, so a run cut short returns what finished; logs/ holds the output.
-# A failed step makes the exit status 1 and the later steps still run; a step that would start past the
-# run's budget is skipped and named in summary.json.
+#   bench_backends    `bench gpu` backends: ms per denoise step, sdpa next to flashinfer (where it loads)
+#   bench_overlap     `bench gpu` overlap: N decoding sessions as one forward of N vs two halves with the
+#                     decode overlapped (does it pay?); its own step, so a backends failure cannot take it
+# Every step writes its own JSON under $OUT; summary.json (headline figures, then each step's exit code,
+# seconds, limit and error) is rewritten after EVERY step, so a run cut short returns what finished; logs/
+# holds the output. A failed step makes the exit status 1 and the later steps still run; a step that would
+# start past the run's budget, or whose memory plan (PLAN_GIB) exceeds the device's free memory, is skipped
+# and named in summary.json with the reason. The limits (LIMIT) add up to the budget (tests/gpu/README.md).
 #
 # Usage: tests/gpu/run_gpu_checks.sh [--device cpu --tiny]     (the CPU form is the kit's dry run)
 # Env:   BASE_PY  python to build the venv over (python3)     GPU_KIT  the kit folder (gpukit)
 #        OUT      figures (runs/gpu)                           GPU_CHECK_BUDGET_S  whole run (460)
 #        WORK     venv, JIT cache, checkpoints (${TMPDIR:-/tmp}/worldstep-gpu)
 #        GPU_CHECK_TIME_SCALE  multiplies every step's limit (1; the dry run on a CPU uses more)
+#        GPU_CHECK_INJECT  a step whose command is replaced by a failure (the dry run's proof that the later
+#                          steps still report), e.g. flashinfer_ready
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=cuda
@@ -47,6 +57,14 @@ fi
 OUT=$(mkdir -p "${OUT:-runs/gpu}" && realpath "${OUT:-runs/gpu}")
 WORK=$(mkdir -p "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}" && realpath "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}")
 BUDGET=${GPU_CHECK_BUDGET_S:-460}  # 8 minutes less the kill grace of the last step
+# Each step's limit in seconds: they add up to the 460 s budget (tests/gpu/README.md's table; a test checks)
+declare -A LIMIT=([setup]=75 [smoke]=20 [kit]=20 [flashinfer_ready]=20 [attention]=20 [bench_headline]=140
+                  [bench_cadence]=40 [parity_diffusers]=25 [gpu_tests]=40 [cosmos3_backends]=20 [bench_backends]=20
+                  [bench_overlap]=20)
+# Each step's device memory plan in GiB (reasoned: Edge bf16 weights ~8, the KV pool ~1, a decoding 480p
+# session ~4-6): checked against the device's free memory before the step starts; H100 80 GB fits them all
+declare -A PLAN_GIB=([smoke]=2 [flashinfer_ready]=2 [attention]=4 [bench_headline]=60 [bench_cadence]=60
+                     [parity_diffusers]=40 [gpu_tests]=8 [cosmos3_backends]=30 [bench_backends]=40 [bench_overlap]=60)
 T0=$(date +%s)
 STATUS=0
 mkdir -p "$OUT/logs" "$WORK"
@@ -79,7 +97,7 @@ setup() {
 }
 export BASE_PY KIT WORK VENV PY
 export -f setup
-step setup 90 bash -c setup
+run setup bash -c setup
 
 # --- the environment every later step shares -------------------------------------------------------
 export PATH="$VENV/bin:$PATH"  # ninja (kit) for flashinfer's JIT builds
@@ -89,6 +107,7 @@ export FLASHINFER_WORKSPACE_BASE=$WORK/flashinfer  # ONE JIT cache: a module com
 export FLASHINFER_JIT_BUILD_LOG=$OUT/flashinfer_jit_builds.jsonl
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export TVM_FFI_DISABLE_TORCH_C_DLPACK=1  # tvm-ffi would JIT-build a torch DLPack addon on torch 2.11 otherwise
 if [ ! -e "$CUDA_HOME/include/curand_kernel.h" ] && [ ! -e "$CUDA_HOME/targets/x86_64-linux/include/curand_kernel.h" ]; then
   export FLASHINFER_EXTRA_CUDAFLAGS="-isystem $KIT/cuda-include"  # CUTLASS includes curand_kernel.h
 fi
@@ -99,14 +118,13 @@ CHECK=(--device "$DEVICE" "${TINY[@]}" --out "$OUT")
 BENCH=("$PY" -m worldstep.bench gpu)
 FLASHINFER_BACKEND=flashinfer
 TIMED_WINDOWS=5  # per setting, all at full context (one context length)
-READY_LIMIT=45  # loading the prebuilt modules takes seconds (JIT disabled)
 if [ "$DEVICE" = cpu ]; then
   export FLASHINFER_CUDA_ARCH_LIST=9.0a  # no GPU to ask: name the H200's arch
   BENCH+=(--arch tiny --allow-cpu --height 256 --width 256 --steps 1 --guidance 1,2 --session-steps 1 --context-frames 2
           --official-steps 1)
   SESSIONS=1,2
   TIMED_WINDOWS=2
-  READY_LIMIT=240  # on a CPU: nvcc's preprocessor over every module source instead
+  LIMIT[flashinfer_ready]=240  # on a CPU: nvcc's preprocessor over every module source instead
   FLASHINFER_BACKEND=auto  # sdpa on a CPU: the same code path
 fi
 
@@ -115,21 +133,27 @@ if grep -q '"sha256"' "$KIT/MANIFEST.json"; then
   export FLASHINFER_DISABLE_JIT=${FLASHINFER_DISABLE_JIT:-1}
 fi
 
-step kit 45 "$PY" tests/gpu/check_kit.py "${CHECK[@]}"
-step flashinfer_ready "$READY_LIMIT" "$PY" tests/gpu/check_kit.py "${CHECK[@]}" --ready
+run smoke "$PY" tests/gpu/check_smoke.py "${CHECK[@]}"
+run kit "$PY" tests/gpu/check_kit.py "${CHECK[@]}"
+run flashinfer_ready "$PY" tests/gpu/check_kit.py "${CHECK[@]}" --ready
 HEADLINE_BACKEND=$FLASHINFER_BACKEND
 if ((LAST_RC != 0)); then
   HEADLINE_BACKEND=sdpa  # flashinfer did not load: the headline figures on sdpa rather than none
 fi
-step attention 45 "$PY" tests/gpu/check_attention.py "${CHECK[@]}"
-step bench_headline 180 "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" \
+run attention "$PY" tests/gpu/check_attention.py "${CHECK[@]}"
+run bench_headline "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" \
   --sections windows,sessions,official --sessions "${SESSIONS:-1,4,8}" --windows "$TIMED_WINDOWS" \
   --json "$OUT/bench_gpu_headline.json" --partial-json "$OUT/bench_gpu_headline.json"
-step gpu_tests 90 "$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_gpu_regime.py \
-  tests/test_stream_handover.py tests/test_attention.py --junitxml "$OUT/gpu_tests.xml"
-step cosmos3_backends 90 "$PY" tests/gpu/check_cosmos3_backends.py "${CHECK[@]}"
-step bench_backends 90 "${BENCH[@]}" --attention-backend sdpa --sections backends,overlap --sessions "${SESSIONS:-1,8}" \
+run bench_cadence "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections cadence \
+  --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_cadence.json" --partial-json "$OUT/bench_gpu_cadence.json"
+run parity_diffusers "$PY" tests/gpu/check_parity_diffusers.py "${CHECK[@]}"
+run gpu_tests "$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_gpu_regime.py \
+  tests/test_stream_handover.py --junitxml "$OUT/gpu_tests.xml"
+run cosmos3_backends "$PY" tests/gpu/check_cosmos3_backends.py "${CHECK[@]}"
+run bench_backends "${BENCH[@]}" --attention-backend sdpa --sections backends --sessions "${SESSIONS:-1,8}" \
   --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_backends.json" --partial-json "$OUT/bench_gpu_backends.json"
+run bench_overlap "${BENCH[@]}" --attention-backend sdpa --sections overlap --sessions "${SESSIONS:-1,8}" \
+  --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_overlap.json" --partial-json "$OUT/bench_gpu_overlap.json"
 
 summarize --final
 exit $STATUS

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ...devices import canonical_device
 from .spec import ModelSpec
 
 _REQUIRED = ("transformer", "vae", "scheduler", "text_tokenizer")
@@ -36,8 +37,8 @@ class Cosmos3Components:
 def resolve_device(device: str | torch.device) -> torch.device:
     """``auto``: CUDA when there is one, else the CPU."""
     if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        return canonical_device("cuda" if torch.cuda.is_available() else "cpu")
+    return canonical_device(device)
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:
@@ -83,7 +84,7 @@ def _check_layout(folder: Path) -> None:
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """bf16 on CUDA (what Cosmos3 is trained and served in), fp32 elsewhere."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return torch.bfloat16 if canonical_device(device).type == "cuda" else torch.float32
 
 
 def load_components(

@@ -13,6 +13,7 @@ import torch
 
 from ...attention import AttentionBackendName, resolve_backend
 from ...checks import check_actions, check_image, check_prompt
+from ...devices import canonical_device
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamKey, StreamLabel
 from ...lanes import DecodeLane
@@ -35,7 +36,7 @@ from .window import WindowContext
 class Cosmos3WorldModel:
     """Cosmos3 forward dynamics behind sessions: `open_session`, `step`, `fork`, `close`."""
 
-    def __init__(self, components: Cosmos3Components, *, device: torch.device, num_pages: int = 512,
+    def __init__(self, components: Cosmos3Components, *, device: str | torch.device, num_pages: int = 512,
                  page_size: int = 16, cpu_offload_pages: int = 0, attention_backend: str = "auto",
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
                  width: int | None = None, fps: float | None = None, name: str | None = None,
@@ -45,7 +46,8 @@ class Cosmos3WorldModel:
         None: on for CUDA, off on a CPU (where nothing can overlap).
         ``cuda_graphs``: replay denoise steps from CUDA graphs, one per (window geometry, batch) (CUDA, sdpa)."""
         self.components = components
-        self.transformer, self.vae, self.device = components.transformer, components.vae, device
+        self.device = device = canonical_device(device)
+        self.transformer, self.vae = components.transformer, components.vae
         self.dtype = next(self.transformer.parameters()).dtype
         self.spec = model_spec(components, height=height, width=width, fps=fps, name=name)
         self.embodiments = folder_registry(components.path, self.spec.num_domains)  # names this checkpoint takes
