@@ -11,7 +11,7 @@ from worldstep.engine.settings import ConfigError
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from worldstep.train.loop import architectures
+    from worldstep.train.pusher import architectures
 
     t_arch, v_arch = architectures(small=True)
     t_arch = {k: v for k, v in t_arch.items() if k != "dtype"}

@@ -199,7 +199,7 @@ def test_a_checkpoint_may_add_embodiments_next_to_the_builtins():
 
 
 def test_the_shipped_pusher_json_matches_what_training_writes():
-    from worldstep.train.loop import EMBODIMENT
+    from worldstep.train.pusher import EMBODIMENT
 
     meta = json.loads((PUSHER / "worldstep.json").read_text())
     assert meta["embodiments"] == [EMBODIMENT] and meta["builtin_embodiments"] is False

@@ -113,8 +113,8 @@ def test_outcome_table_needs_every_episode():
 
 
 def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
+    from worldstep.train.args import TrainArgs
     from worldstep.train.data import generate_clips, mixture_seeds
-    from worldstep.train.loop import TrainArgs
 
     assert split_range("validation") is VALIDATION and split_range("test") is SEALED_TEST
     with pytest.raises(ValueError, match="split"):

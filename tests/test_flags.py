@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from worldstep.flags import add_flags, flag, parse_flags, positive_int
-from worldstep.train.loop import STRETCH_ARGS, TrainArgs, check_resume_args, parse_args, start_log
+from worldstep.train.args import STRETCH_ARGS, TrainArgs, check_resume_args, parse_args
+from worldstep.train.loop import start_log
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "pusher5_args.json"  # args.json of a run started before
@@ -23,7 +24,9 @@ TRAIN_FLAGS = ("--out", "--budget-minutes", "--seed", "--resume", "--num-clips",
                "--dyn-batch", "--dyn-lr", "--ema", "--context-noise", "--own-context-share", "--moving-weight",
                "--vae-latent-noise", "--ckpt-every", "--encode-clips", "--log-every", "--vae-steps", "--dyn-steps",
                "--threads", "--dagger-clips", "--dagger-checkpoint", "--stop-after-minutes", "--small", "--vae-init",
-               "--export-only")
+               "--init-from", "--own-windows", "--own-rollouts", "--context-level", "--refresh-every", "--export-only")
+# flags added after the fixture's run started (the self-forcing phase); their defaults compute what it computed
+ADDED_SINCE = ("init_from", "own_windows", "own_rollouts", "context_level", "refresh_every")
 # every flag of the `worldstep` subcommands as spelled before they were generated from dataclasses
 MODEL = ("--config", "--device", "--env", "--set")
 VIEW = ("--rerun", "--rerun-save", "--rerun-serve")
@@ -87,7 +90,9 @@ def test_train_flags_keep_their_spelling_and_defaults():
     spelled = {s for action in parser._actions for s in action.option_strings if not s.startswith("--no-")}
     assert spelled - {"-h", "--help"} == set(TRAIN_FLAGS)
     saved = json.loads(FIXTURE.read_text())
-    assert list(saved) == [f.name for f in dataclasses.fields(TrainArgs)]  # args.json's fields, in order
+    fields = [f.name for f in dataclasses.fields(TrainArgs)]
+    assert list(saved) == [f for f in fields if f not in ADDED_SINCE]  # args.json's fields, in order
+    assert check_resume_args(parse_args(["--out", "runs/pusher5", "--stop-after-minutes", "145"]), saved) is None
     defaults = dataclasses.asdict(parse_args([]))
     # the run was started with --out runs/pusher5 --stop-after-minutes 145 and every other default
     assert {k: v for k, v in saved.items() if defaults[k] != v} == {"out": "runs/pusher5", "stop_after_minutes": 145.0}
@@ -156,9 +161,9 @@ def test_one_dataclass_to_flags_mechanism():
                and getattr(c.func, "attr", None) == "add_argument" for a in c.args if isinstance(a, ast.Constant)}
     assert by_hand == {"--version"}  # every other flag comes from a dataclass field
     # a module that declares a field twice, or turns fields into flags its own way, is caught
-    sources["sdk/train/loop.py"] += '\n\nparser.add_argument("--dyn-lr", type=float)\n'
+    sources["sdk/train/args.py"] += '\n\nparser.add_argument("--dyn-lr", type=float)\n'
     sources["sdk/bench/cli.py"] += ("\n\nfor f in dataclasses.fields(cls):\n"
                                     "    parser.add_argument('--' + f.name)\n")
     found = flag_declarations(sources)
-    assert found["sdk/train/loop.py"] == ["dyn_lr"]
+    assert found["sdk/train/args.py"] == ["dyn_lr"]
     assert found["sdk/bench/cli.py"] == ["dataclasses.fields -> add_argument"]

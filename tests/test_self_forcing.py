@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from worldstep.train import main
-from worldstep.train.loop import Stretch
+from worldstep.train.stretches import Stretch
 
 BASE = ["--small", "--num-clips", "12", "--windows", "2", "--context-frames", "1", "--vae-steps", "4",
         "--vae-batch", "1", "--dyn-steps", "6", "--dyn-batch", "2", "--log-every", "1", "--ckpt-every", "1000",
@@ -65,7 +65,7 @@ def test_own_latents_are_what_the_model_commits(base):
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.envs.push_sim import PushSimEnv
     from worldstep.train.dagger import model_loop
-    from worldstep.train.loop import DOMAIN_ID, PROMPT
+    from worldstep.train.pusher import DOMAIN_ID, PROMPT
 
     world = Cosmos3WorldModel.from_pretrained(base, device="cpu", page_size=4, num_pages=512)
     knobs = RolloutKnobs(num_steps=2, context_frames=1)
@@ -104,7 +104,7 @@ def test_a_fine_tune_in_stretches_equals_the_straight_one_bit_for_bit(base, tmp_
 
 
 def test_fine_tune_arguments_are_checked(tmp_path):
-    from worldstep.train.loop import parse_args
+    from worldstep.train.args import parse_args
 
     with pytest.raises(ValueError, match="init-from='nowhere'"):
         parse_args(["--init-from", "nowhere"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from worldstep.engine.models.cosmos3.runner import prefill_text
 from worldstep.train.dynamics import ClipLayout, DynamicsBatch, DynamicsModel, text_kv
-from worldstep.train.loop import architectures, make_transformer
+from worldstep.train.pusher import architectures, make_transformer
 
 
 def _model(windows: int, context_tokens: int | None = None) -> DynamicsModel:
@@ -87,7 +87,7 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.envs.push_sim import PushSimEnv
     from worldstep.train import main
-    from worldstep.train.loop import DOMAIN_ID, PROMPT
+    from worldstep.train.pusher import DOMAIN_ID, PROMPT
 
     out = tmp_path / "run"
     path = main(["--out", str(out), "--small", "--num-clips", "12", "--windows", "2", "--context-frames", "1",
@@ -124,7 +124,7 @@ def test_pusher_config_matches_training_architecture():
     from pathlib import Path
 
     import yaml
-    from worldstep.train.loop import TRANSFORMER_ARCH
+    from worldstep.train.pusher import TRANSFORMER_ARCH
     from worldstep.train.vae import VAE_ARCH
 
     config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "pusher.yaml").read_text())

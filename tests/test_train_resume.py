@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from worldstep.train import main
-from worldstep.train.loop import Stretch
+from worldstep.train.stretches import Stretch
 
 SMALL = ["--small", "--num-clips", "12", "--windows", "2", "--context-frames", "1", "--vae-steps", "4",
          "--vae-batch", "1", "--dyn-steps", "6", "--dyn-batch", "2", "--log-every", "1", "--ckpt-every", "1000",
@@ -61,7 +61,7 @@ def test_resume_refuses_changed_arguments_and_names_them(tmp_path, monkeypatch):
 
 
 def test_stretch_and_dagger_arguments_are_checked():
-    from worldstep.train.loop import parse_args
+    from worldstep.train.args import parse_args
 
     with pytest.raises(ValueError, match="stop-after-minutes=-1"):
         parse_args(["--stop-after-minutes", "-1"])

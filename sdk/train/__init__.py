@@ -6,6 +6,7 @@ writes a checkpoint in the diffusers layout that `Cosmos3WorldModel.from_pretrai
 
 from __future__ import annotations
 
-from .loop import TrainArgs, main
+from .args import TrainArgs
+from .loop import main
 
 __all__ = ["TrainArgs", "main"]

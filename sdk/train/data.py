@@ -230,3 +230,12 @@ def to_video_tensor(frames: np.ndarray):
 
     x = torch.from_numpy(np.ascontiguousarray(frames)).float() / 127.5 - 1.0
     return x.permute(0, 4, 1, 2, 3).contiguous()  # [B, 3, T, H, W]
+
+
+def clip_cells(clips: ClipSet, count: int, latent_hw: tuple[int, int]):
+    """`[count, T, h, w]` bool tensor: `moving_cells` of the first `count` clips at the latent grid."""
+    import torch
+
+    cell = SIZE // latent_hw[1]
+    return torch.from_numpy(np.stack([moving_cells(clips.starts[i], clips.actions[i], cell)
+                                      for i in range(count)]))

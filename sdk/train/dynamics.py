@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from worldstep.engine.models.cosmos3.layout import (
@@ -210,3 +211,18 @@ def noised_context(context: torch.Tensor, level: torch.Tensor, generator: torch.
     s = level.view(-1, 1, 1, 1, 1)
     out = (1 - s) * context + s * eps
     return torch.cat([context[:, :, :1], out[:, :, 1:]], dim=2)
+
+
+def dyn_batch(latents: torch.Tensor, actions: np.ndarray, idx: np.ndarray, action_dim: int,
+              gen: torch.Generator, windows: int, cells: torch.Tensor | None = None,
+              moving_weight: float = 0.0) -> DynamicsBatch:
+    """A batch of clips `idx`; with `cells` `[N, T, h, w]` (bool, `moving_cells`) the loss weighs the
+    cells the effector or block covers `1 + moving_weight`, the rest 1."""
+    z = latents[idx]
+    a = torch.zeros(len(idx), actions.shape[1], action_dim)
+    a[:, :, :2] = torch.from_numpy(actions[idx])
+    weights = None
+    if cells is not None and moving_weight > 0:
+        weights = 1.0 + moving_weight * cells[idx][:, None, 1:].float()  # [B, 1, T-1, h, w]
+    return DynamicsBatch(z, a, sample_sigmas(gen, (len(idx), windows)), torch.randn(z.shape, generator=gen),
+                         weights)

@@ -28,8 +28,10 @@ import torch
 from tqdm import tqdm
 
 from .dagger import model_loop
-from .data import ClipSet
-from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, noised_context
+from .data import ClipSet, clip_cells
+from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, dyn_batch, noised_context
+from .pusher import DOMAIN_ID, FPS, PROMPT, export_checkpoint, text_ids
+from .stretches import StretchEnded, cosine_lr, save_state
 from .vae import encode_clips
 
 HELD_OFFSET = 9_000  # DAgger-range offset of the held-out rollouts (rounds count up from ROUND_OFFSET)
@@ -91,8 +93,6 @@ def collect(checkpoint: str | Path, vae, seeds: list[int], windows: int, chunk: 
 def own_batch(data: OwnRollouts, idx: np.ndarray, action_dim: int, gen: torch.Generator, windows: int,
               cells: torch.Tensor | None, moving_weight: float) -> tuple[DynamicsBatch, torch.Tensor]:
     """(the batch on the replay's latents, the model's own latents of the same clips as context)."""
-    from .loop import dyn_batch  # the teacher-forced batch; loop imports this module lazily
-
     batch = dyn_batch(data.true, data.clips.actions, idx, action_dim, gen, windows, cells, moving_weight)
     return batch, data.own[idx]
 
@@ -150,8 +150,6 @@ class FineTune:
     @torch.no_grad()
     def held_loss(self, held: OwnRollouts) -> dict[str, float]:
         """The EMA model's loss on the held-out rollouts, with its own context and with the replay's."""
-        from .loop import dyn_batch
-
         g = torch.Generator().manual_seed(1234)
         idx = np.arange(len(held.own))
         batch = dyn_batch(held.true, held.clips.actions, idx, self.tr.config.action_dim, g,
@@ -165,17 +163,6 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
     from worldstep.fidelity.seeds import DAGGER
 
-    from .loop import (
-        DOMAIN_ID,
-        FPS,
-        PROMPT,
-        StretchEnded,
-        _save,
-        clip_cells,
-        cosine_lr,
-        export_checkpoint,
-        text_ids,
-    )
 
     init = Path(args.init_from)
     vae = AutoencoderKLWan.from_pretrained(init / "vae").eval().requires_grad_(False)
@@ -231,14 +218,14 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
             bar.set_postfix(loss=f"{loss:.4f}")
         stop = stretch.expired() and ft.step < args.dyn_steps
         if ft.step % args.ckpt_every == 0 or stop:
-            _save(state_path, ft.state())
+            save_state(state_path, ft.state())
         if ft.step % (5 * args.ckpt_every) == 0:
             log.write(phase="self_forcing", step=ft.step, **ft.held_loss(held), time=time.time())
         if stop:
             log.write(phase="self_forcing", event="stretch_end", step=ft.step, time=time.time())
             raise StretchEnded(f"self-forcing step {ft.step}")
     bar.close()
-    _save(state_path, ft.state())
+    save_state(state_path, ft.state())
     log.write(phase="self_forcing", event="done", **ft.held_loss(held), time=time.time())
     return export_checkpoint(out / "checkpoint", ft.ema.eval(), vae, tokenizer)
 
@@ -247,8 +234,6 @@ def export_snapshot(args, target: Path, build_tokenizer) -> Path:
     """Export the latest EMA weights of a self-forcing run in `args.out` (in progress or not) with the frozen VAE
     of `args.init_from`; safe while the run goes on."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
-
-    from .loop import export_checkpoint
 
     state = Path(args.out) / "ft_state.pt"
     if not state.exists():
