@@ -95,6 +95,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     if args.truth and args.image is not None:
         raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
+    if args.truth and args.lerobot_out is not None:
+        raise ValueError("--truth with --lerobot-out is invalid; allowed: one of them")
+    _check_lerobot_out(args.lerobot_out)
     model, config = _prepare(args, max_windows=args.windows)
     success = success_judge(args.success, config)
     policy = _early_policy(args, config)
@@ -106,12 +109,18 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     viewer = open_from_args(args)
     with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         env = logged(make_env(config, success_fn=success), viewer)
+        if args.lerobot_out is not None:
+            from .lerobot.imagined import RecordLeRobot
+
+            env = RecordLeRobot(env, args.lerobot_out)
         try:
             if policy is None:
                 policy = make_policy(args.policy, env.action_space, seed=args.seed)
                 check_replay_length(policy, args.windows, args.policy)
             result = rollout(env, policy, seed=args.seed, max_windows=args.windows, video_path=args.out,
                              progress=not args.quiet, on_window=record.window_done)
+            if args.lerobot_out is not None:
+                env.finish()
         finally:
             env.close()
     summary_path = record.finish(**result.to_dict())
@@ -120,6 +129,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
           f"success {result.success}; summary {summary_path}")
     finish_view(viewer)
     return 0
+
+
+def _check_lerobot_out(path: str | None) -> None:
+    if path is not None and Path(path).exists():
+        raise ValueError(f"--lerobot-out={path!r} is invalid: it exists; allowed: a folder that does not exist yet")
 
 
 def _summary_path(args: argparse.Namespace) -> Path:
@@ -241,6 +255,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = _early_policy(args, config)
     longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
     check_replay_length(policy, longest, args.policy)
+    if args.lerobot_out is not None and (args.ray or args.batched):
+        raise ValueError("--lerobot-out with --ray or --batched is invalid; allowed: an eval that steps one episode "
+                         "at a time")
+    _check_lerobot_out(args.lerobot_out)
     if wants_view(args) and (args.ray or args.batched):
         raise ValueError("--rerun, --rerun-connect, --rerun-save and --rerun-serve are invalid with --ray or "
                          "--batched; allowed: an eval that steps one episode at a time")
@@ -265,7 +283,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 success = None
             report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
                               batch_size=args.batch_size, seed=args.seed, record_video=args.video,
-                              progress=not args.quiet, run_info=run, **ray)
+                              progress=not args.quiet, run_info=run, lerobot_out=args.lerobot_out, **ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
                              '("status": "interrupted")') from None

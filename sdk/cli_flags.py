@@ -38,6 +38,8 @@ class RolloutFlags:
                        "model | simulator side by side and the summary holds PSNR per window", default=False)
     out: str = flag("mp4 path", default="rollout.mp4")
     summary: str | None = flag("JSON summary path (default: --out with .json)", default=None)
+    lerobot_out: str | None = flag("also write the episode as a LeRobot v3.0 dataset in this new folder",
+                                   default=None, metavar="DIR")
     seed: int = flag("reset seed", default=0)
     prompt: str | None = flag("text prompt (default: the config's)", default=None)
     embodiment: str | None = flag("embodiment name, e.g. droid_lerobot (the README's embodiment table; default: the "
@@ -61,6 +63,8 @@ class EvalFlags:
     batch_size: int | None = flag("episodes per batch (default: all)", default=None, type=positive_int)
     seed: int = flag("seed of episodes without one: seed + index", default=0)
     video: bool = flag("write an mp4 per episode (--no-video skips them)", default=True)
+    lerobot_out: str | None = flag("also write the episodes as a LeRobot v3.0 dataset in this new folder (not with "
+                                   "--batched or --ray)", default=None, metavar="DIR")
     quiet: bool = flag("no progress bar", default=False)
     ray: bool = flag("shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')", default=False)
     ray_address: str | None = flag("Ray cluster to join (default: $RAY_ADDRESS, else a new local one)", default=None)

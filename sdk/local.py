@@ -78,7 +78,8 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
 def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | EpisodeConfig], *,
                    seed: int, success_fn: Callable[[np.ndarray], bool] | None, out_dir: Path, batched: bool,
                    batch_size: int | None, record_video: bool, progress: bool,
-                   run_info: dict[str, Any] | None = None) -> EvalReport:
+                   run_info: dict[str, Any] | None = None,
+                   lerobot_out: str | os.PathLike | None = None) -> EvalReport:
     """`worldstep.evaluate` with ``backend="local"`` (its arguments)."""
     from .world import World, load, make_env, make_vec_env
 
@@ -106,6 +107,8 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
     try:
         if not batched:
             env = env_or_model if is_env else make_env(world, **env_kwargs)
+            recorder = None if lerobot_out is None else _lerobot_recorder(env, lerobot_out)
+            env = env if recorder is None else recorder
             try:
                 for i, ep in enumerate(eps):
                     result = rollout(env, policy, seed=ep.seed, max_windows=ep.max_windows,
@@ -113,7 +116,12 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
                                      on_window=window_done, policy_errors="record")
                     report.episodes.append(result)
                     bar.update(ep.max_windows - result.windows)  # windows an early end skipped
+                if recorder is not None:
+                    recorder.finish()
             finally:
+                if recorder is not None:
+                    recorder.writer.abort()  # no-op once finish wrote the dataset
+                    env = recorder.env
                 if not is_env:
                     env.close()
         else:
@@ -135,6 +143,12 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
         report.wall_s = time.perf_counter() - started
         write_json(out_dir / "report.json", report.to_dict())
     return report
+
+
+def _lerobot_recorder(env: gym.Env, root: str | os.PathLike):
+    from .lerobot.imagined import RecordLeRobot
+
+    return RecordLeRobot(env, root)
 
 
 def _record(result: EpisodeResult, writer: Mp4Writer | None, frames: np.ndarray, reward, terminated, truncated,

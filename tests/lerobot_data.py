@@ -28,10 +28,12 @@ class Recorded:
 
 
 def frames(length: int, seed: int, height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
-    y, x = np.mgrid[0:height, 0:width]
-    return np.stack([np.stack([(x * 3 + t * 9 + seed * 31) % 256, (y * 4 + seed * 57) % 256,
-                               np.full_like(x, (60 + t * 7 + seed * 13) % 256)], -1)
-                     for t in range(length)]).astype(np.uint8)
+    y, x = np.mgrid[0:height, 0:width] / np.array([height, width])[:, None, None]
+    phase = seed * 0.7
+    return np.stack([np.stack([128 + 90 * np.sin(2 * np.pi * (x + t / 12) + phase),
+                               128 + 90 * np.cos(2 * np.pi * (y + t / 17) + phase),
+                               np.full_like(x, 40 + 10 * t + 5 * seed % 100)], -1)
+                     for t in range(length)]).round().clip(0, 255).astype(np.uint8)
 
 
 def episodes(lengths: list[int], action_width: int = 10, state_width: int = 7, cameras=CAMERAS,
