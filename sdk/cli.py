@@ -1,5 +1,5 @@
-"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info``, ``stats``, ``bench``, ``train`` and
-``fidelity``.
+"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info``, ``stats``, ``bench``, ``train``,
+``fidelity``, ``replay`` and ``export-pushsim``.
 
 Every command parses its flags into config overrides and calls the SDK. Flags, files and the config are
 checked before any model loads (``cli_checks``); an error is one line on stderr naming the flag or key, the
@@ -34,6 +34,7 @@ from .cli_flags import EvalFlags, InfoFlags, ModelFlags, PlanFlags, RolloutFlags
 from .cli_view import add_view_flags, closing_on_error, logged, open_from_args, wants_view
 from .cli_view import finish as finish_view
 from .flags import add_flags
+from .lerobot.cli import add_parsers as add_lerobot_parsers
 from .registration import WORLD_MODEL_IDS
 from .serve.cli import add_parser as add_serve_parser
 
@@ -464,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_serve_parser(sub, _add_model_flags, _model_and_overrides)
+    add_lerobot_parsers(sub, add_view_flags)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")
     return parser

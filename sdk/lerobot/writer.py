@@ -34,16 +34,16 @@ GOP = 2  # LeRobot's default key-frame interval: any frame is at most one frame 
 class _Video:
     """One camera's mp4, open for the whole dataset; frames get consecutive timestamps at ``fps``."""
 
-    def __init__(self, path: Path, codec: str, fps: int, height: int, width: int) -> None:
+    def __init__(self, path: Path, codec: str, fps: int, height: int, width: int, crf: int, pix_fmt: str) -> None:
         import av
 
         path.parent.mkdir(parents=True, exist_ok=True)
         self.container = av.open(str(path), mode="w")
-        options = {"crf": str(CRF), "g": str(GOP)}
+        options = {"crf": str(crf), "g": str(GOP)}
         if codec == "av1":
             options["preset"] = "12"
         self.stream = self.container.add_stream(CODECS[codec], rate=fps, options=options)
-        self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, "yuv420p"
+        self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, pix_fmt
         self.stream.time_base = Fraction(1, fps)
         self.frames = 0
 
@@ -73,11 +73,15 @@ class DatasetWriter:
         action_width, state_width: numbers per action and state row (state_width None: no state feature).
         codec: ``av1`` (LeRobot's default) or ``h264``.
         robot_type: recorded in ``info.json``.
+        crf: the encoder's constant rate factor (lower: closer to the frames, larger files; LeRobot's is 30).
+        pix_fmt: ``yuv420p`` (LeRobot's: colour at half resolution) or ``yuv444p`` (full-resolution colour; with
+            ``crf=0`` and H.264 the frames come back within rounding of the colour conversion).
     """
 
     def __init__(self, root: str | os.PathLike, *, fps: int, cameras: Mapping[str, tuple[int, int]],
                  action_width: int, state_width: int | None = None, codec: Literal["av1", "h264"] = "av1",
-                 robot_type: str | None = None) -> None:
+                 robot_type: str | None = None, crf: int = CRF,
+                 pix_fmt: Literal["yuv420p", "yuv444p"] = "yuv420p") -> None:
         self.root = Path(root)
         if self.root.exists():
             raise ValueError(f"root={str(self.root)!r} is invalid: it exists; allowed: a path that does not exist yet")
@@ -85,6 +89,10 @@ class DatasetWriter:
             raise ValueError(f"fps={fps!r} is invalid; allowed: a positive integer")
         if codec not in CODECS:
             raise ValueError(f"codec={codec!r} is invalid; allowed: {sorted(CODECS)}")
+        if not isinstance(crf, int) or isinstance(crf, bool) or not 0 <= crf <= 51:
+            raise ValueError(f"crf={crf!r} is invalid; allowed: an integer 0 .. 51")
+        if pix_fmt not in ("yuv420p", "yuv444p"):
+            raise ValueError(f"pix_fmt={pix_fmt!r} is invalid; allowed: 'yuv420p' or 'yuv444p'")
         if not isinstance(cameras, Mapping) or not cameras:
             raise ValueError(f"cameras={cameras!r} is invalid; allowed: a non-empty dict key -> (height, width)")
         for key, size in cameras.items():
@@ -101,7 +109,8 @@ class DatasetWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         self.videos = {k: _Video(self.tmp / VIDEO_PATH.format(video_key=k, chunk_index=0, file_index=0), codec, fps,
-                                 h, w) for k, (h, w) in self.cameras.items()}
+                                 h, w, crf, pix_fmt) for k, (h, w) in self.cameras.items()}
+        self.pix_fmt = pix_fmt
         self.rows: dict[str, list] = {k: [] for k in ("action", "observation.state", "timestamp", "frame_index",
                                                       "episode_index", "index", "task_index")}
         self.episodes: list[dict] = []
@@ -233,7 +242,7 @@ class DatasetWriter:
         for key, (h, w) in self.cameras.items():
             features[key] = {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
                              "info": {"video.height": h, "video.width": w, "video.codec": self.codec,
-                                      "video.pix_fmt": "yuv420p", "video.is_depth_map": False,
+                                      "video.pix_fmt": self.pix_fmt, "video.is_depth_map": False,
                                       "video.fps": self.fps, "video.channels": 3, "has_audio": False}}
         features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
         for key in ("frame_index", "episode_index", "index", "task_index"):
