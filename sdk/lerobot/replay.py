@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from ..fidelity.metrics import psnr, ssim
@@ -52,12 +51,10 @@ class EpisodeScores:
 
 def fit_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
     """Frames ``[T, h, w, 3]`` uint8 cover-cropped to ``height x width`` exactly as a first frame is
-    (``engine.vae.encoder.preprocess_first_frame``)."""
-    from worldstep.engine.vae.encoder import preprocess_first_frame
+    (``engine.vae.encoder.cover_crop``)."""
+    from worldstep.engine.vae.encoder import cover_crop
 
-    out = [((preprocess_first_frame(f, height, width)[0].permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255)
-           .to(torch.uint8).numpy() for f in frames]
-    return np.stack(out)
+    return np.stack([cover_crop(f, height, width) for f in frames])
 
 
 def _window_means(values: np.ndarray, chunk: int) -> list[float]:
