@@ -244,9 +244,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .world import load, make_env
 
     path = Path(args.episodes)
-    if not path.is_file():
+    if path.is_dir():  # a LeRobot dataset: its recorded starts are the episodes
+        from .lerobot.start_states import dataset_episodes
+
+        episodes = check_episodes(dataset_episodes(args.episodes, starts=args.starts, seed=args.seed))
+    elif not path.is_file():
         raise FileNotFoundError(f"episodes file {args.episodes!r} does not exist")
-    episodes = check_episodes(yaml.safe_load(path.read_text()))
+    else:
+        if args.starts is not None:
+            raise ValueError("--starts is invalid with an episodes file; allowed: with a LeRobot dataset folder")
+        episodes = check_episodes(yaml.safe_load(path.read_text()))
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out-dir={args.out_dir!r} is invalid: it is a file; allowed: a folder")

@@ -54,8 +54,11 @@ class RolloutFlags:
 class EvalFlags:
     """``worldstep eval``."""
 
-    episodes: str = flag("YAML: a list of episodes (seed, prompt, domain_id, image, max_windows) or a mapping with "
-                         "an 'episodes' list", positional=True)
+    episodes: str = flag("YAML: a list of episodes (seed, prompt, domain_id, image, max_windows, start) or a mapping "
+                         "with an 'episodes' list; or a LeRobot dataset folder, whose recorded starts are the episodes",
+                         positional=True)
+    starts: int | None = flag("with a dataset: this many (episode, frame) starts drawn from --seed (default: frame 0 "
+                              "of every episode)", default=None, type=positive_int)
     policy: str = flag("sine, random, push or replay:PATH.npy", default="sine")
     success: str | None = flag(_SUCCESS, default=None, metavar="JUDGE")
     out_dir: str = flag("report and video folder", default="runs/eval")
