@@ -16,7 +16,8 @@ from tiny_world import cache_dir, world  # noqa: F401 - fixtures
 from worldstep.fidelity.metrics import psnr
 from worldstep.lerobot import DatasetError, RobotDataset
 from worldstep.lerobot import reader as reader_module
-from worldstep.lerobot.replay import SERIES, fit_frames, parse_episodes, replay
+from worldstep.lerobot.replay import fit_frames, parse_episodes, replay
+from worldstep.lerobot.replay_scores import SERIES
 
 CHUNK = 4
 
@@ -59,9 +60,9 @@ def test_replay_is_reproducible_per_seed(world, recorded, tmp_path):  # noqa: F8
 
 def test_replay_refuses_a_dataset_that_does_not_fit(world, tmp_path, monkeypatch):  # noqa: F811
     root = write_v30(tmp_path / "ds", episodes([9, 3], action_width=7), fps=30, codec="h264")
-    from worldstep.fidelity import rollouts
+    from worldstep.lerobot import replay as replay_module
 
-    monkeypatch.setattr(rollouts, "open_loop", None)  # any rollout would fail on this
+    monkeypatch.setattr(replay_module, "open_loop", None)  # any rollout would fail on this
     with pytest.raises(DatasetError) as caught:
         replay(root, world, out_dir=tmp_path / "out", progress=False)
     message = str(caught.value)

@@ -15,38 +15,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..fidelity.metrics import psnr, ssim
 from ..fidelity.plots import side_by_side_mp4
 from ..fidelity.rollouts import RolloutRecipe, open_loop
 from ..fidelity.tasks import vae_round_trip
 from .fit import check_fits
 from .reader import RobotDataset
-
-SERIES = ("model", "first_frame_held", "vae_round_trip")
-METRICS = {"psnr_db": psnr, "ssim": ssim}
-
-
-@dataclass
-class EpisodeScores:
-    """One replayed episode: per series and metric, the mean of each window (``[windows]``)."""
-
-    index: int
-    task: str
-    windows: int
-    noise_seed: int
-    scores: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-    video: str | None = None
-
-    def to_record(self) -> dict[str, Any]:
-        return {"episode": self.index, "task": self.task, "windows": self.windows, "noise_seed": self.noise_seed,
-                "video": self.video, **{s: self.scores[s] for s in SERIES}}
+from .replay_report import replay_report, write_replay
+from .replay_scores import METRICS, EpisodeScores
 
 
 def fit_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -131,7 +112,6 @@ def replay(dataset: str | os.PathLike | RobotDataset, model: Any = "pusher", *, 
     from worldstep.envs.video import frame_fps
     from worldstep.world import load, make_env
 
-    from .replay_report import replay_report, write_replay
 
     source = dataset if isinstance(dataset, RobotDataset) else RobotDataset(dataset)
     camera = source.camera_keys[0] if camera is None and source.camera_keys else camera

@@ -12,7 +12,7 @@ import numpy as np
 from ..fidelity.plots import line_chart
 from ..fidelity.stats import mean_estimate, per_window_estimates
 from ..outputs import write_json
-from .replay import METRICS, SERIES, EpisodeScores
+from .replay_scores import METRICS, SERIES, EpisodeScores
 
 
 def _matrix(results: list[EpisodeScores], series: str, metric: str) -> np.ndarray:
