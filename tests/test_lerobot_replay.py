@@ -140,3 +140,27 @@ def test_pusher_replay_equals_the_fidelity_harness(tmp_path):
     other = [json.loads(line)["model"]["psnr_db"]
              for line in (tmp_path / "other" / "records" / "episodes.jsonl").read_text().splitlines()]
     assert np.abs(np.array(other) - harness).max() > PUSHER_BOUND_DB
+
+
+def test_pusher_replay_of_expert_episodes_equals_the_harness_on_their_actions(tmp_path):
+    """PushSim's pixel expert from validation episode seeds, exported and replayed: the harness's open-loop
+    rollout and PSNR on the same first frames, actions and noise seeds agree within the same bound."""
+    import worldstep
+    from worldstep.fidelity.openloop import per_window
+    from worldstep.fidelity.rollouts import RolloutRecipe, open_loop
+    from worldstep.lerobot.pushsim_export import PROMPT, expert_episode, export_pushsim
+
+    root, seeds = export_pushsim(tmp_path / "expert", 2, 8, crf=0, pix_fmt="yuv444p", source="expert")
+    assert seeds == [20_000_000, 20_000_001]
+    pusher = worldstep.load("pusher")
+    replay(root, pusher, out_dir=tmp_path / "out", noise_seeds=seeds, videos=0, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "records" / "episodes.jsonl").read_text().splitlines()]
+    episodes = [expert_episode(seed, 8) for seed in seeds]
+    first = np.stack([frames[0] for frames, _, _ in episodes])
+    truth = np.stack([frames[1:] for frames, _, _ in episodes])
+    actions = np.stack([a for _, _, a in episodes])
+    assert np.abs(np.diff(actions, axis=0)).max() > 0  # the expert acted differently per seed
+    pred, _ = open_loop(pusher.model, first, actions, RolloutRecipe(PROMPT, 0, pusher.knobs), "kv", seeds)
+    harness = per_window(psnr(pred, truth), CHUNK)
+    replayed = np.array([r["model"]["psnr_db"] for r in rows])
+    assert np.abs(replayed - harness).max() <= PUSHER_BOUND_DB, (replayed, harness)

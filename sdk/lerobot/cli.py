@@ -1,5 +1,5 @@
 """``worldstep replay`` (open-loop replay of a LeRobot dataset) and ``worldstep export-pushsim`` (PushSim's
-held-out clips as one): flags parsed into the SDK's calls, nothing else."""
+held-out clips or expert episodes as one): flags parsed into the SDK's calls, nothing else."""
 
 from __future__ import annotations
 
@@ -34,14 +34,16 @@ class ExportFlags:
     """``worldstep export-pushsim``."""
 
     out: str = flag("dataset folder to create", metavar="DIR")
-    episodes: int = flag("clips to export", default=20, type=positive_int)
-    steps: int = flag("actions per clip", default=32, type=positive_int)
+    episodes: int = flag("episodes to export", default=20, type=positive_int)
+    steps: int = flag("actions per episode", default=32, type=positive_int)
     split: str = flag("seed range (worldstep.fidelity.seeds): validation, test or test_read",
                       default="validation", choices=("validation", "test", "test_read"))
     codec: str = flag("video codec", default="h264", choices=("h264", "av1"))
     crf: int = flag("encoder quality, 0 .. 51 (LeRobot's default: 30)", default=30)
     pix_fmt: str = flag("yuv420p (LeRobot's) or yuv444p (full-resolution colour)", default="yuv420p",
                         choices=("yuv420p", "yuv444p"))
+    source: str = flag("clips: the fidelity harness's held-out open-loop clips (clip seeds); expert: PushSim's pixel "
+                       "expert from the split's episode seeds", default="clips", choices=("clips", "expert"))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -67,7 +69,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .pushsim_export import export_pushsim
 
     root, seeds = export_pushsim(args.out, args.episodes, args.steps, split=args.split, codec=args.codec,
-                                 crf=args.crf, pix_fmt=args.pix_fmt)
+                                 crf=args.crf, pix_fmt=args.pix_fmt, source=args.source)
     print(json.dumps({"dataset": str(root), "clip_seeds": seeds}))
     return 0
 
@@ -79,6 +81,7 @@ def add_parsers(sub: argparse._SubParsersAction, add_view_flags) -> None:
     add_flags(p, ReplayFlags)
     add_view_flags(p)
     p.set_defaults(func=cmd_replay)
-    p = sub.add_parser("export-pushsim", help="PushSim's held-out open-loop clips as a LeRobot v3.0 dataset")
+    p = sub.add_parser("export-pushsim", help="PushSim's held-out open-loop clips, or its expert's episodes, as a "
+                                              "LeRobot v3.0 dataset")
     add_flags(p, ExportFlags)
     p.set_defaults(func=cmd_export)
