@@ -3,17 +3,22 @@
 Frames are smooth colour ramps that shift every step, so a video codec keeps them close and each frame is
 nearest its own source frame (a decode off by one frame is caught). The v2.1 folder follows the layout of
 LeRobot's v2.1 conversion notes (``lerobot/datasets/v30/convert_dataset_v21_to_v30.py``): one parquet file
-and one mp4 per camera per episode, ``meta/episodes.jsonl`` and ``meta/tasks.jsonl``.
+and one mp4 per camera per episode, ``meta/episodes.jsonl`` and ``meta/tasks.jsonl``. ``write_v30`` writes them
+with worldstep's own writer; ``run_lerobot`` runs tests/lerobot_io.py in LeRobot's own venv.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pytest
+from worldstep.lerobot.writer import DatasetWriter
 
 CAMERAS = ("observation.images.exterior", "observation.images.wrist")
 HEIGHT, WIDTH = 48, 64
@@ -116,3 +121,34 @@ def write_v21(root: Path, recorded: list[Recorded], fps: int, codec: str = "h264
                    fps, codec)
         start += n
     return root
+
+
+def write_v30(root, recorded, fps=15, codec="av1"):
+    sizes = {k: v.shape[1:3] for k, v in recorded[0].frames.items()}
+    with DatasetWriter(root, fps=fps, cameras=sizes, action_width=recorded[0].actions.shape[1],
+                       state_width=recorded[0].state.shape[1], codec=codec) as writer:
+        for r in recorded:
+            writer.add_episode(frames=r.frames, actions=r.actions, state=r.state, task=r.task)
+    return root
+
+
+REPO = Path(__file__).resolve().parents[1]
+HELPER = Path(__file__).with_name("lerobot_io.py")
+PYTHONS = {"v3.0": ("WORLDSTEP_LEROBOT_PYTHON", ".venv-lerobot"),
+           "v2.1": ("WORLDSTEP_LEROBOT_V21_PYTHON", ".venv-lerobot-v21")}
+
+
+def lerobot_python(version: str) -> Path:
+    variable, folder = PYTHONS[version]
+    python = Path(os.environ.get(variable, REPO / folder / "bin" / "python"))
+    if not python.is_file():  # part of the test install, never skipped
+        pytest.fail(f"LeRobot's own environment {python} is missing: run `make install` (it builds {folder}), or set "
+                    f"{variable} to a python with lerobot installed")
+    return python
+
+
+def run_lerobot(version: str, *args) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run([str(lerobot_python(version)), str(HELPER), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]

@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 import worldstep
-from test_lerobot_interop import run_lerobot
+from lerobot_data import run_lerobot
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
 from worldstep.envs.video import frame_fps
 from worldstep.lerobot import RobotDataset

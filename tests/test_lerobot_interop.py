@@ -12,36 +12,13 @@ checked against the source.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from lerobot_data import CAMERAS, assert_frames_match, episodes
+from lerobot_data import CAMERAS, assert_frames_match, episodes, run_lerobot
 from worldstep.lerobot import RobotDataset
 from worldstep.lerobot.writer import DatasetWriter
-
-REPO = Path(__file__).resolve().parents[1]
-HELPER = Path(__file__).with_name("lerobot_io.py")
-PYTHONS = {"v3.0": ("WORLDSTEP_LEROBOT_PYTHON", ".venv-lerobot"),
-           "v2.1": ("WORLDSTEP_LEROBOT_V21_PYTHON", ".venv-lerobot-v21")}
-
-
-def lerobot_python(version: str) -> Path:
-    variable, folder = PYTHONS[version]
-    python = Path(os.environ.get(variable, REPO / folder / "bin" / "python"))
-    if not python.is_file():  # part of the test install, never skipped
-        pytest.fail(f"LeRobot's own environment {python} is missing: run `make install` (it builds {folder}), or set "
-                    f"{variable} to a python with lerobot installed")
-    return python
-
-
-def run_lerobot(version: str, *args) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    done = subprocess.run([str(lerobot_python(version)), str(HELPER), *map(str, args)], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
 
 
 def write_spec(path: Path, recorded, fps: int) -> Path:

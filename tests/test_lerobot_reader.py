@@ -12,20 +12,10 @@ import weakref
 
 import numpy as np
 import pytest
-from lerobot_data import CAMERAS, assert_frames_match, episodes, write_v21
+from lerobot_data import CAMERAS, assert_frames_match, episodes, write_v21, write_v30
 from worldstep.lerobot import DatasetError, RobotDataset
 from worldstep.lerobot import reader as reader_module
 from worldstep.lerobot.fit import check_fits
-from worldstep.lerobot.writer import DatasetWriter
-
-
-def write_v30(root, recorded, fps=15, codec="av1"):
-    sizes = {k: v.shape[1:3] for k, v in recorded[0].frames.items()}
-    with DatasetWriter(root, fps=fps, cameras=sizes, action_width=recorded[0].actions.shape[1],
-                       state_width=recorded[0].state.shape[1], codec=codec) as writer:
-        for r in recorded:
-            writer.add_episode(frames=r.frames, actions=r.actions, state=r.state, task=r.task)
-    return root
 
 
 @pytest.mark.parametrize("version,codec", [("v3.0", "av1"), ("v3.0", "h264"), ("v2.1", "av1"), ("v2.1", "h264")])

@@ -10,8 +10,7 @@ import weakref
 
 import numpy as np
 import pytest
-from lerobot_data import CAMERAS, episodes
-from test_lerobot_reader import write_v30
+from lerobot_data import CAMERAS, episodes, write_v30
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
 from worldstep.fidelity.metrics import psnr
 from worldstep.lerobot import DatasetError, RobotDataset

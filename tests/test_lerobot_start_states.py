@@ -9,8 +9,7 @@ import json
 import numpy as np
 import pytest
 import worldstep
-from lerobot_data import CAMERAS, episodes
-from test_lerobot_reader import write_v30
+from lerobot_data import CAMERAS, episodes, write_v30
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
 from worldstep.lerobot import DatasetError, RobotDataset
 from worldstep.lerobot.start_states import StartState, dataset_episodes, draw_start_states, start_options
