@@ -263,9 +263,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = _early_policy(args, config)
     longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
     check_replay_length(policy, longest, args.policy)
-    if args.lerobot_out is not None and (args.ray or args.batched):
-        raise ValueError("--lerobot-out with --ray or --batched is invalid; allowed: an eval that steps one episode "
-                         "at a time")
+    if args.lerobot_out is not None and args.ray:
+        raise ValueError("--lerobot-out with --ray is invalid; allowed: a local eval")
     _check_lerobot_out(args.lerobot_out)
     if wants_view(args) and (args.ray or args.batched):
         raise ValueError("--rerun, --rerun-connect, --rerun-save and --rerun-serve are invalid with --ray or "

@@ -67,7 +67,7 @@ class EvalFlags:
     seed: int = flag("seed of episodes without one: seed + index", default=0)
     video: bool = flag("write an mp4 per episode (--no-video skips them)", default=True)
     lerobot_out: str | None = flag("also write the episodes as a LeRobot v3.0 dataset in this new folder (not with "
-                                   "--batched or --ray)", default=None, metavar="DIR")
+                                   "--ray)", default=None, metavar="DIR")
     quiet: bool = flag("no progress bar", default=False)
     ray: bool = flag("shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')", default=False)
     ray_address: str | None = flag("Ray cluster to join (default: $RAY_ADDRESS, else a new local one)", default=None)

@@ -51,12 +51,15 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         run_info: recorded as ``run`` in ``report.json`` (JSON-serialisable).
         lerobot_out: also write the episodes as a LeRobot v3.0 dataset in this new folder (frames, actions,
             state, prompt as task, success; ``worldstep.lerobot.imagined``), renamed into place when the run
-            completes; local, unbatched runs.
+            completes; local runs, batched or not.
     """
     if backend not in ("local", "ray"):
         raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
-    if lerobot_out is not None and (backend == "ray" or batched):
-        raise ValueError("lerobot_out is invalid with backend='ray' or batched=True; allowed: a local, unbatched run")
+    if lerobot_out is not None and backend == "ray":
+        raise ValueError("lerobot_out is invalid with backend='ray'; allowed: a local run")
+    if lerobot_out is not None and Path(lerobot_out).exists():
+        raise ValueError(f"lerobot_out={str(lerobot_out)!r} is invalid: it exists; allowed: a folder that does not "
+                         "exist yet")
     if backend == "ray":
         from .distributed import evaluate_ray
 

@@ -126,15 +126,24 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
                     env.close()
         else:
             size = batch_size or (env_or_model.num_envs if is_env else len(eps))
-            for start in range(0, len(eps), size):
-                group = list(range(start, min(start + size, len(eps))))
-                vec = env_or_model if is_env else make_vec_env(world, num_envs=len(group), **env_kwargs)
-                try:
-                    report.episodes += _run_batch(vec, policy, [eps[i] for i in group], group,
-                                                  [videos[i] for i in group], window_done, bar)
-                finally:
-                    if not is_env:
-                        vec.close()
+            lerobot = None  # (writer, camera keys), opened on the first batch's env
+            try:
+                for start in range(0, len(eps), size):
+                    group = list(range(start, min(start + size, len(eps))))
+                    vec = env_or_model if is_env else make_vec_env(world, num_envs=len(group), **env_kwargs)
+                    try:
+                        if lerobot_out is not None and lerobot is None:
+                            lerobot = _lerobot_writer(vec, lerobot_out)
+                        report.episodes += _run_batch(vec, policy, [eps[i] for i in group], group,
+                                                      [videos[i] for i in group], window_done, bar, lerobot)
+                    finally:
+                        if not is_env:
+                            vec.close()
+                if lerobot is not None:
+                    lerobot[0].close()
+            finally:
+                if lerobot is not None:
+                    lerobot[0].abort()  # no-op once close wrote the dataset
     except KeyboardInterrupt:
         report.status = "interrupted"
         raise
@@ -149,6 +158,12 @@ def _lerobot_recorder(env: gym.Env, root: str | os.PathLike):
     from .lerobot.imagined import RecordLeRobot
 
     return RecordLeRobot(env, root)
+
+
+def _lerobot_writer(vec, root: str | os.PathLike):
+    from .lerobot.imagined import open_writer
+
+    return open_writer(vec, root)
 
 
 def _record(result: EpisodeResult, writer: Mp4Writer | None, frames: np.ndarray, reward, terminated, truncated,
@@ -185,9 +200,9 @@ class _Slot:
 
 
 def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int], videos: list,
-               window_done: Callable[[], None], bar) -> list:
+               window_done: Callable[[], None], bar, lerobot: tuple | None = None) -> list:
     """Episodes in the first ``len(eps)`` slots of ``vec``; extra slots repeat the last episode, unrecorded and
-    never asked for actions."""
+    never asked for actions. ``lerobot``: (writer, camera keys) the batch's episodes are added to, in order."""
     n = vec.num_envs
     episodes = eps + [eps[-1]] * (n - len(eps))
     options = [reset_options(ep) for ep in episodes]
@@ -202,6 +217,7 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
                    None if video is None else Mp4Writer(video, frame_fps(vec)), True)
              for ep, i, video, sub in zip(eps, indices, videos, subs)]
     zeros = np.zeros(vec.single_action_space.shape, np.float32)
+    buffers = None if lerobot is None else _episode_buffers(lerobot, obs, slots, vec)
 
     def act(i: int) -> np.ndarray:
         slot = slots[i] if i < len(slots) else None
@@ -233,6 +249,8 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
                 info = {k: bool(infos[k][i]) for k in ("is_success", "kv_exhausted")
                         if k in infos and infos[f"_{k}"][i]}
                 _record(slot.result, slot.writer, obs["frames"][i], rewards[i], terms[i], truncs[i], info)
+                if buffers is not None:
+                    buffers[i].step({k: v[i] for k, v in obs.items()}, actions[i], info)
                 window_done()
                 if terms[i] or truncs[i] or slot.result.windows >= slot.episode.max_windows:
                     slot.end(bar, start)
@@ -241,4 +259,17 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
             if slot.writer is not None:
                 slot.writer.abort()  # the episodes of this batch did not finish: no video replaces an earlier one
         raise
+    for buffer in buffers or []:
+        buffer.add_to(lerobot[0])
     return [slot.result for slot in slots]
+
+
+def _episode_buffers(lerobot: tuple, obs: dict[str, np.ndarray], slots: list, vec) -> list:
+    from .lerobot.imagined import EpisodeBuffer
+
+    writer, keys = lerobot
+    subs = getattr(vec, "envs", [None] * len(slots))
+    return [EpisodeBuffer(keys, writer.action_width, {k: v[i] for k, v in obs.items()},
+                          slot.result.prompt or getattr(getattr(sub, "unwrapped", None), "prompt", None)
+                          or "imagined episode")
+            for i, (slot, sub) in enumerate(zip(slots, subs))]

@@ -72,6 +72,9 @@ class Interrupting(SinePolicy):
         super().__init__(shape)
         self.calls, self.after = 0, after
 
+    def __deepcopy__(self, memo):  # a batched run's per-slot copies share the count
+        return self
+
     def __call__(self, obs):
         self.calls += 1
         if self.calls > self.after:
@@ -79,22 +82,44 @@ class Interrupting(SinePolicy):
         return super().__call__(obs)
 
 
-def test_an_interrupted_run_leaves_no_dataset(world, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_interrupted_run_leaves_no_dataset(world, tmp_path, batched):  # noqa: F811
     with pytest.raises(KeyboardInterrupt):
         worldstep.evaluate(world, Interrupting(world.action_shape, after=3), [{"max_windows": 2}] * 3,
-                           out_dir=tmp_path / "eval", progress=False, lerobot_out=tmp_path / "imagined")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval"]  # no dataset, no hidden half of one
+                           out_dir=tmp_path / "eval", progress=False, lerobot_out=tmp_path / "imagined",
+                           batched=batched, batch_size=1)
+    # the first episode had finished (in its own batch, batched): no dataset, and no hidden half of one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval"]
 
 
 def test_refusals_before_any_work(world, tmp_path):  # noqa: F811
     (tmp_path / "taken").mkdir()
-    with pytest.raises(ValueError, match="root=.*taken.* is invalid: it exists"):
+    with pytest.raises(ValueError, match="lerobot_out=.*taken.* is invalid: it exists"):
         worldstep.evaluate(world, SinePolicy(world.action_shape), 1, out_dir=tmp_path / "eval", progress=False,
                            lerobot_out=tmp_path / "taken")
-    with pytest.raises(ValueError, match="lerobot_out is invalid with backend='ray' or batched=True"):
-        worldstep.evaluate(world, SinePolicy(world.action_shape), 1, out_dir=tmp_path / "eval", batched=True,
+    with pytest.raises(ValueError, match="lerobot_out is invalid with backend='ray'"):
+        worldstep.evaluate(world, SinePolicy(world.action_shape), 1, out_dir=tmp_path / "eval", backend="ray",
                            progress=False, lerobot_out=tmp_path / "new")
-    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # nothing ran
+
+
+def test_a_batched_evaluate_writes_the_same_episodes(world, tmp_path):  # noqa: F811
+    """Batched, the dataset holds the episodes in their order, each the same episode as run alone: the same tasks,
+    lengths and actions, and frames within a mean level (a batched step's frames are within 1 level of the
+    unbatched ones, tiny_world.assert_frames_match_batched; both then go through the same encoder)."""
+    episodes = [{"seed": 1, "max_windows": 2, "prompt": "push the red cube"}, {"seed": 2, "max_windows": 1},
+                {"seed": 3, "max_windows": 2}]
+    for name, batched in (("alone", False), ("batched", True)):
+        worldstep.evaluate(world, SinePolicy(world.action_shape), episodes, out_dir=tmp_path / f"eval-{name}",
+                           progress=False, record_video=False, batched=batched, batch_size=2,
+                           lerobot_out=tmp_path / name)
+    alone, batched = RobotDataset(tmp_path / "alone"), RobotDataset(tmp_path / "batched")
+    assert [s.task for s in batched.spans] == [s.task for s in alone.spans]
+    assert [s.length for s in batched.spans] == [s.length for s in alone.spans] == [9, 5, 9]
+    for e in range(3):
+        a, b = alone.episode(e), batched.episode(e)
+        np.testing.assert_array_equal(a.actions, b.actions)
+        assert np.abs(a.frames["observation.image"].astype(int) - b.frames["observation.image"]).mean() < 1.0
 
 
 def test_cli_rollout_lerobot_out(world, tmp_path, capsys):  # noqa: F811
