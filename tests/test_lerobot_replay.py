@@ -163,3 +163,22 @@ def test_pusher_replay_of_expert_episodes_equals_the_harness_on_their_actions(tm
     harness = per_window(psnr(pred, truth), CHUNK)
     replayed = np.array([r["model"]["psnr_db"] for r in rows])
     assert np.abs(replayed - harness).max() <= PUSHER_BOUND_DB, (replayed, harness)
+
+
+def test_the_replays_ssim_is_scikit_images():
+    """Replay scores SSIM with `worldstep.fidelity.metrics.ssim` (the fidelity report's one definition); it is
+    scikit-image's `structural_similarity` with Wang et al.'s settings (Gaussian window, sigma 1.5, population
+    covariance, data range 255), to rounding. The check can fail: another window is another number."""
+    from skimage.metrics import structural_similarity
+    from worldstep.fidelity.metrics import ssim
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (3, 40, 48, 3), dtype=np.uint8)
+    b = np.clip(a.astype(int) + rng.integers(-40, 40, a.shape), 0, 255).astype(np.uint8)
+
+    def reference(sigma):
+        return np.array([structural_similarity(x, y, gaussian_weights=True, sigma=sigma, use_sample_covariance=False,
+                                               data_range=255, channel_axis=-1) for x, y in zip(a, b)])
+
+    np.testing.assert_allclose(ssim(a, b), reference(1.5), atol=1e-12)
+    assert np.abs(ssim(a, b) - reference(1.0)).max() > 1e-3
