@@ -92,6 +92,10 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
         raise ValueError("batched=True needs a model or a WorldModelVectorEnv, not a single env")
     world = None if is_env else (env_or_model if isinstance(env_or_model, World) else load(env_or_model))
     eps = episode_configs(episodes, seed, default_windows(env_or_model if is_env else world))
+    stated = [i for i, ep in enumerate(eps) if ep.start is not None and ep.start.state]
+    if batched and stated:  # a batch resets with image, prompt and domain_id only
+        raise ValueError(f"episodes[{stated[0]}].start.state=True is invalid with batched=True; allowed: an unbatched "
+                         "run (a batched reset takes image, prompt and domain_id)")
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = getattr(env_or_model, "spec", None)
     model_name = world.config.model.name if world is not None else (spec.id if spec else type(env_or_model).__name__)

@@ -84,3 +84,10 @@ def test_evaluate_and_eval_take_a_dataset_as_their_episodes(world, droid, tmp_pa
                  "max_windows=1", "--no-video", "--quiet", "--out-dir", str(tmp_path / "cli")])
     assert code == 0
     assert len(json.loads((tmp_path / "cli" / "report.json").read_text())["episodes"]) == 3  # frame 0 of each
+
+
+def test_a_recorded_state_is_refused_in_a_batched_evaluation(world, droid, tmp_path):  # noqa: F811
+    episode = {"start": {"dataset": str(droid[0]), "episode": 0, "state": True}, "max_windows": 1}
+    with pytest.raises(ValueError, match=r"episodes\[0\].start.state=True is invalid with batched=True"):
+        worldstep.evaluate(world, SinePolicy(world.action_shape), [episode], out_dir=tmp_path / "eval", batched=True,
+                           progress=False)
