@@ -46,15 +46,40 @@ $(OPENPI_VENV)/.installed:
 	$(OPENPI_VENV)/bin/python -m pip install -q "openpi-client==0.1.2" typing_extensions
 	touch $@
 
-install: $(VENV)/.installed $(OPENPI_VENV)/.installed
+# LeRobot's own dataset writer and reader in venvs of their own (it pins torch<2.11 and an older diffusers), so the
+# tests check that worldstep reads what LeRobot writes and LeRobot reads what worldstep writes
+# (tests/test_lerobot_interop.py): lerobot 0.4.4 (format v3.0, the newest for Python 3.11) and 0.3.3 (format v2.1).
+# Each gets the local CPU torch first and lerobot without its dependencies, then only what its dataset code
+# imports; torchvision too without dependencies (PyPI's build is CUDA's: tests/lerobot_io.py says why no op of
+# it runs).
+LEROBOT_VENV ?= .venv-lerobot
+LEROBOT_V21_VENV ?= .venv-lerobot-v21
+$(LEROBOT_VENV)/.installed:
+	test -x $(LEROBOT_VENV)/bin/python || $(PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)"
+	$(LEROBOT_VENV)/bin/python -m pip install -q --no-deps "lerobot==0.4.4" "torchvision==0.28.0"
+	$(LEROBOT_VENV)/bin/python -m pip install -q "datasets>=4,<5" "huggingface-hub>=0.34.2,<0.36" "av>=15,<16" \
+		"accelerate>=1.10,<2" "packaging>=24.2,<26" pillow
+	touch $@
+$(LEROBOT_V21_VENV)/.installed:
+	test -x $(LEROBOT_V21_VENV)/bin/python || $(PYTHON) -m venv $(LEROBOT_V21_VENV)
+	$(LEROBOT_V21_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)"
+	$(LEROBOT_V21_VENV)/bin/python -m pip install -q --no-deps "lerobot==0.3.3" "torchvision==0.28.0"
+	$(LEROBOT_V21_VENV)/bin/python -m pip install -q "datasets>=2.19,<=3.6.0" "huggingface-hub>=0.34.2,<0.36" \
+		"av>=15,<16" "accelerate>=1.10,<2" "packaging>=24.2,<26" "jsonlines>=4" pillow
+	touch $@
+
+install: $(VENV)/.installed $(OPENPI_VENV)/.installed $(LEROBOT_VENV)/.installed $(LEROBOT_V21_VENV)/.installed
 
 # the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
 demo: $(VENV)/.core
 	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 20000000 --truth --out rollout.mp4
 	@echo "Watch it live: $(PY) -m pip install -e '.[view]', then add --rerun-serve to the command above and open the URL it prints (a browser; over SSH, forward its two ports), or --rerun for the native viewer; --rerun-save run.rrd keeps a recording."
 
-test: $(VENV)/.installed $(OPENPI_VENV)/.installed
-	WORLDSTEP_OPENPI_PYTHON=$(abspath $(OPENPI_VENV))/bin/python $(PY) -m pytest -q tests
+test: $(VENV)/.installed $(OPENPI_VENV)/.installed $(LEROBOT_VENV)/.installed $(LEROBOT_V21_VENV)/.installed
+	WORLDSTEP_OPENPI_PYTHON=$(abspath $(OPENPI_VENV))/bin/python \
+	WORLDSTEP_LEROBOT_PYTHON=$(abspath $(LEROBOT_VENV))/bin/python \
+	WORLDSTEP_LEROBOT_V21_PYTHON=$(abspath $(LEROBOT_V21_VENV))/bin/python $(PY) -m pytest -q tests
 
 # Cosmos3-Edge at full size on CPU (issue 15): pipeline parity, kv rollout vs the dense oracle, memory plan vs
 # the measured peak. Needs ~17.5 GiB of free RAM; ~25 min on a loaded 2-core box. Writes docs/bench/edge/cpu.json.

@@ -20,9 +20,11 @@ class MultiCameraObservation(gym.ObservationWrapper):
     The env's ``frames`` ``(chunk, H, W, 3)`` are split into ``obs[camera]`` ``(chunk, h, w, 3)`` uint8 by a
     :class:`CameraGrid` (``layout``: ``"row"``, side by side, or ``"column"``, stacked; no published source
     fixes Cosmos3's arrangement, so it is an explicit argument). Other observation keys (``state``) pass
-    through. ``reset(options={"image": {camera: (h, w, 3) uint8, ...}})`` composes the views into the
-    first frame; a missing or unknown camera, or a view of another size, is a ``ValueError`` naming the
-    camera, raised before the env does any work. ``images`` gives the default first views.
+    through. ``reset(options={"image": {camera: (h', w', 3) uint8, ...}})`` composes the views into the
+    first frame, each view of another size than its camera's ``h x w`` cover-cropped into it the way a single
+    first frame is into the model's frame (``CameraGrid.fit_views``); a missing or unknown camera, or a view
+    that is not ``(h', w', 3)`` uint8, is a ``ValueError`` naming the camera, raised before the env does any
+    work. ``images`` gives the default first views.
 
     The env's caption must frame the video as ``concat_view`` ("This video contains concatenated views from
     multiple camera perspectives.", diffusers' ``_ACTION_VIEWPOINT_TEMPLATES``): an env whose view point is
@@ -45,6 +47,7 @@ class MultiCameraObservation(gym.ObservationWrapper):
         chunk, height, width = frames.shape[:3]
         self.grid = CameraGrid(cameras, layout, height, width)
         if images is not None:
+            images = self.grid.fit_views(images)
             self.grid.check_views(images, "images")
             images = {name: np.array(images[name]) for name in cameras}
         self.images = images
@@ -65,6 +68,7 @@ class MultiCameraObservation(gym.ObservationWrapper):
         options = dict(options or {})
         views = options.get("image", self.images)
         if views is not None:  # composed before the env does any work; a bad view raises here
+            views = self.grid.fit_views(views)
             options["image"] = self.grid.compose(views, "options['image']" if "image" in options else "images")
         return super().reset(seed=seed, options=options or None)
 

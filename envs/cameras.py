@@ -120,6 +120,22 @@ class CameraGrid:
                                  f"layout)")
             lead = view.shape[:-3]
 
+    def fit_views(self, views: Any) -> Any:
+        """First views of any size: each ``(h', w', 3)`` uint8 view of another size than its camera's is
+        cover-cropped into it exactly as a single first frame is into the model's frame
+        (``engine.vae.encoder.cover_crop``); anything else is returned as it is, for ``check_views`` to judge."""
+        if not isinstance(views, Mapping):
+            return views
+        from worldstep.engine.vae.encoder import cover_crop
+
+        shapes = self.view_shapes()
+        fitted = dict(views)
+        for name, view in views.items():
+            if (name in shapes and isinstance(view, np.ndarray) and view.dtype == np.uint8 and view.ndim == 3
+                    and view.shape[-1] == 3 and view.shape[:2] != shapes[name] and min(view.shape[:2]) > 0):
+                fitted[name] = cover_crop(view, *shapes[name])
+        return fitted
+
     def compose(self, views: Mapping[str, np.ndarray], field: str = "views") -> np.ndarray:
         """The model frame(s) ``(..., H, W, 3)`` holding every camera's view in its region."""
         self.check_views(views, field)

@@ -1,5 +1,5 @@
-"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info``, ``stats``, ``bench``, ``train`` and
-``fidelity``.
+"""``worldstep`` command line: ``rollout``, ``eval``, ``plan``, ``info``, ``stats``, ``bench``, ``train``,
+``fidelity``, ``replay`` and ``export-pushsim``.
 
 Every command parses its flags into config overrides and calls the SDK. Flags, files and the config are
 checked before any model loads (``cli_checks``); an error is one line on stderr naming the flag or key, the
@@ -34,6 +34,7 @@ from .cli_flags import EvalFlags, InfoFlags, ModelFlags, PlanFlags, RolloutFlags
 from .cli_view import add_view_flags, closing_on_error, logged, open_from_args, wants_view
 from .cli_view import finish as finish_view
 from .flags import add_flags
+from .lerobot.cli import add_parsers as add_lerobot_parsers
 from .registration import WORLD_MODEL_IDS
 from .serve.cli import add_parser as add_serve_parser
 
@@ -95,6 +96,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     if args.truth and args.image is not None:
         raise ValueError("--truth with --image is invalid; allowed: --truth alone (the simulator sets the first frame)")
+    if args.truth and args.lerobot_out is not None:
+        raise ValueError("--truth with --lerobot-out is invalid; allowed: one of them")
+    _check_lerobot_out(args.lerobot_out)
     model, config = _prepare(args, max_windows=args.windows)
     success = success_judge(args.success, config)
     policy = _early_policy(args, config)
@@ -106,12 +110,18 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     viewer = open_from_args(args)
     with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         env = logged(make_env(config, success_fn=success), viewer)
+        if args.lerobot_out is not None:
+            from .lerobot.imagined import RecordLeRobot
+
+            env = RecordLeRobot(env, args.lerobot_out)
         try:
             if policy is None:
                 policy = make_policy(args.policy, env.action_space, seed=args.seed)
                 check_replay_length(policy, args.windows, args.policy)
             result = rollout(env, policy, seed=args.seed, max_windows=args.windows, video_path=args.out,
                              progress=not args.quiet, on_window=record.window_done)
+            if args.lerobot_out is not None:
+                env.finish()
         finally:
             env.close()
     summary_path = record.finish(**result.to_dict())
@@ -120,6 +130,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
           f"success {result.success}; summary {summary_path}")
     finish_view(viewer)
     return 0
+
+
+def _check_lerobot_out(path: str | None) -> None:
+    if path is not None and Path(path).exists():
+        raise ValueError(f"--lerobot-out={path!r} is invalid: it exists; allowed: a folder that does not exist yet")
 
 
 def _summary_path(args: argparse.Namespace) -> Path:
@@ -229,9 +244,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .world import load, make_env
 
     path = Path(args.episodes)
-    if not path.is_file():
+    if path.is_dir():  # a LeRobot dataset: its recorded starts are the episodes
+        from .lerobot.start_states import dataset_episodes
+
+        episodes = check_episodes(dataset_episodes(args.episodes, starts=args.starts, seed=args.seed))
+    elif not path.is_file():
         raise FileNotFoundError(f"episodes file {args.episodes!r} does not exist")
-    episodes = check_episodes(yaml.safe_load(path.read_text()))
+    else:
+        if args.starts is not None:
+            raise ValueError("--starts is invalid with an episodes file; allowed: with a LeRobot dataset folder")
+        episodes = check_episodes(yaml.safe_load(path.read_text()))
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out-dir={args.out_dir!r} is invalid: it is a file; allowed: a folder")
@@ -241,6 +263,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = _early_policy(args, config)
     longest = max(ep.get("max_windows") or config.env.max_windows for ep in episodes)
     check_replay_length(policy, longest, args.policy)
+    if args.lerobot_out is not None and args.ray:
+        raise ValueError("--lerobot-out with --ray is invalid; allowed: a local eval")
+    _check_lerobot_out(args.lerobot_out)
     if wants_view(args) and (args.ray or args.batched):
         raise ValueError("--rerun, --rerun-connect, --rerun-save and --rerun-serve are invalid with --ray or "
                          "--batched; allowed: an eval that steps one episode at a time")
@@ -265,7 +290,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 success = None
             report = evaluate(target, policy, episodes, success_fn=success, out_dir=out_dir, batched=args.batched,
                               batch_size=args.batch_size, seed=args.seed, record_video=args.video,
-                              progress=not args.quiet, run_info=run, **ray)
+                              progress=not args.quiet, run_info=run, lerobot_out=args.lerobot_out, **ray)
     except KeyboardInterrupt:
         raise RunInterrupted(f"interrupted; the episodes that finished are in {out_dir / 'report.json'} "
                              '("status": "interrupted")') from None
@@ -446,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_serve_parser(sub, _add_model_flags, _model_and_overrides)
+    add_lerobot_parsers(sub, add_view_flags)
     _add_passthrough(sub, "train", "train a small Cosmos3 world model on simulator clips (resumable; see --help)")
     _add_passthrough(sub, "fidelity", "fidelity report: world model vs simulator, PSNR/SSIM/object error, ranking")
     return parser

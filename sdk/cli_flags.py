@@ -38,6 +38,8 @@ class RolloutFlags:
                        "model | simulator side by side and the summary holds PSNR per window", default=False)
     out: str = flag("mp4 path", default="rollout.mp4")
     summary: str | None = flag("JSON summary path (default: --out with .json)", default=None)
+    lerobot_out: str | None = flag("also write the episode as a LeRobot v3.0 dataset in this new folder",
+                                   default=None, metavar="DIR")
     seed: int = flag("reset seed", default=0)
     prompt: str | None = flag("text prompt (default: the config's)", default=None)
     embodiment: str | None = flag("embodiment name, e.g. droid_lerobot (the README's embodiment table; default: the "
@@ -52,8 +54,11 @@ class RolloutFlags:
 class EvalFlags:
     """``worldstep eval``."""
 
-    episodes: str = flag("YAML: a list of episodes (seed, prompt, domain_id, image, max_windows) or a mapping with "
-                         "an 'episodes' list", positional=True)
+    episodes: str = flag("YAML: a list of episodes (seed, prompt, domain_id, image, max_windows, start) or a mapping "
+                         "with an 'episodes' list; or a LeRobot dataset folder, whose recorded starts are the episodes",
+                         positional=True)
+    starts: int | None = flag("with a dataset: this many (episode, frame) starts drawn from --seed (default: frame 0 "
+                              "of every episode)", default=None, type=positive_int)
     policy: str = flag("sine, random, push or replay:PATH.npy", default="sine")
     success: str | None = flag(_SUCCESS, default=None, metavar="JUDGE")
     out_dir: str = flag("report and video folder", default="runs/eval")
@@ -61,6 +66,8 @@ class EvalFlags:
     batch_size: int | None = flag("episodes per batch (default: all)", default=None, type=positive_int)
     seed: int = flag("seed of episodes without one: seed + index", default=0)
     video: bool = flag("write an mp4 per episode (--no-video skips them)", default=True)
+    lerobot_out: str | None = flag("also write the episodes as a LeRobot v3.0 dataset in this new folder (not with "
+                                   "--ray)", default=None, metavar="DIR")
     quiet: bool = flag("no progress bar", default=False)
     ray: bool = flag("shard episodes over Ray actors, one model each (pip install 'worldstep[dist]')", default=False)
     ray_address: str | None = flag("Ray cluster to join (default: $RAY_ADDRESS, else a new local one)", default=None)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import numpy as np
 from worldstep.engine.settings import ConfigError, NonNegativeInt, PositiveInt, StrictModel
 
+from .lerobot.start_states import DatasetStart
+
 __all__ = ["EpisodeConfig", "EpisodeResult", "EvalReport", "default_windows", "episode_configs", "reset_options"]
 
 
@@ -32,6 +34,9 @@ class EpisodeConfig(StrictModel):
     max_windows: PositiveInt | None = None
     """windows before the episode is cut off (None: the env's ``max_windows``, i.e. the config's
     ``env.max_windows``)"""
+    start: DatasetStart | None = None
+    """a recorded start: a LeRobot dataset's episode and frame, its task as the prompt (unless ``prompt`` is
+    given) and optionally its state (``worldstep.lerobot.start_states.DatasetStart``)"""
 
 
 @dataclass
@@ -136,6 +141,8 @@ def reset_options(episode: EpisodeConfig) -> dict[str, Any]:
     options: dict[str, Any] = {"prompt": episode.prompt, "domain_id": episode.domain_id}
     if episode.image is not None:
         options["image"] = read_image(episode.image)
+    if episode.start is not None:
+        options = {**episode.start.options(), **{k: v for k, v in options.items() if v is not None}}
     return {k: v for k, v in options.items() if v is not None}
 
 

@@ -21,7 +21,8 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
              out_dir: str | os.PathLike = "runs/eval", batched: bool = False, batch_size: int | None = None,
              seed: int = 0, record_video: bool = True, progress: bool = True,
              backend: Literal["local", "ray"] = "local", ray_address: str | None = None,
-             num_workers: int | None = None, run_info: dict[str, Any] | None = None) -> EvalReport:
+             num_workers: int | None = None, run_info: dict[str, Any] | None = None,
+             lerobot_out: str | os.PathLike | None = None) -> EvalReport:
     """Run ``policy`` for ``episodes`` and write ``out_dir/report.json`` plus one mp4 per episode.
 
     An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error``;
@@ -48,9 +49,17 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         ray_address: the Ray cluster to join (None: ``$RAY_ADDRESS``, else a new local one); ray only.
         num_workers: Ray actors, one model each (default 2); ray only.
         run_info: recorded as ``run`` in ``report.json`` (JSON-serialisable).
+        lerobot_out: also write the episodes as a LeRobot v3.0 dataset in this new folder (frames, actions,
+            state, prompt as task, success; ``worldstep.lerobot.imagined``), renamed into place when the run
+            completes; local runs, batched or not.
     """
     if backend not in ("local", "ray"):
         raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
+    if lerobot_out is not None and backend == "ray":
+        raise ValueError("lerobot_out is invalid with backend='ray'; allowed: a local run")
+    if lerobot_out is not None and Path(lerobot_out).exists():
+        raise ValueError(f"lerobot_out={str(lerobot_out)!r} is invalid: it exists; allowed: a folder that does not "
+                         "exist yet")
     if backend == "ray":
         from .distributed import evaluate_ray
 
@@ -62,4 +71,4 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         raise ValueError("ray_address and num_workers only apply with backend='ray'")
     return evaluate_local(env_or_model, policy, episodes, seed=seed, success_fn=success_fn, out_dir=Path(out_dir),
                           batched=batched, batch_size=batch_size, record_video=record_video, progress=progress,
-                          run_info=run_info)
+                          run_info=run_info, lerobot_out=lerobot_out)

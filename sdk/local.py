@@ -78,7 +78,8 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
 def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | EpisodeConfig], *,
                    seed: int, success_fn: Callable[[np.ndarray], bool] | None, out_dir: Path, batched: bool,
                    batch_size: int | None, record_video: bool, progress: bool,
-                   run_info: dict[str, Any] | None = None) -> EvalReport:
+                   run_info: dict[str, Any] | None = None,
+                   lerobot_out: str | os.PathLike | None = None) -> EvalReport:
     """`worldstep.evaluate` with ``backend="local"`` (its arguments)."""
     from .world import World, load, make_env, make_vec_env
 
@@ -91,6 +92,10 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
         raise ValueError("batched=True needs a model or a WorldModelVectorEnv, not a single env")
     world = None if is_env else (env_or_model if isinstance(env_or_model, World) else load(env_or_model))
     eps = episode_configs(episodes, seed, default_windows(env_or_model if is_env else world))
+    stated = [i for i, ep in enumerate(eps) if ep.start is not None and ep.start.state]
+    if batched and stated:  # a batch resets with image, prompt and domain_id only
+        raise ValueError(f"episodes[{stated[0]}].start.state=True is invalid with batched=True; allowed: an unbatched "
+                         "run (a batched reset takes image, prompt and domain_id)")
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = getattr(env_or_model, "spec", None)
     model_name = world.config.model.name if world is not None else (spec.id if spec else type(env_or_model).__name__)
@@ -106,6 +111,8 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
     try:
         if not batched:
             env = env_or_model if is_env else make_env(world, **env_kwargs)
+            recorder = None if lerobot_out is None else _lerobot_recorder(env, lerobot_out)
+            env = env if recorder is None else recorder
             try:
                 for i, ep in enumerate(eps):
                     result = rollout(env, policy, seed=ep.seed, max_windows=ep.max_windows,
@@ -113,20 +120,34 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
                                      on_window=window_done, policy_errors="record")
                     report.episodes.append(result)
                     bar.update(ep.max_windows - result.windows)  # windows an early end skipped
+                if recorder is not None:
+                    recorder.finish()
             finally:
+                if recorder is not None:
+                    recorder.writer.abort()  # no-op once finish wrote the dataset
+                    env = recorder.env
                 if not is_env:
                     env.close()
         else:
             size = batch_size or (env_or_model.num_envs if is_env else len(eps))
-            for start in range(0, len(eps), size):
-                group = list(range(start, min(start + size, len(eps))))
-                vec = env_or_model if is_env else make_vec_env(world, num_envs=len(group), **env_kwargs)
-                try:
-                    report.episodes += _run_batch(vec, policy, [eps[i] for i in group], group,
-                                                  [videos[i] for i in group], window_done, bar)
-                finally:
-                    if not is_env:
-                        vec.close()
+            lerobot = None  # (writer, camera keys), opened on the first batch's env
+            try:
+                for start in range(0, len(eps), size):
+                    group = list(range(start, min(start + size, len(eps))))
+                    vec = env_or_model if is_env else make_vec_env(world, num_envs=len(group), **env_kwargs)
+                    try:
+                        if lerobot_out is not None and lerobot is None:
+                            lerobot = _lerobot_writer(vec, lerobot_out)
+                        report.episodes += _run_batch(vec, policy, [eps[i] for i in group], group,
+                                                      [videos[i] for i in group], window_done, bar, lerobot)
+                    finally:
+                        if not is_env:
+                            vec.close()
+                if lerobot is not None:
+                    lerobot[0].close()
+            finally:
+                if lerobot is not None:
+                    lerobot[0].abort()  # no-op once close wrote the dataset
     except KeyboardInterrupt:
         report.status = "interrupted"
         raise
@@ -135,6 +156,18 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
         report.wall_s = time.perf_counter() - started
         write_json(out_dir / "report.json", report.to_dict())
     return report
+
+
+def _lerobot_recorder(env: gym.Env, root: str | os.PathLike):
+    from .lerobot.imagined import RecordLeRobot
+
+    return RecordLeRobot(env, root)
+
+
+def _lerobot_writer(vec, root: str | os.PathLike):
+    from .lerobot.imagined import open_writer
+
+    return open_writer(vec, root)
 
 
 def _record(result: EpisodeResult, writer: Mp4Writer | None, frames: np.ndarray, reward, terminated, truncated,
@@ -171,9 +204,9 @@ class _Slot:
 
 
 def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int], videos: list,
-               window_done: Callable[[], None], bar) -> list:
+               window_done: Callable[[], None], bar, lerobot: tuple | None = None) -> list:
     """Episodes in the first ``len(eps)`` slots of ``vec``; extra slots repeat the last episode, unrecorded and
-    never asked for actions."""
+    never asked for actions. ``lerobot``: (writer, camera keys) the batch's episodes are added to, in order."""
     n = vec.num_envs
     episodes = eps + [eps[-1]] * (n - len(eps))
     options = [reset_options(ep) for ep in episodes]
@@ -188,6 +221,7 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
                    None if video is None else Mp4Writer(video, frame_fps(vec)), True)
              for ep, i, video, sub in zip(eps, indices, videos, subs)]
     zeros = np.zeros(vec.single_action_space.shape, np.float32)
+    buffers = None if lerobot is None else _episode_buffers(lerobot, obs, slots, vec)
 
     def act(i: int) -> np.ndarray:
         slot = slots[i] if i < len(slots) else None
@@ -219,6 +253,8 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
                 info = {k: bool(infos[k][i]) for k in ("is_success", "kv_exhausted")
                         if k in infos and infos[f"_{k}"][i]}
                 _record(slot.result, slot.writer, obs["frames"][i], rewards[i], terms[i], truncs[i], info)
+                if buffers is not None:
+                    buffers[i].step({k: v[i] for k, v in obs.items()}, actions[i], info)
                 window_done()
                 if terms[i] or truncs[i] or slot.result.windows >= slot.episode.max_windows:
                     slot.end(bar, start)
@@ -227,4 +263,17 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
             if slot.writer is not None:
                 slot.writer.abort()  # the episodes of this batch did not finish: no video replaces an earlier one
         raise
+    for buffer in buffers or []:
+        buffer.add_to(lerobot[0])
     return [slot.result for slot in slots]
+
+
+def _episode_buffers(lerobot: tuple, obs: dict[str, np.ndarray], slots: list, vec) -> list:
+    from .lerobot.imagined import EpisodeBuffer
+
+    writer, keys = lerobot
+    subs = getattr(vec, "envs", [None] * len(slots))
+    return [EpisodeBuffer(keys, writer.action_width, {k: v[i] for k, v in obs.items()},
+                          slot.result.prompt or getattr(getattr(sub, "unwrapped", None), "prompt", None)
+                          or "imagined episode")
+            for i, (slot, sub) in enumerate(zip(slots, subs))]

@@ -3,6 +3,8 @@ under gymnasium's checker, SB3's MultiInputPolicy, torchrl and RecordVideo."""
 
 from __future__ import annotations
 
+import contextlib
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -110,7 +112,7 @@ def test_bad_first_views_are_refused_before_any_model_work(cache_dir, monkeypatc
     monkeypatch.setattr(env.unwrapped, "reset", lambda **kw: calls.append(kw))
     views = first_views()
     for bad, match in [({**views, "top": views["wrist"]}, "'top'"), ({"exterior": views["exterior"]}, "'wrist'"),
-                       ({**views, "wrist": views["wrist"][:, :8]}, "'wrist'")]:
+                       ({**views, "wrist": views["wrist"][..., :2]}, "'wrist'")]:
         with pytest.raises(ValueError, match=match):
             env.reset(seed=0, options={"image": bad})
     assert calls == []  # the env never saw the bad views
@@ -222,4 +224,27 @@ def test_worldstep_make_env_takes_the_same_keywords(cache_dir):  # noqa: F811
     env = worldstep.make_env("tiny", cameras=("exterior", "wrist"), camera_layout="column", image=views, **FAST)
     env.reset(seed=0)  # the episode starts from the default first views, stacked
     assert np.array_equal(env.unwrapped.episode.first_image, np.concatenate([views["exterior"], views["wrist"]]))
+    env.close()
+
+
+def test_views_of_any_size_are_cover_cropped_into_their_slots(cache_dir, monkeypatch):  # noqa: F811
+    """A DROID camera's 180x320 frames, and views of any other size, go into their 32x16 slots the way one first
+    frame goes into the model's frame (engine.vae.encoder.cover_crop); a view of the slot's size is kept as is."""
+    from worldstep.engine.vae.encoder import cover_crop
+
+    env = make()
+    calls = []
+    monkeypatch.setattr(env.unwrapped, "reset", lambda **kw: calls.append(kw) or ({}, {}))
+    rng = np.random.default_rng(1)
+    views = {"exterior": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
+             "wrist": rng.integers(0, 256, (32, 16, 3), dtype=np.uint8)}
+    with contextlib.suppress(Exception):  # the stub env returns no observation; what matters is what it got
+        env.reset(seed=0, options={"image": views})
+    composed = calls[0]["options"]["image"]
+    assert composed.shape == (32, 32, 3)
+    assert np.array_equal(composed[:, :16], cover_crop(views["exterior"], 32, 16))
+    assert np.array_equal(composed[:, 16:], views["wrist"])
+    monkeypatch.undo()
+    obs, _ = env.reset(seed=0, options={"image": {"exterior": views["exterior"], "wrist": views["exterior"][:90]}})
+    assert obs["exterior"].shape == (4, 32, 16, 3)
     env.close()

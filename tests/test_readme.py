@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
 
-PAGES = ("README.md", "docs/usage.md", "docs/embodiments.md", "docs/viewing.md", "docs/observations.md")
+PAGES = ("README.md", "docs/usage.md", "docs/embodiments.md", "docs/viewing.md", "docs/observations.md",
+         "docs/lerobot.md")
 NOT_RUN = {  # a substring of a block -> why it does not run here
     "needs the Cosmos3-Edge weights": "needs the real Cosmos3-Edge weights",
     "huggingface-cli download": "downloads the real Cosmos3-Edge weights",
@@ -30,6 +31,10 @@ LEAVES = {  # a substring of a CLI block -> the files it must leave behind
     "--rerun-save run.rrd": ["rollout.mp4", "rollout.json", "run.rrd"],
     "--rerun-save tiny.rrd": ["tiny.rrd"],
     "worldstep serve --config pusher": ["serve.log", "train_ppo.py", "ppo_pusher.zip"],
+    "worldstep replay --dataset pushsim-clips": ["pushsim-clips/meta/info.json", "runs/replay/report.json",
+                                                 "runs/replay/psnr.png", "runs/replay/videos/episode-000.mp4"],
+    "--lerobot-out imagined-pusher": ["pusher.mp4", "imagined-pusher/meta/info.json"],
+    "worldstep eval pushsim-starts": ["runs/starts/report.json"],
 }
 
 

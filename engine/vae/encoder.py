@@ -50,6 +50,13 @@ def preprocess_first_frame(image: np.ndarray, height: int, width: int) -> torch.
     return pixels.round().clamp(0, 255) / 127.5 - 1.0
 
 
+def cover_crop(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """`preprocess_first_frame`'s pixels as uint8 `[height, width, 3]`: the image a session starts from (exact: the
+    preprocessing rounds to 8-bit levels before mapping to [-1, 1])."""
+    pixels = (preprocess_first_frame(image, height, width)[0].permute(1, 2, 0) + 1.0) * 127.5  # [height,width,3]
+    return pixels.round().clamp(0, 255).to(torch.uint8).numpy()
+
+
 def _encode_mean(vae: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The posterior mean (mode) of one frame. Args: x `[1, 3, 1, H, W]`. Returns `[1, C, 1, h, w]`."""
     if vae.use_tiling or vae.use_slicing:  # keep diffusers' tiled/sliced encode exactly

@@ -82,14 +82,16 @@ class ReconstructTask:
 
     frames: np.ndarray
 
-    @torch.no_grad()
     def run(self, worker: Worker) -> np.ndarray:
-        vae, out = worker.world.vae, []
-        for clip in self.frames:
-            x = torch.from_numpy(clip).float().div(127.5).sub(1).permute(3, 0, 1, 2)[None]  # [1, 3, T, H, W]
-            y = vae.decode(vae.encode(x).latent_dist.mean).sample[0].clamp(-1, 1)  # [3, T, H, W]
-            out.append(((y.permute(1, 2, 3, 0).numpy() + 1) * 127.5).round().astype(np.uint8)[1:])
-        return np.stack(out)
+        return np.stack([vae_round_trip(worker.world.vae, clip) for clip in self.frames])
+
+
+@torch.no_grad()
+def vae_round_trip(vae: torch.nn.Module, clip: np.ndarray) -> np.ndarray:
+    """One clip `[1 + T, H, W, 3]` uint8 through the VAE (encode, posterior mean, decode) -> frames 1..T."""
+    x = torch.from_numpy(clip).float().div(127.5).sub(1).permute(3, 0, 1, 2)[None]  # [1, 3, 1 + T, H, W]
+    y = vae.decode(vae.encode(x).latent_dist.mean).sample[0].clamp(-1, 1)  # [3, 1 + T, H, W]
+    return ((y.permute(1, 2, 3, 0).numpy() + 1) * 127.5).round().astype(np.uint8)[1:]
 
 
 @dataclass(frozen=True)
