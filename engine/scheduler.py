@@ -132,20 +132,6 @@ class Scheduler(Generic[S]):
 
     # admission
 
-    def can_admit(self, pages: int, keep: Iterable[str] = ()) -> bool:
-        """Whether ``pages`` device pages can be made free, offloading idle sessions not in ``keep``."""
-        free = self.cache.num_free_pages
-        if pages <= free:
-            return True
-        cpu_room = self.cache.num_free_cpu_pages
-        for session_id in self._idle(set(keep)):
-            held = self.cache.held_pages(session_id)
-            if held <= cpu_room:
-                free, cpu_room = free + held, cpu_room - held
-                if pages <= free:
-                    return True
-        return False
-
     def admit(self, session_ids: Sequence[str], pages: int) -> None:
         """Bring the sessions back if offloaded and make ``pages`` more device pages free for their window,
         or raise `KVPoolExhausted`. Counts the sessions as used now."""

@@ -69,12 +69,11 @@ def side_by_side(left: np.ndarray, right: np.ndarray, scale: int = 4, gap: int =
     frames = joined.repeat(scale, axis=1).repeat(scale, axis=2)  # [T, H*scale, (2W+gap)*scale, 3]
     if labels is None and caption is None:
         return frames
-    header = _header(frames.shape[2], left.shape[2] * scale, (left.shape[2] + gap) * scale, labels, caption)
+    header = _header(frames.shape[2], (left.shape[2] + gap) * scale, labels, caption)
     return np.concatenate([np.broadcast_to(header, (len(frames), *header.shape)), frames], axis=1)
 
 
-def _header(width: int, left_width: int, right_start: int, labels: tuple[str, str] | None,
-            caption: str | None) -> np.ndarray:
+def _header(width: int, right_start: int, labels: tuple[str, str] | None, caption: str | None) -> np.ndarray:
     """``[HEADER_PX, width, 3]`` uint8: the halves' names at their left edges, the caption centred below."""
     from PIL import Image, ImageDraw
 

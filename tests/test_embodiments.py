@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import runpy
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from worldstep.engine.models.cosmos3.embodiments import (
     folder_registry,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = EmbodimentRegistry.default()
 PUSHER = Path(str(files("worldstep.configs") / "models" / "pusher"))
 
@@ -205,13 +209,23 @@ def test_the_shipped_pusher_json_matches_what_training_writes():
     assert meta["embodiments"] == [EMBODIMENT] and meta["builtin_embodiments"] is False
 
 
-def test_readme_table_is_generated_from_the_registry(tmp_path):
-    from worldstep.embodiment_table import BEGIN, END, render, update
+def _embodiment_table():
+    """`tools/embodiment_table.py`, the doc generator, which the installed package does not ship."""
+    path = ROOT / "tools" / "embodiment_table.py"
+    spec = importlib.util.spec_from_file_location("embodiment_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    readme = (Path(__file__).parent.parent / "docs" / "embodiments.md").read_text()
+
+def test_readme_table_is_generated_from_the_registry(tmp_path):
+    table = _embodiment_table()
+    BEGIN, END, render, update = table.BEGIN, table.END, table.render, table.update
+
+    readme = (ROOT / "docs" / "embodiments.md").read_text()
     block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert block == render(), ("the embodiment table in docs/embodiments.md is stale: "
-                               "python -m worldstep.embodiment_table docs/embodiments.md")
+                               "python tools/embodiment_table.py docs/embodiments.md")
     rows = block.splitlines()[2:]
     assert len(rows) == len(REGISTRY) and "| `droid_lerobot` | 8 | 10 | 15 | concat_view | none | diffusers |" in rows
     stale = tmp_path / "R.md"
@@ -221,3 +235,16 @@ def test_readme_table_is_generated_from_the_registry(tmp_path):
     stale.write_text("no markers")
     with pytest.raises(ValueError, match="lacks the markers"):
         update(stale)
+
+
+def test_the_table_generator_runs_from_tools_and_is_not_in_the_package(monkeypatch, capsys):
+    """The command the docs' marker names runs as a script (in this process: `runpy` runs the file as
+    ``python`` does) and prints the table; the runtime package no longer holds the generator."""
+    assert importlib.util.find_spec("worldstep.embodiment_table") is None
+    command = _embodiment_table().BEGIN.split("(", 1)[1].split(")", 1)[0].split()
+    assert command[:2] == ["python", "tools/embodiment_table.py"]
+    monkeypatch.setattr(sys, "argv", [command[1]])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / command[1]), run_name="__main__")
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == _embodiment_table().render()

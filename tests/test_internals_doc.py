@@ -1,5 +1,6 @@
 """`docs/internals.md` matches the code: one traced `env.step` of worldstep/Tiny-v0 runs every function the data
-path names, in the doc's order."""
+path names, in the doc's order; the wrapper stacks it lists are the ones built; the vector env takes the autoreset
+modes it names."""
 
 from __future__ import annotations
 
@@ -7,13 +8,25 @@ import re
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
+import worldstep
+from gymnasium.vector import AutoresetMode
+from tiny_world import cache_dir, world  # noqa: F401 - fixtures
+from worldstep.engine.models.cosmos3 import ActionNormalizer
+from worldstep.world import make_vec_env
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "perf"))
 from trace_step import tiny_env, trace_env_step  # noqa: E402
 
 HOP = re.compile(r"^\d+\. `([\w.]+)` \(`([\w/.]+)`\)", re.MULTILINE)
+STACK = re.compile(r"^- `(.+?)`(?:, each of its `envs`)?: (`\w+`(?: > `\w+`)*)$", re.MULTILINE)
+TINY = "worldstep/Tiny-v0"
+
+
+def section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def doc_hops(text: str) -> list[str]:
@@ -53,3 +66,62 @@ def test_every_function_the_doc_names_is_on_one_env_step_in_order():
     finally:
         env.close()
     assert first_in_order(hops, trace.calls) == []
+
+
+def doc_stacks(text: str) -> dict[str, list[str]]:
+    """Each build the wrapper-frames section lists, with its classes outermost first."""
+    return {build: re.findall(r"`(\w+)`", chain) for build, chain in STACK.findall(section(text, "The wrapper frames"))}
+
+
+def chain(env) -> list[str]:
+    """The class names of ``env``'s wrappers, outermost first, down to the env."""
+    names = [type(env).__name__]
+    while isinstance(env, gym.Wrapper):
+        env = env.env
+        names.append(type(env).__name__)
+    return names
+
+
+def test_the_wrapper_frames_are_the_ones_built(world):  # noqa: F811
+    """Each stack the doc lists, built on the loaded tiny model (``model=world``: the tiny config with smaller
+    frames; its ``env.max_windows`` is the registered one, as for a plain ``gym.make``)."""
+    builds = {
+        f'gym.make("{TINY}")': lambda: gym.make(TINY, model=world),
+        f'gym.make("{TINY}", max_windows=4)': lambda: gym.make(TINY, model=world, max_windows=4),
+        f'gym.make("{TINY}", disable_env_checker=True)': lambda: gym.make(TINY, model=world,
+                                                                          disable_env_checker=True),
+        'worldstep.make_env("tiny")': lambda: worldstep.make_env(world),
+        'worldstep.make_env("tiny", action_normalizer=ActionNormalizer("none"))':
+            lambda: worldstep.make_env(world, action_normalizer=ActionNormalizer("none")),
+        'worldstep.make_env("tiny", robot_state=True, cameras=("exterior", "wrist"))':
+            lambda: worldstep.make_env(world, robot_state=True, cameras=("exterior", "wrist")),
+    }
+    stacks = doc_stacks((ROOT / "docs" / "internals.md").read_text())
+    vec_build = f'gym.make_vec("{TINY}", num_envs=2)'
+    assert set(stacks) == {*builds, vec_build}
+    for build, make in builds.items():
+        env = make()
+        try:
+            assert chain(env) == stacks[build], build
+        finally:
+            env.close()
+    vec = gym.make_vec(TINY, num_envs=2, model=world)
+    try:
+        assert chain(vec) == ["WorldModelVectorEnv"]
+        assert [chain(sub) for sub in vec.envs] == [stacks[vec_build]] * 2
+    finally:
+        vec.close()
+
+
+def test_the_vector_env_takes_the_three_autoreset_modes_the_doc_names(world):  # noqa: F811
+    text = section((ROOT / "docs" / "internals.md").read_text(), "The vector env and its three autoreset modes")
+    assert re.findall(r"^- `(\w+)`", text, re.MULTILINE) == [m.name for m in AutoresetMode]
+    assert gym.make_vec(TINY, num_envs=1, model=world).autoreset_mode is AutoresetMode.NEXT_STEP
+    for mode in AutoresetMode:
+        for spelled in (mode, mode.value, mode.name.lower()):
+            envs = make_vec_env(world, num_envs=1, autoreset_mode=spelled)
+            assert envs.autoreset_mode is mode and envs.metadata["autoreset_mode"] is mode
+            envs.close()
+    envs = gym.make_vec(TINY, num_envs=1, model=world, autoreset_mode="same_step")
+    assert envs.autoreset_mode is AutoresetMode.SAME_STEP
+    envs.close()

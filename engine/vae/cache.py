@@ -16,7 +16,6 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from torch import nn
 
 Slot = torch.Tensor | str | None
-REP = "Rep"  # diffusers' marker: the upsample3d time-conv has seen latent 0 only
 
 
 def count_slots(decoder: nn.Module) -> int:

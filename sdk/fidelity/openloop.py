@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from worldstep.envs.push_sim import detect_objects, render_state
+from worldstep.envs.push_sim import render_state
 from worldstep.train.data import clips_from_seeds, rollout_states
 
-from .metrics import psnr, ssim
+from .metrics import object_errors, psnr, ssim
 from .stats import Estimate, bootstrap, nanmean, per_window_estimates
 
 VANISHED_PX = 32.0  # error charged to a frame whose block the detector cannot find (half the frame width)
@@ -74,15 +74,10 @@ def score_frames(pred: np.ndarray, held: HeldOut) -> FrameScores:
     n, t = pred.shape[:2]
     flat_p, flat_t = pred.reshape(n * t, *pred.shape[2:]), held.truth.reshape(n * t, *held.truth.shape[2:])
     states = held.states.reshape(n * t, 3, 2)
-    errors = np.full((n * t, 2), np.nan)
-    for i, frame in enumerate(flat_p):
-        found = detect_objects(frame)
-        for j, name in enumerate(("effector", "block")):
-            if found[name] is not None:
-                errors[i, j] = float(np.linalg.norm(found[name] - states[i, j]))
+    errors = object_errors(flat_p, states)
     moved = np.linalg.norm(held.states[:, :, 1] - held.start[:, None, 1], axis=-1) >= MOVED_PX  # [N, T]
     return FrameScores(psnr(flat_p, flat_t).reshape(n, t), ssim(flat_p, flat_t).reshape(n, t),
-                       errors[:, 0].reshape(n, t), errors[:, 1].reshape(n, t), moved)
+                       errors["effector"].reshape(n, t), errors["block"].reshape(n, t), moved)
 
 
 def per_window(values: np.ndarray, chunk: int) -> np.ndarray:

@@ -1,7 +1,9 @@
 """The embodiment table (docs/embodiments.md), generated from the registry so the two never drift.
 
-    python -m worldstep.embodiment_table            # print the table
-    python -m worldstep.embodiment_table docs/embodiments.md  # rewrite the block between the markers in place
+A doc generator, kept out of the installed package (`tools/` is not in pyproject's packages):
+
+    python tools/embodiment_table.py            # print the table
+    python tools/embodiment_table.py docs/embodiments.md  # rewrite the block between the markers in place
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
 
-BEGIN = "<!-- embodiment-table:begin (python -m worldstep.embodiment_table docs/embodiments.md) -->"
+BEGIN = "<!-- embodiment-table:begin (python tools/embodiment_table.py docs/embodiments.md) -->"
 END = "<!-- embodiment-table:end -->"
 
 
