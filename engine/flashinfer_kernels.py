@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from worldstep.engine.devices import canonical_device
-from worldstep.engine.kv import PageTable
+
+from .devices import canonical_device
+from .kv import PageTable
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

@@ -16,8 +16,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from worldstep.engine.kv import KVPoolExhausted, PagedKVCache, StreamKey
-from worldstep.engine.windowing import WindowPlan
+from .kv import KVPoolExhausted, PagedKVCache, StreamKey
+from .windowing import WindowPlan
 
 
 class Schedulable(Protocol):

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from worldstep.engine.checks import check_int
+from .checks import check_int
 
 
 @dataclass(frozen=True)

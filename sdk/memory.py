@@ -9,6 +9,7 @@ from typing import Any
 
 from worldstep.engine.models.cosmos3 import RolloutKnobs
 from worldstep.engine.models.cosmos3.knobs import TEMPORAL_COMPRESSION
+from worldstep.engine.models.cosmos3.tokens import window_tokens
 
 from .config import WorldstepConfig
 
@@ -67,7 +68,8 @@ def peak_pages(text_tokens: int, tokens_per_frame: int, knobs: RolloutKnobs, win
     from worldstep.engine.models.cosmos3.session import window_schedule
 
     schedule = window_schedule(knobs)
-    per_window = [p.units * tokens_per_frame + knobs.chunk_size for p in itertools.islice(schedule.windows(), windows)]
+    per_window = [window_tokens(p.units, tokens_per_frame, knobs.chunk_size)
+                  for p in itertools.islice(schedule.windows(), windows)]
     table = StreamTable(num_pages=2 + _ceil(text_tokens + sum(per_window), page_size), page_size=page_size)
     key = StreamKey("plan", StreamLabel.MAIN)
     table.create_stream(key)

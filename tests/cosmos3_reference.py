@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from worldstep.engine.models.cosmos3.layers import apply_rotary, prefill_text, rotary
 from worldstep.engine.models.cosmos3.layout import action_positions, media_offset, vision_positions
-from worldstep.engine.models.cosmos3.runner import apply_rotary, prefill_text, rotary
 from worldstep.engine.models.cosmos3.tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
 
 
@@ -53,7 +53,7 @@ def gen_layers(transformer, hidden, cos, sin, stream: DenseStream, collect=False
         q = attn.norm_added_q(attn.add_q_proj(x).view(-1, attn.num_attention_heads, attn.head_dim))
         k = attn.norm_added_k(attn.add_k_proj(x).view(-1, attn.num_key_value_heads, attn.head_dim))
         v = attn.add_v_proj(x).view(-1, attn.num_key_value_heads, attn.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary(cos, sin, q, k)
         keys.append(k)
         values.append(v)
         all_k = torch.cat([stream.k[index], k])

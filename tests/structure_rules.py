@@ -21,6 +21,7 @@ class Tree:
     root: Path
     packages: dict[str, str]
     user_code_importers: frozenset[str] = frozenset()  # modules that import what the user names (plugins)
+    relative_inside: frozenset[str] = frozenset()  # folders whose modules import each other relatively only
     modules: dict[str, Path] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -204,6 +205,22 @@ def private_imports(facts_: dict[str, ModuleFacts]) -> list[str]:
             for n in names if target != name and n.startswith("_") and not n.startswith("__")]
 
 
+def absolute_self_imports(tree_: Tree) -> list[str]:
+    """Imports of a module's own package spelled absolutely, in the folders that import themselves relatively
+    (one import style per package; the engine's relative imports keep it standalone)."""
+    found = []
+    for folder in sorted(tree_.relative_inside):
+        prefix = tree_.packages[folder]
+        for path in sorted((tree_.root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                for name in names:
+                    if name == prefix or name.startswith(prefix + "."):
+                        found.append(f"{path.relative_to(tree_.root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
 def violations(tree_: Tree) -> dict[str, list]:
     """Every rule break of the tree, by rule (empty lists: none)."""
     facts_ = all_facts(tree_)
@@ -213,4 +230,5 @@ def violations(tree_: Tree) -> dict[str, list]:
         "dynamic imports": [d for f in facts_.values() for d in f.dynamic],
         "private attributes through a module": [p for f in facts_.values() for p in f.private_through_module],
         "finalizers bound to their owner": [b for f in facts_.values() for b in f.finalizers_bound_to_owner],
+        "absolute imports of the own package": absolute_self_imports(tree_),
     }

@@ -1,4 +1,5 @@
-"""Paged attention: sdpa against an explicit dense reference; gather reuse; backend resolution."""
+"""Paged attention: sdpa against an explicit dense reference; gather reuse; staleness caught at the next forward's
+`prime`; backend resolution."""
 
 import math
 import subprocess
@@ -10,6 +11,7 @@ from worldstep.engine.attention import (
     AttentionBackendName,
     PagedAttentionBatch,
     paged_attention,
+    prime,
     resolve_backend,
 )
 from worldstep.engine.kv import PagedKVCache, StaleStreamError, StreamKey, StreamLabel
@@ -45,6 +47,12 @@ def random_inputs(q_lens, gen, dtype=torch.float64):
     )
 
 
+def forward_attention(q, k_new, v_new, batch, layer):
+    """One layer of a forward that starts here: the batch primed (what `gen_forward` does once per forward), then
+    the layer's call."""
+    return paged_attention(q, k_new, v_new, prime(batch, q.shape[1]), layer)
+
+
 def reference_for(cache, keys, q_lens, q, k_new, v_new, layer):
     out, start = [], 0
     for key, n in zip(keys, q_lens):
@@ -68,7 +76,7 @@ def test_sdpa_matches_dense_reference_on_ragged_streams(dtype):
     assert batch.backend is AttentionBackendName.SDPA
     q, k_new, v_new = random_inputs(q_lens, gen, dtype)
     for layer in range(L):
-        out = paged_attention(q, k_new, v_new, batch, layer)
+        out = forward_attention(q, k_new, v_new, batch, layer)
         expected = reference_for(cache, keys, q_lens, q, k_new, v_new, layer)
         tol = 1e-12 if dtype == torch.float64 else 1e-5
         torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
@@ -80,8 +88,6 @@ def test_flashinfer_path_with_rows_without_context_matches_the_reference(monkeyp
     without committed tokens (the paged kernel runs on the rows with context only, merged into the fresh part),
     and a batch with no context at all (the fresh part alone); `prime` and the first call make the kernels."""
     import flashinfer_emulation
-    from worldstep.engine.attention import prime
-
     flashinfer_emulation.install(monkeypatch)
     gen = torch.Generator().manual_seed(4)
     cache = make_cache(torch.float32)
@@ -91,13 +97,17 @@ def test_flashinfer_path_with_rows_without_context_matches_the_reference(monkeyp
     q_lens = [3, 5, 2][: len(committed)]
     q, k_new, v_new = random_inputs(q_lens, gen, torch.float32)
     primed = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, AttentionBackendName.FLASHINFER)
-    prime(primed, H)
+    forward = prime(primed, H)
     assert primed.kernels is not None and primed.kernels.plans == 1
+    # another batch of the model over the same layout: the kernels' plan is kept, and identity is what a layer checks
+    twin = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, AttentionBackendName.FLASHINFER,
+                               primed.kernels)
+    assert prime(twin, H).layout is forward.layout and primed.kernels.plans == 1
     for batch in (primed, PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens,
                                               AttentionBackendName.FLASHINFER)):
         for layer in range(L):
             expected = reference_for(cache, keys, q_lens, q, k_new, v_new, layer)
-            torch.testing.assert_close(paged_attention(q, k_new, v_new, batch, layer), expected, atol=1e-5, rtol=0)
+            torch.testing.assert_close(forward_attention(q, k_new, v_new, batch, layer), expected, atol=1e-5, rtol=0)
         assert batch.kernels is not None and batch.kernels.has_context == any(committed)
 
 
@@ -107,7 +117,7 @@ def test_stream_with_nothing_committed_attends_to_fresh_only():
     cache.create_stream(StreamKey("s", StreamLabel.MAIN))
     q, k_new, v_new = random_inputs([6], gen)
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("s", StreamLabel.MAIN))], [6], "sdpa")
-    torch.testing.assert_close(paged_attention(q, k_new, v_new, batch, 0), dense_reference(q, k_new, v_new))
+    torch.testing.assert_close(forward_attention(q, k_new, v_new, batch, 0), dense_reference(q, k_new, v_new))
 
 
 @pytest.mark.exactness
@@ -121,12 +131,12 @@ def test_batched_equals_one_by_one_bit_for_bit():
         add_stream(cache, key, n, gen)
     q, k_new, v_new = random_inputs(q_lens, gen, torch.float32)
     batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
-    together = paged_attention(q, k_new, v_new, batch, 1)
+    together = forward_attention(q, k_new, v_new, batch, 1)
     start = 0
     for key, n in zip(keys, q_lens):
         alone = PagedAttentionBatch(cache, [cache.page_table(key)], [n], "sdpa")
         sl = slice(start, start + n)
-        assert torch.equal(paged_attention(q[sl], k_new[sl], v_new[sl], alone, 1), together[sl])
+        assert torch.equal(forward_attention(q[sl], k_new[sl], v_new[sl], alone, 1), together[sl])
         start += n
 
 
@@ -148,7 +158,7 @@ def test_gather_is_reused_across_steps_and_redone_after_epoch_change(monkeypatch
     for _step in range(4):  # denoise steps: same committed context, fresh K/V change every step
         q, k_new, v_new = random_inputs(q_lens, gen)
         for layer in range(L):
-            out = paged_attention(q, k_new, v_new, batch, layer)
+            out = forward_attention(q, k_new, v_new, batch, layer)
             torch.testing.assert_close(out, reference_for(cache, keys, q_lens, q, k_new, v_new, layer))
     assert sorted(calls) == sorted((k, layer) for k in keys for layer in range(L))  # once each
 
@@ -157,14 +167,14 @@ def test_gather_is_reused_across_steps_and_redone_after_epoch_change(monkeypatch
                  torch.randn(L, 5, HKV, D, dtype=torch.float64))
     q, k_new, v_new = random_inputs(q_lens, gen)
     with pytest.raises(StaleStreamError):
-        paged_attention(q, k_new, v_new, batch, 0)
+        forward_attention(q, k_new, v_new, batch, 0)
 
-    # fresh table: "a" is re-gathered (its buffer grows), "b" is not
+    # fresh table: "a" is re-gathered on every layer by the next forward's prime (its buffer grows), "b" is not
     calls.clear()
     batch.tables[0] = cache.page_table(keys[0])
-    out = paged_attention(q, k_new, v_new, batch, 0)
+    out = forward_attention(q, k_new, v_new, batch, 0)
     torch.testing.assert_close(out, reference_for(cache, keys, q_lens, q, k_new, v_new, 0))
-    assert calls == [(keys[0], 0)]
+    assert calls == [(keys[0], layer) for layer in range(L)]
 
 
 def test_stale_after_release_and_offload_is_refused():
@@ -174,17 +184,17 @@ def test_stale_after_release_and_offload_is_refused():
     add_stream(cache, StreamKey("a", StreamLabel.MAIN), 12, gen)
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [2], "sdpa")
     q, k_new, v_new = random_inputs([2], gen)
-    paged_attention(q, k_new, v_new, batch, 0)
+    forward_attention(q, k_new, v_new, batch, 0)
     assert cache.offload_session("a")
     with pytest.raises(StaleStreamError, match="offloaded"):
-        paged_attention(q, k_new, v_new, batch, 0)
+        forward_attention(q, k_new, v_new, batch, 0)
     cache.reload_session("a")
     with pytest.raises(StaleStreamError):
-        paged_attention(q, k_new, v_new, batch, 0)
+        forward_attention(q, k_new, v_new, batch, 0)
     batch.tables[0] = cache.page_table(StreamKey("a", StreamLabel.MAIN))
     cache.release_oldest(StreamKey("a", StreamLabel.MAIN), 4)
     with pytest.raises(StaleStreamError, match="compacted"):
-        paged_attention(q, k_new, v_new, batch, 1)
+        forward_attention(q, k_new, v_new, batch, 1)
 
 
 def test_gradients_flow_through_fresh_kv():
@@ -193,28 +203,47 @@ def test_gradients_flow_through_fresh_kv():
     add_stream(cache, StreamKey("a", StreamLabel.MAIN), 5, gen)
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [3], "sdpa")
     q, k_new, v_new = (t.requires_grad_() for t in random_inputs([3], gen))
-    paged_attention(q, k_new, v_new, batch, 0).sum().backward()
-    paged_attention(q, k_new, v_new, batch, 0).sum().backward()  # second graph over the same buffers
+    forward_attention(q, k_new, v_new, batch, 0).sum().backward()
+    forward_attention(q, k_new, v_new, batch, 0).sum().backward()  # second graph over the same buffers
     assert k_new.grad is not None and torch.isfinite(v_new.grad).all()
 
 
 def test_input_validation_names_the_argument():
+    """`prime` checks a forward's input once (its tokens against the batch and the cache, the heads against the
+    cache's kv heads); the batch checks its own fields."""
     cache = make_cache()
     cache.create_stream(StreamKey("a", StreamLabel.MAIN))
     batch = PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [2], "sdpa")
-    q, k_new, v_new = random_inputs([2], torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match="q must be"):
-        paged_attention(q[:1], k_new, v_new, batch, 0)
-    with pytest.raises(ValueError, match="k_new"):
-        paged_attention(q, k_new[:, :1], v_new, batch, 0)
-    with pytest.raises(ValueError, match="v_new must be torch.float64"):
-        paged_attention(q, k_new, v_new.float(), batch, 0)
-    with pytest.raises(ValueError, match="multiple"):
-        paged_attention(q[:, :3], k_new, v_new, batch, 0)
+    tokens = torch.zeros(2, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"tokens must be \[N=2, ...\].*got \(1, 16\)"):
+        prime(batch, H, tokens[:1])
+    with pytest.raises(ValueError, match="tokens must be torch.float64 on cpu like the KV cache, got torch.float32"):
+        prime(batch, H, tokens.float())
+    with pytest.raises(ValueError, match=r"q heads \(3\) must be a multiple of kv heads \(2\)"):
+        prime(batch, 3, tokens)
+    assert prime(batch, H, tokens).spans == ((0, 2, 0),)  # usable after the refusals
     with pytest.raises(ValueError, match="q_lens"):
         PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [0], "sdpa")
     with pytest.raises(ValueError, match="equal length"):
         PagedAttentionBatch(cache, [cache.page_table(StreamKey("a", StreamLabel.MAIN))], [1, 2], "sdpa")
+
+
+def test_prime_is_kept_while_the_tables_are_current_and_redone_after_a_commit():
+    """Each forward primes its batch: while no table changed, the same `AttentionForward` (no gather, no plan);
+    a commit behind the batch fails loudly at the next forward; fresh tables give a new one."""
+    gen = torch.Generator().manual_seed(6)
+    cache = make_cache()
+    key = StreamKey("a", StreamLabel.MAIN)
+    add_stream(cache, key, 5, gen)
+    batch = PagedAttentionBatch(cache, [cache.page_table(key)], [3], "sdpa")
+    first = prime(batch, H)
+    assert prime(batch, H) is first and first.spans == ((0, 3, 5),)
+    cache.append(key, torch.randn(L, 2, HKV, D, dtype=torch.float64), torch.randn(L, 2, HKV, D, dtype=torch.float64))
+    with pytest.raises(StaleStreamError, match="changed"):
+        prime(batch, H)
+    batch.tables[0] = cache.page_table(key)
+    again = prime(batch, H)
+    assert again is not first and again.spans == ((0, 3, 7),)
 
 
 def test_resolve_backend_on_cpu(monkeypatch):
@@ -279,13 +308,13 @@ def test_load_problem_runs_the_kernels_once_and_names_what_failed(monkeypatch):
 def test_flashinfer_is_never_imported_on_cpu():
     code = (
         "import sys, torch\n"
-        "from worldstep.engine.attention import PagedAttentionBatch, paged_attention\n"
+        "from worldstep.engine.attention import PagedAttentionBatch, paged_attention, prime\n"
         "from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel\n"
         "c = PagedKVCache(num_layers=1, num_pages=4, page_size=4, num_kv_heads=1, head_dim=4)\n"
         "key = StreamKey('a', StreamLabel.MAIN)\n"
         "c.create_stream(key)\n"
         "b = PagedAttentionBatch(c, [c.page_table(key)], [2], 'auto')\n"
-        "paged_attention(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), b, 0)\n"
+        "paged_attention(torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), torch.zeros(2, 1, 4), prime(b, 1), 0)\n"
         "assert 'flashinfer' not in sys.modules, 'flashinfer imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

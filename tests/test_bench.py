@@ -294,7 +294,7 @@ def test_gen_flops_match_torch_flop_counter(cache):
     from worldstep.bench.archs import action_chunks, bench_arch, load_model, open_session, rollout_knobs
     from worldstep.bench.flops import GenShape, forward_flops
     from worldstep.engine.attention import PagedAttentionBatch
-    from worldstep.engine.models.cosmos3.runner import gen_forward
+    from worldstep.engine.models.cosmos3.layers import gen_forward
 
     arch = bench_arch("tiny")
     model = load_model(arch, cache_dir=cache)

@@ -61,8 +61,8 @@ def test_attention_check_rows_and_bound_on_cpu(tmp_path):
 def test_attention_check_fails_on_nan_from_a_backend(tmp_path, monkeypatch):
     real = check_attention.paged_attention
 
-    def nan_layer_one(q, k_new, v_new, batch, layer):
-        out = real(q, k_new, v_new, batch, layer)
+    def nan_layer_one(q, k_new, v_new, forward, layer):
+        out = real(q, k_new, v_new, forward, layer)
         return out.fill_(float("nan")) if layer == 1 else out
 
     monkeypatch.setattr(check_attention, "paged_attention", nan_layer_one)

@@ -90,7 +90,7 @@ def test_an_exception_inside_a_window_returns_everything_and_the_env_recovers(wo
     env.reset(seed=2)
     env.step(zeros(env.action_space))
     target = {"denoise": (window, "_denoise"), "commit": (window, "_commit"),
-              "decode": (world.model.decoder, "decode_batch")}[phase]
+              "decode": (world.model.decoder, "decode_checked")}[phase]
     with monkeypatch.context() as patch:
         patch.setattr(*target, lambda *a, **k: (_ for _ in ()).throw(RuntimeError(f"injected in {phase}")))
         with pytest.raises(RuntimeError, match=phase):

@@ -19,7 +19,7 @@ PACKAGES = {"sdk": "worldstep", "envs": "worldstep.envs", "engine": "worldstep.e
 # Modules that import what the user or a table of module:function strings names: the CLI's --success hook
 # (user code) and the bench dispatcher (its `_BENCHES` table; test_bench runs every entry).
 USER_CODE_IMPORTERS = frozenset({"worldstep.cli_checks", "worldstep.bench.cli"})
-TREE = Tree(ROOT, PACKAGES, USER_CODE_IMPORTERS)
+TREE = Tree(ROOT, PACKAGES, USER_CODE_IMPORTERS, relative_inside=frozenset({"engine"}))
 
 
 def _graph() -> dict[str, set[str]]:
@@ -37,7 +37,8 @@ def test_the_module_walk_sees_the_whole_package():
 
 
 @pytest.mark.parametrize("rule", ["cycles", "private imports", "dynamic imports",
-                                  "private attributes through a module", "finalizers bound to their owner"])
+                                  "private attributes through a module", "finalizers bound to their owner",
+                                  "absolute imports of the own package"])
 def test_the_package_keeps_the_rule(rule):
     found = violations(TREE)[rule]
     assert not found, f"{rule}: {found}"
@@ -117,6 +118,20 @@ def test_each_rule_fails_on_an_injected_violation(tmp_path, rule, files):
     found = violations(tree)
     assert found[rule], f"{rule} not caught: {found}"
     assert all(not v for k, v in found.items() if k != rule and k != "private imports"), found
+
+
+def test_one_import_style_inside_a_relative_package(tmp_path):
+    """A folder that imports itself relatively (the engine) is caught spelling its own package absolutely, in a
+    function too; the same files with the import made relative pass."""
+    lazy = {"lazy.py": "def load():\n    from pkg.table import Table\n    return Table\n"}
+    _package(tmp_path, {**CLEAN, **lazy})
+    tree = Tree(tmp_path, {"pkg": "pkg"}, relative_inside=frozenset({"pkg"}))
+    assert [v.split(": ")[1] for v in violations(tree)["absolute imports of the own package"]] == [
+        "from pkg.table import Table", "from pkg import table"]
+    relative_user = CLEAN["user.py"].replace("from pkg import table", "from . import table")
+    (tmp_path / "pkg" / "user.py").write_text(textwrap.dedent(relative_user))
+    (tmp_path / "pkg" / "lazy.py").write_text("def load():\n    from .table import Table\n    return Table\n")
+    assert violations(tree)["absolute imports of the own package"] == []
 
 
 def test_a_cycle_through_a_lazy_table_is_seen(tmp_path):

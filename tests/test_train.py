@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from worldstep.engine.models.cosmos3.runner import prefill_text
+from worldstep.engine.models.cosmos3.layers import prefill_text
 from worldstep.train.dynamics import ClipLayout, DynamicsBatch, DynamicsModel, text_kv
 from worldstep.train.pusher import architectures, make_transformer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable
 
-from worldstep.engine.checks import check_int, is_int
-from worldstep.engine.kv.errors import KVPoolExhausted
+from ..checks import check_int, is_int
+from .errors import KVPoolExhausted
 
 
 class PageAllocator:

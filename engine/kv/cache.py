@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from worldstep.engine.checks import check_int
-from worldstep.engine.devices import canonical_device
-from worldstep.engine.kv.locking import locked
-from worldstep.engine.kv.offload import Offload
-from worldstep.engine.kv.stream import PageTable, StreamKey, check_stream_key
-from worldstep.engine.kv.table import StreamTable
+
+from ..checks import check_int
+from ..devices import canonical_device
+from .locking import locked
+from .offload import Offload
+from .stream import PageTable, StreamKey, check_stream_key
+from .table import StreamTable
 
 
 class PagedKVCache(StreamTable):

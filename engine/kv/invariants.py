@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from worldstep.engine.kv.allocator import PageAllocator
-from worldstep.engine.kv.cache import PagedKVCache
+from .allocator import PageAllocator
+from .cache import PagedKVCache
 
 
 def check_invariants(cache: PagedKVCache) -> None:

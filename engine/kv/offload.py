@@ -9,7 +9,8 @@ under its lock.
 from __future__ import annotations
 
 import torch
-from worldstep.engine.kv.allocator import PageAllocator
+
+from .allocator import PageAllocator
 
 
 class Offload:

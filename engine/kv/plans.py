@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worldstep.engine.kv.stream import StreamKey
+from .stream import StreamKey
 
 
 @dataclass(frozen=True)

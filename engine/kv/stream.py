@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from worldstep.engine.kv.errors import StaleStreamError
+from .errors import StaleStreamError
 
 
 class StreamLabel(str, Enum):

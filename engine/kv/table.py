@@ -13,14 +13,14 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
-from worldstep.engine.checks import check_int
-from worldstep.engine.kv.allocator import PageAllocator
-from worldstep.engine.kv.locking import locked
-from worldstep.engine.kv.plans import AppendPlan
-from worldstep.engine.kv.stream import PageTable, StreamKey, StreamState, check_snapshot, check_stream_key
+from ..checks import check_int
+from .allocator import PageAllocator
+from .locking import locked
+from .plans import AppendPlan
+from .stream import PageTable, StreamKey, StreamLabel, StreamState, check_snapshot, check_stream_key
 
 if TYPE_CHECKING:
-    from worldstep.engine.windowing import RetentionPolicy
+    from ..windowing import RetentionPolicy
 
 
 class StreamTable:
@@ -271,8 +271,8 @@ class StreamTable:
 
     # private helpers
 
-    def _keys_of(self, session_id: str) -> list[StreamKey]:
-        return [key for key in self._streams if key.session_id == session_id]
+    def _keys_of(self, session_id: str) -> list[StreamKey]:  # one lookup per label, not a scan of the pool
+        return [k for k in (StreamKey(session_id, label) for label in StreamLabel) if k in self._streams]
 
     def _stream(self, key: StreamKey) -> StreamState:
         state = self._streams.get(key)

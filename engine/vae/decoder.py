@@ -26,7 +26,7 @@ import torch
 
 from ..lanes import hand_over, written_event
 from .cache import compact, compact_slots, count_slots, stream_tensors
-from .jobs import Output, WindowJob, WindowRunner, stacked_batches
+from .jobs import Output, WindowDecoder, WindowJob, stacked_batches
 from .latents import LatentNorm
 from .options import DecoderOptions
 from .perf import cudnn_benchmark, decoder_copy
@@ -67,7 +67,7 @@ class WarmWanDecoder:
         self._norm = LatentNorm.from_vae(vae, self.device, self.dtype)
         self._decoder = decoder_copy(vae.decoder, channels_last=self.options.channels_last,
                                      onednn_conv=self.options.onednn_conv, dtype=self.dtype)
-        self._runner = WindowRunner(
+        self._runner = WindowDecoder(
             decoder=self._decoder,
             post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv, dtype=self.dtype),
             num_slots=count_slots(self._decoder),
@@ -105,11 +105,9 @@ class WarmWanDecoder:
 
     def fork_stream(self, stream: DecodeStream) -> DecodeStream:
         """An independent copy of `stream` at the same point: cache and retained context are shared
-        snapshots (slots and context are replaced, never edited), so the two may diverge freely.
-
-        The fork of a warm stream needs a warm slot of its own; with the cap reached it becomes
-        stateless and re-decodes behind its copied context.
-        """
+        snapshots (slots and context are replaced, never edited), so the two may diverge freely. The fork of a
+        warm stream needs a warm slot of its own; with the cap reached it becomes stateless and re-decodes behind
+        its copied context."""
         self._check_open(stream)
         with stream.lock:
             fork = DecodeStream(
@@ -155,9 +153,8 @@ class WarmWanDecoder:
         the CPU, in `latents.dtype` (the slice of `vae.decode(...).sample` for fidelity checks)."""
         return self.decode_batch([stream], [latents], output="pixels")[0]
 
-    def decode_batch(
-        self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor], output: Output = "frames"
-    ) -> list:
+    def decode_batch(self, streams: Sequence[DecodeStream], latents: Sequence[torch.Tensor],
+                     output: Output = "frames") -> list:
         """Decode one window of each stream: each through its own decoder calls (the calls it would make
         alone), or with `DecoderOptions.batch_streams` the streams of one latent grid, window length and cache
         layout stacked into one set of calls (within `BATCHED_DECODE_ATOL` of the per-stream frames). All or
@@ -176,7 +173,12 @@ class WarmWanDecoder:
         """
         if output not in ("frames", "pixels", "device"):
             raise ValueError(f"output must be 'frames', 'pixels' or 'device', got {output!r}")
-        windows = self._check_batch(streams, latents, check_finite=output != "device")
+        return self.decode_checked(streams, self._check_batch(streams, latents, check_finite=output != "device"),
+                                   output)
+
+    def decode_checked(self, streams: Sequence[DecodeStream], windows: Sequence[torch.Tensor], output: Output) -> list:
+        """`decode_batch` for windows the model just made (``[1, C, t, h, w]`` on the device) on distinct streams of
+        this decoder: only what another thread can change is checked, under each stream's lock."""
         held: list[threading.Lock] = []
         try:
             for s in streams:
@@ -184,7 +186,7 @@ class WarmWanDecoder:
                     raise ValueError(f"stream {s.stream_id} is being decoded by another call; wait for it")
                 held.append(s.lock)
                 self._check_open(s)  # a close in another thread may have won the race
-            return self._decode_locked(list(streams), windows, output)
+            return self._decode_locked(list(streams), list(windows), output)
         finally:
             for lock in held:
                 lock.release()

@@ -1,8 +1,8 @@
 """One stream's window in a decode call, and the runs that decode it.
 
-`WindowRunner.run` gives one stream its own decoder calls: a kernel's rounding may depend on the batch size
+`WindowDecoder.run` gives one stream its own decoder calls: a kernel's rounding may depend on the batch size
 (oneDNN does at some shapes), so only then are a stream's frames independent of which other streams share a
-step. `WindowRunner.run_stacked` decodes the windows of several streams in one set of calls, their caches
+step. `WindowDecoder.run_stacked` decodes the windows of several streams in one set of calls, their caches
 stacked along the batch and split again afterwards (`DecoderOptions.batch_streams`): one call per group
 instead of one per stream, at a bounded rounding cost (docs/exactness.md). Only jobs with the same
 `stack_key` (latent grid, window length, context, cache layout) may share a call.
@@ -89,7 +89,7 @@ class WindowJob:
 
 
 @dataclass(frozen=True)
-class WindowRunner:
+class WindowDecoder:
     """Decodes one stream's window through the Wan decoder, call by call."""
 
     decoder: nn.Module
@@ -138,7 +138,7 @@ class WindowRunner:
 
 def stacked_batches(jobs: list[WindowJob]) -> list[list[WindowJob]]:
     """The jobs that share decoder calls under `batch_streams`: those of one `stack_key` together, so two latent
-    grids, window lengths or cache layouts never share a call (a batch of one runs `WindowRunner.run`)."""
+    grids, window lengths or cache layouts never share a call (a batch of one runs `WindowDecoder.run`)."""
     by_key: dict[tuple, list[WindowJob]] = {}
     for job in jobs:
         by_key.setdefault(job.stack_key, []).append(job)

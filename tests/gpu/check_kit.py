@@ -55,7 +55,7 @@ def toolchain() -> dict:
 
 def warm_up(device: torch.device) -> float:
     """One flashinfer batch at Edge geometry (two rows with context, one without): loads every module."""
-    from worldstep.engine.attention import AttentionBackendName, PagedAttentionBatch, paged_attention
+    from worldstep.engine.attention import AttentionBackendName, PagedAttentionBatch, paged_attention, prime
     from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
 
     cache = PagedKVCache(num_layers=1, num_pages=16, page_size=128, num_kv_heads=8, head_dim=128,
@@ -70,7 +70,7 @@ def warm_up(device: torch.device) -> float:
     batch = PagedAttentionBatch(cache, tables, [394, 200, 394], AttentionBackendName.FLASHINFER)
     q = torch.randn(988, 16, 128, device=device, dtype=torch.bfloat16)
     kv = torch.randn(988, 8, 128, device=device, dtype=torch.bfloat16)
-    out = paged_attention(q, kv, kv, batch, 0)
+    out = paged_attention(q, kv, kv, prime(batch, 16), 0)
     torch.cuda.synchronize(device)
     if not torch.isfinite(out).all():
         raise RuntimeError("flashinfer returned NaN/inf in the warm-up batch")

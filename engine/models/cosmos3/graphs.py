@@ -28,7 +28,7 @@ from torch import nn
 from ...attention import AttentionBackendName, PagedAttentionBatch
 from ...kv import PagedKVCache, PageTable
 from ...windowing import RetentionPolicy
-from .runner import gen_layers
+from .layers import gen_layers
 
 MAX_GRAPHS = 4
 

@@ -24,12 +24,13 @@ from .embodiments import folder_registry
 from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
 from .graphs import GraphCache, check_cuda_graphs
 from .knobs import RolloutKnobs
+from .layers import prefill_text
 from .loader import Cosmos3Components, load_components, model_spec, resolve_device
 from .prompt import session_prompt_ids
-from .runner import prefill_text
 from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
 from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult, charge_step_overhead
-from .stepping import WindowOutput, WindowRunner
+from .stepping import StepRunner, WindowOutput
+from .tokens import window_tokens
 from .window import WindowContext
 
 
@@ -63,7 +64,7 @@ class Cosmos3WorldModel:
         graphs = GraphCache() if check_cuda_graphs(cuda_graphs, device, backend) else None
         ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
                             components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
-        self.runner = WindowRunner(ctx, self.decoder, DecodeLane(device))
+        self.runner = StepRunner(ctx, self.decoder, DecodeLane(device))
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike, *, device: str | torch.device = "auto",
@@ -162,7 +163,7 @@ class Cosmos3WorldModel:
                                   size=frame.caption_size, use_system_prompt=self.components.default_use_system_prompt)
 
     def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs, spec: ModelSpec) -> int:
-        first_window = window_schedule(knobs).window(0).units * spec.tokens_per_frame + knobs.chunk_size
+        first_window = window_tokens(window_schedule(knobs).window(0).units, spec.tokens_per_frame, knobs.chunk_size)
         return self.scheduler.pages_to_open(len(label_ids) + first_window for label_ids in ids.values())
 
     def _prefill(self, key: StreamKey, ids: list[int]) -> None:
@@ -262,9 +263,8 @@ class Cosmos3WorldModel:
         if len(sessions) != len(actions) or len(set(map(id, sessions))) != len(sessions):
             raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
                              "action array per distinct session")
-        checked = []
+        checked = []  # each session is checked open once, under its window lock (`step`)
         for i, (s, a) in enumerate(zip(sessions, actions)):
-            s.check_open()
             low, high = s.action_bounds or (None, None)
             field = "actions" if len(sessions) == 1 else f"actions[{i}]"
             checked.append(check_actions(field, a, s.action_shape, low=low, high=high))

@@ -22,6 +22,7 @@ from .first_frame import SessionFrame
 from .geometry import LEAD_FRAMES, LatentWindows
 from .knobs import RolloutKnobs
 from .spec import ModelSpec
+from .tokens import window_tokens
 
 
 class SessionClosedError(RuntimeError):
@@ -129,7 +130,7 @@ class RolloutSession:
         """Tokens the window's commit appends to each stream: vision and actions in kv mode, none chained."""
         if self.knobs.window_mode != "kv":
             return 0
-        return plan.units * self.spec.tokens_per_frame + self.knobs.chunk_size
+        return window_tokens(plan.units, self.spec.tokens_per_frame, self.knobs.chunk_size)
 
     def group_key(self, plan: WindowPlan) -> tuple:
         """Sessions with equal keys run one window together: same timesteps, same window shape."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from .knobs import TEMPORAL_COMPRESSION, RolloutKnobs
+from .knobs import TEMPORAL_COMPRESSION
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,6 @@ class ModelSpec:
     def tokens_per_unit(self) -> int:
         """Cache tokens one committed latent frame costs: its vision tokens and its action tokens."""
         return self.tokens_per_frame + self.action_tokens_per_frame
-
-    def tokens_per_window(self, knobs: RolloutKnobs) -> int:
-        return knobs.latents_per_window * self.tokens_per_unit
 
     def at_latent_size(self, latent_height: int, latent_width: int, patch: int) -> ModelSpec:
         """This spec for frames of a ``latent_height x latent_width`` grid (a session on its own canvas)."""

@@ -49,7 +49,7 @@ class _GroupRun:
 
 
 @dataclass(frozen=True)
-class WindowRunner:
+class StepRunner:
     """What a window needs of the loaded model (``ctx``: modules, cache, backend, resolved once at load), the
     warm decoder and the decode lane; `run` runs a step's windows."""
 
@@ -87,8 +87,8 @@ class WindowRunner:
         with self.lane.after_current_work() as stream:
             clock.mark("decode_start", stream)
             if todo:
-                decoded = self.decoder.decode_batch([group[i].session.decode_stream for i in todo],
-                                                    [out[i][None] for i in todo], output="device")
+                decoded = self.decoder.decode_checked([group[i].session.decode_stream for i in todo],
+                                                      [out[i][None] for i in todo], output="device")
                 for i, f in zip(todo, decoded):
                     frames[i] = f
             clock.mark("decode_end", stream)

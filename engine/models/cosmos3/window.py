@@ -25,11 +25,11 @@ from ...lanes import PhaseClock
 from ...scheduler import ScheduledWindow
 from ...windowing import WindowPlan
 from .graphs import GraphCache, GraphedSteps
+from .layers import gen_forward, rotary
 from .layout import action_positions, media_offset, vision_positions
-from .runner import gen_forward, rotary
 from .session import RolloutSession, SessionClosedError
 from .spec import ModelSpec
-from .tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
+from .tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens, window_tokens
 from .unipc import UniPCStepper, unipc_plan
 
 denoise_loop_guard = nullcontext
@@ -69,14 +69,13 @@ def run_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSessio
     """Denoise (and in kv mode commit) one scheduled group's windows as one batched window.
 
     Args:
-        group: windows of open sessions with equal `RolloutSession.group_key`, admitted into the page pool;
+        group: windows of open sessions with equal `RolloutSession.group_key` (the scheduler grouped them by it),
+            admitted into the page pool;
             their ``actions`` are ``[chunk, width]`` float32, already checked.
         clock: marked ``denoise_end`` and ``commit_end`` (no wait for the device).
     Returns:
         per window its new latents ``[C, n, h, w]``, float32, on the device.
     """
-    if len({w.session.group_key(w.plan) for w in group}) != 1:
-        raise ValueError("sessions of one window must share group_key (steps, shift, mode, window shape, grid)")
     jobs = [_prepare(ctx, w.session, w.plan, w.actions) for w in group]
     rows = [(job, label) for job in jobs for label in job.session.labels]
     tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.keys]
@@ -103,7 +102,7 @@ def _prepare(ctx: WindowContext, session: RolloutSession, plan: WindowPlan, acti
     padded = torch.zeros(actions.shape[0], spec.action_dim)  # zero-padded to the action head, as the pipeline
     padded[:, : actions.shape[1]] = torch.from_numpy(actions)
     tokens = action_tokens(ctx.transformer, padded.to(ctx.device), session.domain_id)
-    return _Job(session, plan, noise, clean, tokens, plan.units * spec.tokens_per_frame + tokens.shape[0])
+    return _Job(session, plan, noise, clean, tokens, window_tokens(plan.units, spec.tokens_per_frame, tokens.shape[0]))
 
 
 def _row_rotary(ctx: WindowContext, job: _Job, label: StreamLabel) -> tuple[torch.Tensor, torch.Tensor]:

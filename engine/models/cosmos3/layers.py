@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from ...attention import PagedAttentionBatch, paged_attention
+from ...attention import PagedAttentionBatch, paged_attention, prime
 from .layout import text_positions
 
 
@@ -39,14 +39,14 @@ def rotary(transformer, positions: torch.Tensor, dtype: torch.dtype) -> tuple[to
     return cos.squeeze(0), sin.squeeze(0)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x `[..., N, heads, D]`, cos/sin `[N, D]`."""
-    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
+def apply_rotary(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each x `[..., N, heads, D]` rotated by cos/sin `[N, D]` (x cos + rotate_half(x) sin), in one call: a layer
+    rotates its q and k together."""
+    cos, sin, half = cos.unsqueeze(1), sin.unsqueeze(1), cos.shape[-1] // 2
+    rotated = []
+    for x in xs:  # a loop, not a generator: no frame per tensor
+        rotated.append(x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+    return tuple(rotated)
 
 
 def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +69,8 @@ def text_kv(transformer, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
         k = attn.norm_k(attn.to_k(x).view(-1, attn.num_key_value_heads, attn.head_dim))  # [L, Hkv, D]
         v = attn.to_v(x).view(-1, attn.num_key_value_heads, attn.head_dim)  # [L, Hkv, D]
         k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys.append(apply_rotary(k_for_gen, cos, sin))
+        q, k, k_for_gen = apply_rotary(cos, sin, q, k, k_for_gen)
+        keys.append(k_for_gen)
         values.append(v)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
@@ -114,7 +114,7 @@ def gen_layers(
         q = attn.norm_added_q(attn.add_q_proj(x).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
         k = attn.norm_added_k(attn.add_k_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
         v = attn.add_v_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))  # [.., N, Hkv, D]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary(cos, sin, q, k)
         if collect_kv:
             keys.append(k)
             values.append(v)
@@ -137,13 +137,17 @@ def gen_forward(
 ) -> GenOutput:
     """Run every generation layer over packed window tokens of several streams (the rollout's path).
 
+    The batch is primed here, once per forward (checks, staleness, gathers or plan); each layer's attention then
+    only dispatches and computes.
+
     Args:
         hidden: `[N, hidden]` tokens of all rows, packed in `batch` order.
         cos, sin: `[N, head_dim]` rotary tables of those tokens.
         batch: each row's committed context and its number of fresh tokens.
         collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
     """
-    return gen_layers(transformer, hidden, cos, sin, partial(paged_attention, batch=batch), collect_kv)
+    forward = prime(batch, transformer.config.num_attention_heads, hidden)
+    return gen_layers(transformer, hidden, cos, sin, partial(paged_attention, forward=forward), collect_kv)
 
 
 def masked_attention(text_k: torch.Tensor, text_v: torch.Tensor, mask: torch.Tensor) -> Attend:
