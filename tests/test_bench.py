@@ -250,7 +250,29 @@ def test_profile_and_report(tmp_path, cache):
     p = doc["results"]["profiles"]["tiny"]
     assert set(p["phases_ms"]) == {"denoise", "commit", "decode"} and len(p["top_ops"]) == 3
     docs = load_docs([tmp_path / "profile.json"])
-    assert "Top operators" in render_markdown(docs)
+    assert "Top operators" in render_markdown(docs, headline=False)
+
+
+def test_a_headline_taken_on_a_busy_box_is_refused(tmp_path):
+    """The README's headline block comes only from runs that started at a 1-minute load <= 1.5: a busy one, or one
+    without its load, is refused naming the bench and the load; the full tables still render."""
+    def soak(load):
+        machine = {"cpu": "x", "nproc": 2, **({} if load is None else {"load_average_start": [load, 1, 1]})}
+        return {"bench": "soak", "machine": machine, "tables": [], "notes": [], "settings": {}, "results": {
+            "windows": 40, "pages_min_after_full": 19, "pages_max_after_full": 20, "rss_from_window": 10,
+            "rss_block_windows": 6, "rss_growth_pct": 0.5}}
+
+    assert "19..20" in render_markdown([soak(1.5)], full=False)
+    with pytest.raises(ValueError, match=r"idle box .*<= 1.5.*bench soak at load 8.7"):
+        render_markdown([soak(1.0), soak(8.7)], full=False)
+    with pytest.raises(ValueError, match=r"bench soak at load \(not recorded\)"):
+        render_markdown([soak(None)])
+    page = tmp_path / "page.md"
+    page.write_text(f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n")
+    with pytest.raises(ValueError, match="load 2"):
+        update(page, [soak(2.0)])
+    assert "old" in page.read_text()  # nothing written
+    assert "soak" in render_markdown([soak(8.7)], headline=False)
 
 
 def test_report_headline_from_documents():
@@ -274,7 +296,7 @@ def test_readme_and_performance_tables_are_generated_from_docs_bench():
 
 
 def test_report_update_rewrites_only_the_generated_blocks(tmp_path):
-    doc = {"bench": "soak", "machine": {"cpu": "x", "nproc": 2, "load_average_start": [3.0, 2, 1]}, "tables": [],
+    doc = {"bench": "soak", "machine": {"cpu": "x", "nproc": 2, "load_average_start": [1.0, 2, 1]}, "tables": [],
            "notes": [], "settings": {}, "results": {"windows": 40, "pages_min_after_full": 19,
                                                     "pages_max_after_full": 20, "rss_from_window": 10,
                                                     "rss_block_windows": 6, "rss_growth_pct": 0.5}}

@@ -126,6 +126,21 @@ TABLES = ("<!-- bench-tables:begin (python -m worldstep.bench.report docs/bench/
           "docs/performance.md) -->", "<!-- bench-tables:end -->")
 
 
+MAX_HEADLINE_LOAD = 1.5  # a 1-minute load above this at a run's start: the box was busy, and the figure is not one
+
+
+def check_headline_loads(docs: Iterable[Doc]) -> None:
+    """Refuse a headline from a run that started on a busy box (or did not record its load), naming each."""
+    busy = []
+    for doc in docs:
+        load = (doc.get("machine", {}).get("load_average_start") or [None])[0]
+        if load is None or load > MAX_HEADLINE_LOAD:
+            busy.append(f"bench {doc.get('bench', '?')} at load {'(not recorded)' if load is None else f'{load:g}'}")
+    if busy:
+        raise ValueError(f"a headline is taken alone on an idle box (1-minute load at the start <= "
+                         f"{MAX_HEADLINE_LOAD:g}); run again: {', '.join(busy)}")
+
+
 def _ordered(docs: Iterable[Doc]) -> list[Doc]:
     return sorted(docs, key=lambda d: ORDER.index(d["bench"]) if d.get("bench") in ORDER else len(ORDER))
 
@@ -143,6 +158,7 @@ def headline_table(docs: Iterable[Doc]) -> Table:
 def render_markdown(docs: list[Doc], headline: bool = True, full: bool = True) -> str:
     parts = []
     if headline:
+        check_headline_loads(docs)
         parts.append(render_table(headline_table(docs)))
         machines = sorted({machine_line(d["machine"], load=False) for d in docs})
         loads = [d["machine"]["load_average_start"][0] for d in docs if d["machine"].get("load_average_start")]
@@ -193,11 +209,15 @@ class ReportArgs:
 def main(argv: list[str] | None = None) -> int:
     args = parse_flags(ReportArgs, argv, prog="python -m worldstep.bench.report", description=__doc__.splitlines()[0])
     docs = load_docs(args.json)
-    if args.update:
-        for path in args.update:
-            print(f"{path}: {'updated' if update(path, docs) else 'already current'}")
-        return 0
-    sys.stdout.write(render_markdown(docs, headline=True, full=not args.headline))
+    try:
+        if args.update:
+            for path in args.update:
+                print(f"{path}: {'updated' if update(path, docs) else 'already current'}")
+            return 0
+        sys.stdout.write(render_markdown(docs, headline=True, full=not args.headline))
+    except ValueError as err:  # a busy box's headline: nothing was written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,7 +11,8 @@ torch) are not counted, nor what they call back. The per-layer figure is the dif
 forward does once cancels out.
 
 Both trees take this script: `gen_forward(transformer, hidden, cos, sin, batch)` has the same signature before and
-after the per-forward context (issue 36), so the before/after figures come from one script.
+after the per-forward context (issue 36; its module was ``runner.py`` before), so the before/after figures come
+from one script.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def forward_calls(transformer, layers: int) -> int:
     """Worldstep calls of one steady-state `gen_forward` over the first ``layers`` layers of ``transformer``."""
     from worldstep.engine.attention import PagedAttentionBatch
     from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
-    from worldstep.engine.models.cosmos3.layers import gen_forward
+    try:
+        from worldstep.engine.models.cosmos3.layers import gen_forward
+    except ImportError:  # the tree before issue 36 named the module runner.py
+        from worldstep.engine.models.cosmos3.runner import gen_forward
 
     cfg = transformer.config
     all_layers = transformer.layers
