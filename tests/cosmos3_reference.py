@@ -84,7 +84,7 @@ def dense_kv_rollout(model, session_ids: list[int], first_latent, actions_list, 
     outputs = []
     from diffusers import UniPCMultistepScheduler
 
-    scheduler = UniPCMultistepScheduler.from_config(model.components.scheduler_config, flow_shift=flow_shift)
+    scheduler = UniPCMultistepScheduler.from_config(model.components.unipc_config, flow_shift=flow_shift)
     for w, actions in enumerate(actions_list):
         start, end, clean = (0, 1 + n, 1) if w == 0 else (1 + w * n, 1 + (w + 1) * n, 0)
         shape = (1, spec.latent_channels, end - start, spec.latent_height, spec.latent_width)

@@ -59,7 +59,7 @@ def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, 
     vae.eval().requires_grad_(False)
     return Cosmos3Components(
         path=Path(f"<in-memory {arch.name}>"), transformer=transformer, vae=vae,
-        scheduler_config=dict(SCHEDULER_CONFIG), tokenizer=build_tokenizer(int(transformer_arch["vocab_size"])),
+        unipc_config=dict(SCHEDULER_CONFIG), tokenizer=build_tokenizer(int(transformer_arch["vocab_size"])),
         use_native_flow_schedule=True, default_use_system_prompt=False,
         media={k: arch.architecture[k] for k in ("height", "width", "fps") if k in arch.architecture},
     )

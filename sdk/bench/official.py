@@ -110,7 +110,7 @@ def pipeline_from_components(components):
 
     return Cosmos3OmniPipeline(
         transformer=components.transformer, text_tokenizer=components.tokenizer, vae=components.vae,
-        scheduler=UniPCMultistepScheduler.from_config(components.scheduler_config), enable_safety_checker=False,
+        scheduler=UniPCMultistepScheduler.from_config(components.unipc_config), enable_safety_checker=False,
         default_use_system_prompt=components.default_use_system_prompt,
         use_native_flow_schedule=components.use_native_flow_schedule,
     )

@@ -201,7 +201,7 @@ def components_of(pipeline, architecture: Cosmos3Architecture | Mapping[str, Any
     pipeline.vae.eval().requires_grad_(False)
     return Cosmos3Components(
         path=Path("<in-memory>"), transformer=pipeline.transformer, vae=pipeline.vae,
-        scheduler_config=dict(pipeline.scheduler.config), tokenizer=pipeline.text_tokenizer,
+        unipc_config=dict(pipeline.scheduler.config), tokenizer=pipeline.text_tokenizer,
         use_native_flow_schedule=architecture.pipeline.use_native_flow_schedule,
         default_use_system_prompt=architecture.pipeline.default_use_system_prompt, media=architecture.media,
     )

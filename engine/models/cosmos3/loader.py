@@ -27,7 +27,7 @@ class Cosmos3Components:
     path: Path
     transformer: Any  # diffusers Cosmos3OmniTransformer
     vae: Any  # diffusers AutoencoderKLWan
-    scheduler_config: dict[str, Any]
+    unipc_config: dict[str, Any]  # the checkpoint's scheduler/scheduler_config.json (UniPC's noise schedule)
     tokenizer: Any
     use_native_flow_schedule: bool = True
     default_use_system_prompt: bool = False
@@ -105,14 +105,14 @@ def load_components(
     vae = AutoencoderKLWan.from_pretrained(folder / "vae", torch_dtype=vae_dtype or torch.float32)
     transformer.to(device).eval().requires_grad_(False)
     vae.to(device).eval().requires_grad_(False)
-    scheduler_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+    unipc_config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(folder / "text_tokenizer")
     index = _read_json(folder / "model_index.json")
     return Cosmos3Components(
         path=folder,
         transformer=transformer,
         vae=vae,
-        scheduler_config=scheduler_config,
+        unipc_config=unipc_config,
         tokenizer=tokenizer,
         use_native_flow_schedule=bool(index.get("use_native_flow_schedule", True)),
         default_use_system_prompt=bool(index.get("default_use_system_prompt", False)),

@@ -62,7 +62,7 @@ class Cosmos3WorldModel:
         backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
         kernels = FlashinferKernels(device) if backend is AttentionBackendName.FLASHINFER else None
         graphs = GraphCache() if check_cuda_graphs(cuda_graphs, device, backend) else None
-        ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.scheduler_config,
+        ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.unipc_config,
                             components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
         self.runner = StepRunner(ctx, self.decoder, DecodeLane(device))
 

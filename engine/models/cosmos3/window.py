@@ -3,8 +3,8 @@
 All rows (a session's ``main`` and, under CFG, ``uncond`` stream) are packed into one token sequence, so
 every denoise step is ONE forward of the generation layers for the whole group; each row's queries attend
 to its own committed context through the paged attention backend. The sessions of a group share their step
-count, shift and window shape (`group_key`), so one UniPC scheduler steps their stacked latents: its update
-is elementwise per sample, so each row gets exactly what a scheduler of its own would give it.
+count, shift and window shape (`group_key`), so one UniPC stepper steps their stacked latents: its update
+is elementwise per sample, so each row gets exactly what a stepper of its own would give it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class WindowContext:
     cache: PagedKVCache
     backend: AttentionBackendName
     spec: ModelSpec
-    scheduler_config: dict[str, Any]
+    unipc_config: dict[str, Any]  # the checkpoint's scheduler/scheduler_config.json (UniPC's noise schedule)
     native_flow_schedule: bool
     device: torch.device
     dtype: torch.dtype
@@ -147,7 +147,7 @@ def _velocity(ctx: WindowContext, job: _Job, out: torch.Tensor) -> torch.Tensor:
 
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
     knobs = jobs[0].session.knobs  # the UniPC schedule: computed once per (steps, shift), on the host
-    plan = unipc_plan(ctx.scheduler_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
+    plan = unipc_plan(ctx.unipc_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
     stepper = UniPCStepper(plan)
     graphed = None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
     if ctx.graphs is not None:
@@ -190,7 +190,7 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
             job.latents[:, :1] = job.session.first_latent.to(job.latents.device)
     level = jobs[0].session.knobs.context_noise  # one per group (group_key)
     if level > 0:
-        timestep = level * ctx.scheduler_config["num_train_timesteps"]  # the scale of the denoise steps' timesteps
+        timestep = level * ctx.unipc_config["num_train_timesteps"]  # the scale of the denoise steps' timesteps
         hidden = _hidden(ctx, jobs, timestep, [_noised(job, level) for job in jobs])
     else:
         hidden = _hidden(ctx, jobs, None)
