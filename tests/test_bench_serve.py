@@ -21,4 +21,7 @@ def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     assert all(math.isfinite(v) and v > 0 for v in r["steps_per_s"].values())
     assert r["cycles"]["pages_in_use"] == [0, 0, 0] and r["cycles"]["pages_flat"]
     assert set(r["batch_sizes"]) <= {"1", "2"} and r["overhead"]["ratio"] > 0
-    assert [len(t["rows"]) for t in doc["tables"]] == [1, 1, 1]
+    assert [len(t["rows"]) for t in doc["tables"]] == [1, 3, 1, 1]
+    cpu = r["cpu_s_per_round"]  # where a round goes: this process's CPU for every alternative, the clients' for one
+    assert set(cpu) == {"server", "separate", "vector_env"} and set(cpu["server"]) == {"bench_process", "clients"}
+    assert all(v > 0 for c in cpu.values() for v in c.values()) and "clients" not in cpu["vector_env"]

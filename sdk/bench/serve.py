@@ -51,7 +51,8 @@ def actions(shape: tuple[int, ...], k: int, seed: int) -> np.ndarray:
 
 
 def client_main(url: str, seed: int, steps: int, go: str, out: str) -> None:
-    """One client process: reset, say ready, wait for `go`, step, write each step's end time to `out`."""
+    """One client process: reset, say ready, wait for `go`, step, write each step's end time and the process CPU
+    seconds each step took to `out`."""
     from worldstep.serve import RemoteWorldModelEnv
 
     env = RemoteWorldModelEnv(url, max_windows=steps + 1)
@@ -59,12 +60,14 @@ def client_main(url: str, seed: int, steps: int, go: str, out: str) -> None:
     Path(out + ".ready").touch()
     while not Path(go).exists():
         time.sleep(0.005)
-    ends = []
+    ends, cpu = [], []
     for k in range(steps):
+        started = time.process_time()
         env.step(actions(env.action_space.shape, k, seed))
         ends.append(time.time())
+        cpu.append(time.process_time() - started)
     env.close()
-    Path(out).write_text(json.dumps(ends))
+    Path(out).write_text(json.dumps({"ends": ends, "cpu_s": cpu}))
 
 
 def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
@@ -81,7 +84,7 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
     server = WorldModelServer(world, max_batch=settings.clients, max_wait_ms=settings.max_wait_ms,
                               max_sessions=max(64, settings.clients + 2)).start()
     try:
-        rounds = _aggregate(world, server, settings, progress)
+        rounds, cpu = _aggregate(world, server, settings, progress)
         sizes = list(server.loop.batch_sizes)  # the server blocks' batches (the checks below step alone)
         overhead = _overhead(world, server, settings, progress)
         memory = _cycles(server, settings, progress)
@@ -94,6 +97,8 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
         "server_vs_vector": ratio(steps_per_s["server"], steps_per_s["vector_env"]),
         "server_vs_separate": ratio(steps_per_s["server"], steps_per_s["separate"]),
         "batch_sizes": {str(k): sizes.count(k) for k in sorted(set(sizes))},
+        "round_s": {name: median(times) for name, times in rounds.items()},
+        "cpu_s_per_round": cpu, "cores": os.cpu_count(),
         "overhead": overhead, "cycles": memory,
         "targets": {"server_vs_vector": TARGET_SERVER_VS_VECTOR, "overhead": TARGET_OVERHEAD},
     }
@@ -105,15 +110,23 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
 # --- 1. aggregate steps/s ----------------------------------------------------------------------------
 
 
-def _aggregate(world, server, settings: ServeSettings, progress: Progress) -> dict[str, list[float]]:
+def _aggregate(world, server, settings: ServeSettings,
+               progress: Progress) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Round times per alternative, and the CPU seconds a round took in this process (the envs, or the server's
+    threads) and, for the server, in its client processes: where a round's time goes when it is CPU's."""
     blocks = {"vector_env": _vector_block, "server": _server_block, "separate": _separate_block}
     order = [*blocks, *reversed(blocks)]
     times: dict[str, list[float]] = {name: [] for name in blocks}
+    cpu: dict[str, dict[str, list[float]]] = {name: {} for name in blocks}
     for i, name in enumerate(order):
         progress(f"block {i + 1}/{len(order)}: {name}, {settings.clients} envs, {settings.warmup} + "
                  f"{settings.rounds} steps")
-        times[name] += blocks[name](world, server, settings)
-    return times
+        block_times, bench_cpu, clients_cpu = blocks[name](world, server, settings)
+        times[name] += block_times
+        cpu[name].setdefault("bench_process", []).append(bench_cpu)
+        if clients_cpu is not None:
+            cpu[name].setdefault("clients", []).append(clients_cpu)
+    return times, {name: {k: median(v) for k, v in c.items()} for name, c in cpu.items()}
 
 
 def _vector_block(world, server, s: ServeSettings) -> list[float]:
@@ -123,13 +136,14 @@ def _vector_block(world, server, s: ServeSettings) -> list[float]:
     try:
         vec.reset(seed=list(range(s.clients)))
         shape = vec.single_action_space.shape
-        out = []
+        out, cpu = [], []
         for k in range(s.warmup + s.rounds):
             batch = np.stack([actions(shape, k, seed) for seed in range(s.clients)])
-            start = time.perf_counter()
+            start, started_cpu = time.perf_counter(), time.process_time()
             vec.step(batch)
             out.append(time.perf_counter() - start)
-        return out[s.warmup:]
+            cpu.append(time.process_time() - started_cpu)
+        return out[s.warmup:], median(cpu[s.warmup:]), None
     finally:
         vec.close()
 
@@ -141,20 +155,23 @@ def _separate_block(world, server, s: ServeSettings) -> list[float]:
     try:
         for seed, env in enumerate(envs):
             env.reset(seed=seed)
-        out = []
+        out, cpu = [], []
         for k in range(s.warmup + s.rounds):
-            start = time.perf_counter()
+            start, started_cpu = time.perf_counter(), time.process_time()
             for seed, env in enumerate(envs):
                 env.step(actions(env.action_space.shape, k, seed))
             out.append(time.perf_counter() - start)
-        return out[s.warmup:]
+            cpu.append(time.process_time() - started_cpu)
+        return out[s.warmup:], median(cpu[s.warmup:]), None
     finally:
         for env in envs:
             env.close()
 
 
-def _server_block(world, server, s: ServeSettings) -> list[float]:
-    """Round times of `clients` processes: round r ends when the last client's r-th step has come back."""
+def _server_block(world, server, s: ServeSettings) -> tuple[list[float], float, float]:
+    """Round times of `clients` processes (round r ends when the last client's r-th step has come back), the bench
+    process's CPU seconds per round (the server's threads, over all rounds) and all clients' together in a
+    measured round (median over rounds)."""
     steps = s.warmup + s.rounds
     with tempfile.TemporaryDirectory() as folder:
         go, outs = Path(folder) / "go", [Path(folder) / f"client{i}.json" for i in range(s.clients)]
@@ -168,19 +185,22 @@ def _server_block(world, server, s: ServeSettings) -> list[float]:
                 if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
                     raise RuntimeError("bench serve: a client process failed to start")
                 time.sleep(0.01)
-            start = time.time()
+            start, started_cpu = time.time(), time.process_time()
             go.touch()
             for proc in procs:
                 if proc.wait(timeout=600) != 0:
                     raise RuntimeError(f"bench serve: a client process exited with {proc.returncode}")
+            bench_cpu = (time.process_time() - started_cpu) / steps
         finally:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-        ends = np.array([json.loads(o.read_text()) for o in outs])  # [clients, steps]
+        records = [json.loads(o.read_text()) for o in outs]
+    ends = np.array([r["ends"] for r in records])  # [clients, steps]
+    clients_cpu = np.array([r["cpu_s"] for r in records]).sum(axis=0)[s.warmup:]  # [rounds]
     round_ends = np.concatenate([[start], ends.max(axis=0)])
-    return list(np.diff(round_ends)[s.warmup:])
+    return list(np.diff(round_ends)[s.warmup:]), bench_cpu, float(np.median(clients_cpu))
 
 
 # --- 2. one client's overhead ------------------------------------------------------------------------
@@ -245,6 +265,16 @@ def _tables(s: ServeSettings, r: dict[str, Any]) -> list[Table]:
               f"process on loopback (--max-wait-ms {s.max_wait_ms:g}), each client is its own process."))
     sps = r["steps_per_s"]
     agg.add(sps["separate"], sps["vector_env"], sps["server"], r["server_vs_vector"], r["server_vs_separate"])
+    cpu = r["cpu_s_per_round"]
+    where = Table(title=f"Where a round goes, {s.config}, {s.clients} envs: CPU seconds per round (median)", columns=[
+        "alternative", "round wall s", "bench process CPU s", "client processes CPU s", "CPU / (wall x cores)"],
+        note=f"{r['cores']} cores. The bench process runs the envs, or the server's threads; each client is its "
+             "own process (its decode of the frames, msgpack, websockets). A share near 1 means the round waits "
+             "for CPU, not for the model.")
+    for name in ("vector_env", "server", "separate"):
+        total = cpu[name]["bench_process"] + cpu[name].get("clients", 0.0)
+        where.add(name, r["round_s"][name], cpu[name]["bench_process"], cpu[name].get("clients"),
+                  total / (r["round_s"][name] * r["cores"]))
     o = r["overhead"]
     over = Table(title=f"One client: ms per step, {s.config}", columns=["local env", "remote env", "remote / local"])
     over.add(o["local_ms"], o["remote_ms"], o["ratio"])
@@ -253,7 +283,7 @@ def _tables(s: ServeSettings, r: dict[str, Any]) -> list[Table]:
                 columns=["pages in use (every tenth)", "RSS first MiB", "RSS last MiB", "RSS growth, 2nd half %"])
     mem.add(" ".join(map(str, c["pages_in_use"])), c["rss_mib"][0] if c["rss_mib"] else None,
             c["rss_mib"][-1] if c["rss_mib"] else None, c["rss_growth_pct_second_half"])
-    return [agg, over, mem]
+    return [agg, where, over, mem]
 
 
 def _notes(result: BenchResult) -> None:
