@@ -10,7 +10,7 @@ back as a text frame holding the traceback.
 chunk to worldstep's ``(chunk_size, action_width)`` with an explicit :class:`ActionMode`.
 
 We implement the ~60-line client here instead of depending on ``openpi-client``: that package pins
-``numpy<2`` (worldstep runs on numpy 2) and pulls ``dm-tree``; the wire format is the same.
+``numpy<2`` (worldstep runs on numpy 2) and pulls ``dm-tree``; the wire format (``worldstep.wire``) is the same.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from worldstep.engine.checks import check_int
 from worldstep.envs.pose import matrix_to_euler_xyz, rot6d_to_matrix
 
 from .policies import chunk_shape
+from .wire import EXTRA_HINT, RemoteError, packb, unpackb
 
 __all__ = [
     "DROID_OBS_KEYS",
@@ -41,22 +42,20 @@ __all__ = [
     "RemotePolicyError",
     "RemotePolicyProtocolError",
     "RemotePolicyTimeout",
-    "packb",
-    "unpackb",
 ]
-
-_EXTRA_HINT = "pip install 'worldstep[remote]'"
 
 
 # --- errors ---------------------------------------------------------------------------------------
 
 
-class RemotePolicyError(RuntimeError):
-    """A remote policy call failed; ``endpoint`` names the server."""
+class RemotePolicyError(RemoteError):
+    """A remote policy call failed; ``endpoint`` (the base's ``address``) names the server."""
 
-    def __init__(self, endpoint: str, message: str) -> None:
-        super().__init__(f"policy server {endpoint}: {message}")
-        self.endpoint = endpoint
+    server = "policy server"
+
+    @property
+    def endpoint(self) -> str:
+        return self.address
 
 
 class RemotePolicyConnectionError(RemotePolicyError, ConnectionError):
@@ -69,45 +68,6 @@ class RemotePolicyTimeout(RemotePolicyError, TimeoutError):
 
 class RemotePolicyProtocolError(RemotePolicyError, ValueError):
     """The server answered, but not with what the protocol or the action mapping allows."""
-
-
-# --- msgpack + numpy (openpi_client.msgpack_numpy's wire format) ----------------------------------
-
-
-def _pack_array(obj: Any) -> Any:
-    if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in ("V", "O", "c"):
-        raise ValueError(f"numpy dtype {obj.dtype} cannot be sent; allowed: numeric, bool or string arrays")
-    if isinstance(obj, np.ndarray):
-        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": obj.shape}
-    if isinstance(obj, np.generic):
-        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
-    return obj
-
-
-def _unpack_array(obj: dict) -> Any:
-    if b"__ndarray__" in obj:
-        return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
-    if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
-    return obj
-
-
-def _msgpack():
-    try:
-        import msgpack
-    except ImportError as err:
-        raise ImportError(f"remote policies need msgpack and websockets: {_EXTRA_HINT}") from err
-    return msgpack
-
-
-def packb(obj: Any) -> bytes:
-    """``obj`` (dicts, lists, scalars, numpy arrays) as openpi's msgpack bytes."""
-    return _msgpack().packb(obj, default=_pack_array)
-
-
-def unpackb(data: bytes) -> Any:
-    """The inverse of :func:`packb`."""
-    return _msgpack().unpackb(data, object_hook=_unpack_array)
 
 
 # --- the client -----------------------------------------------------------------------------------
@@ -143,7 +103,7 @@ class PolicyClient:
         try:
             from websockets.sync.client import connect
         except ImportError as err:
-            raise ImportError(f"remote policies need websockets and msgpack: {_EXTRA_HINT}") from err
+            raise ImportError(f"remote policies need websockets and msgpack: {EXTRA_HINT}") from err
         headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
         # A plain connection we close ourselves (newer websockets want that said with legacy=True).
         legacy = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
