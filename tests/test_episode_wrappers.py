@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import worldstep
 from tiny_world import cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
-from worldstep.batch_step import step_envs
 from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionStats
 from worldstep.envs import JudgeSuccess, NormalizeActions, WindowLimit, WorldModelEnv
+from worldstep.envs.batched import step_batch
 
 Q01 = np.linspace(-0.5, -0.05, 10).astype(np.float32)
 Q99 = np.linspace(0.1, 0.8, 10).astype(np.float32)
@@ -86,7 +86,7 @@ def test_batched_steps_report_what_each_env_reports_alone_from_one_engine_call(w
         actions = [_raw(scale), _raw(1 - scale)]
         want = [env.step(a) for env, a in zip(alone, actions)]
         calls.clear()
-        got = step_envs(batched, actions)
+        got = step_batch(batched, actions)
         assert calls == [2]  # one engine call for both
         for g, w in zip(got, want):
             assert g[1:4] == w[1:4] and set(g[4]) == set(w[4])
@@ -96,6 +96,22 @@ def test_batched_steps_report_what_each_env_reports_alone_from_one_engine_call(w
     for env in alone + batched:
         env.close()
     assert counts(world.model) == (0, 0, 0)
+
+
+def test_a_batch_with_a_missing_row_or_one_env_twice_is_refused_before_any_work(world, monkeypatch):  # noqa: F811
+    envs = [worldstep.make_env(world), worldstep.make_env(world)]
+    for env in envs:
+        env.reset(seed=0)
+    calls = []
+    monkeypatch.setattr(world.model, "step", lambda sessions, actions: calls.append(len(sessions)))
+    a = zeros(envs[0].action_space)
+    with pytest.raises(ValueError, match=r"len\(actions\)=1 is invalid; allowed: 2"):
+        step_batch(envs, [a])
+    with pytest.raises(ValueError, match="envs holds one env twice"):
+        step_batch([envs[0], envs[0]], [a, a])
+    assert calls == [] and [env.unwrapped.windows for env in envs] == [0, 0]
+    for env in envs:
+        env.close()
 
 
 def test_a_window_the_pool_could_not_hold_is_not_judged(world):  # noqa: F811
