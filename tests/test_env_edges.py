@@ -14,7 +14,7 @@ import worldstep
 from gymnasium.envs.registration import register, registry
 from tiny_world import FAST, cache_dir, world, zeros  # noqa: F401 - fixtures
 from worldstep.engine.models.cosmos3 import KVStats, PhaseTimings
-from worldstep.envs import RecordRollout, WorldModelEnv, WorldModelVectorEnv, fork_env
+from worldstep.envs import RecordRollout, WindowLimit, WorldModelEnv, WorldModelVectorEnv, fork_env
 
 
 def counts(model) -> tuple[int, int, int]:
@@ -257,7 +257,7 @@ def test_fork_env_keeps_gym_make_wrappers(world):  # noqa: F811
 
 def _window_counters(env) -> list[str]:
     """The wrappers of ``env`` that count windows (gymnasium's TimeLimit, and WindowLimit, one)."""
-    return [type(w).__name__ for w in _chain(env) if isinstance(w, gym.wrappers.TimeLimit)]
+    return [type(w).__name__ for w in _chain(env) if isinstance(w, (gym.wrappers.TimeLimit, WindowLimit))]
 
 
 def _windows_until_truncated(env) -> int:

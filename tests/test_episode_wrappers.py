@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import worldstep
 from tiny_world import cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionStats
+from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionRangeWarning, ActionStats
 from worldstep.envs import JudgeSuccess, NormalizeActions, WindowLimit, WorldModelEnv
 from worldstep.envs.batched import step_batch
 
@@ -137,3 +137,41 @@ def _chain(env: gym.Env) -> list[gym.Env]:
         env = env.env
         out.append(env)
     return out
+
+
+def test_wrappers_reach_the_env_through_its_public_api(world):  # noqa: F811
+    inner = WorldModelEnv(world.model, world.knobs, embodiment="bridge_orig_lerobot")
+    assert inner.action_bounds == (-1.0, 1.0) and inner.first_image is None
+    with pytest.raises(AttributeError):
+        inner.action_bounds = None  # read-only: set_action_bounds is the way in
+    for bad in ((1.0, -1.0), (0.0, float("inf")), [-1.0, 1.0], (True, 2)):
+        with pytest.raises(ValueError, match=r"bounds=.* is invalid"):
+            inner.set_action_bounds(bad)
+    env = NormalizeActions(inner, _normalizer())
+    assert inner.action_bounds is None  # the normaliser's actions may leave [-1, 1]
+    image = np.full((32, 32, 3), 90, np.uint8)
+    env.reset(seed=0, options={"image": image})
+    assert np.array_equal(inner.first_image, image)
+    outside = np.full(inner.action_space.shape, 3.0, np.float32)  # raw actions far past the stats' range
+    with pytest.warns(ActionRangeWarning):
+        env.step(outside)  # the engine holds the model's actions to no bounds
+    env.close()
+
+
+def test_window_limit_counts_its_own_windows(world):  # noqa: F811
+    inner = WorldModelEnv(world.model, world.knobs, embodiment="bridge_orig_lerobot")
+    env = WindowLimit(inner, 2)
+    assert not isinstance(env, gym.wrappers.TimeLimit) and env.elapsed_windows == 0 and env.spec is None
+    env.reset(seed=0)
+    flags = [env.step(zeros(env.action_space))[3] for _ in range(3)]
+    assert flags == [False, True, True] and env.elapsed_windows == 3  # truncated at the limit, as TimeLimit does
+    env.max_windows = 5
+    assert env.step(zeros(env.action_space))[3] is False  # 4 of 5
+    env.reset(seed=0)
+    assert env.elapsed_windows == 0
+    env.close()
+    registered = gym.make("worldstep/Tiny-v0", model=world, max_windows=2)
+    assert registered.get_wrapper_attr("max_windows") == 2 and registered.spec.max_episode_steps == 32
+    limit = next(w for w in _chain(registered) if isinstance(w, WindowLimit))
+    assert limit.spec.max_episode_steps == 2 and limit.spec.id == "worldstep/Tiny-v0"  # TimeLimit's report
+    registered.close()
