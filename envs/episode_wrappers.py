@@ -24,8 +24,11 @@ SUCCESS_MODES = ("sim", "none")
 
 class SplitStep(gym.Wrapper):
     """A wrapper whose ``step`` is ``step_out(env.step(step_in(action)))``, so many envs can share one engine
-    call between the halves. ``step_in`` returns the inner action and what ``step_out`` needs of this step; it
-    runs only on a live episode (ResetNeeded first)."""
+    call between the halves. ``step_in`` returns the inner action and what ``step_out`` needs of this step.
+
+    The outermost ``SplitStep`` of a chain checks the env's live episode once, before any ``step_in`` reads the
+    actions (ResetNeeded first, as the batched steppers and gymnasium's ``OrderEnforcing`` do); the layers
+    below it and the env take that episode as given (``step_live``)."""
 
     def step_in(self, action: Any) -> tuple[Any, Any]:
         return action, None
@@ -35,10 +38,22 @@ class SplitStep(gym.Wrapper):
 
     def step(self, action: Any):
         live_episode = getattr(self.env.unwrapped, "live_episode", None)  # any gymnasium env may be wrapped
-        if live_episode is not None:  # ResetNeeded before a ``step_in`` reads the actions, as the batched
-            live_episode()  # steppers (`prepare`) and gymnasium's OrderEnforcing do
+        return self.step_live(action, None if live_episode is None else live_episode())
+
+    def step_live(self, action: Any, episode: Any) -> tuple:
+        """This layer's step on ``episode``, which the outermost layer checked (None: not a worldstep env)."""
         inner, carry = self.step_in(action)
-        return self.step_out(self.env.step(inner), action, carry)
+        return self.step_out(step_below(self.env, inner, episode), action, carry)
+
+
+def step_below(env: gym.Env, action: Any, episode: Any) -> tuple:
+    """``env``'s step on an episode already checked: a ``SplitStep``'s or the env's ``step_live``; any other
+    wrapper's ``step`` (the ``SplitStep`` below it checks again)."""
+    if isinstance(env, SplitStep):
+        return env.step_live(action, episode)
+    if episode is not None and not isinstance(env, gym.Wrapper):
+        return env.step_live(action, episode)
+    return env.step(action)
 
 
 class NormalizeActions(SplitStep):

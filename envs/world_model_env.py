@@ -198,7 +198,11 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return self.episode.observation(), info
 
     def step(self, actions: np.ndarray):
-        episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
+        return self.step_live(actions, self.live_episode())
+
+    def step_live(self, actions: np.ndarray, episode: Episode):
+        """``step`` on ``episode``, taken from ``live_episode()`` once by the caller (this env's ``step``, or the
+        outermost ``SplitStep`` wrapper): a ``close()`` in another thread cannot pull it away mid-step."""
         try:
             result = self.model.step([episode.session], [actions])[0]
         except KVPoolExhausted:

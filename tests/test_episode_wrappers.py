@@ -175,3 +175,60 @@ def test_window_limit_counts_its_own_windows(world):  # noqa: F811
     limit = next(w for w in _chain(registered) if isinstance(w, WindowLimit))
     assert limit.spec.max_episode_steps == 2 and limit.spec.id == "worldstep/Tiny-v0"  # TimeLimit's report
     registered.close()
+
+
+def _still(space) -> np.ndarray:
+    """No motion: zeros, with an identity 6-D rotation where the robot state reads one (columns 3..8)."""
+    action = zeros(space)
+    action[:, 3] = action[:, 7] = 1.0
+    return action
+
+
+def _checks_per_step(env: gym.Env, monkeypatch, action=zeros) -> int:
+    """How many times one ``env.step(action(space))`` asks the env for its live episode."""
+    base, calls = env.unwrapped, []
+    live = base.live_episode
+    monkeypatch.setattr(base, "live_episode", lambda: calls.append(1) or live())
+    env.reset(seed=0)
+    env.step(action(env.action_space))
+    monkeypatch.undo()
+    return len(calls)
+
+
+def _stacks(world):  # noqa: F811
+    return {
+        "gym.make": lambda: gym.make("worldstep/Tiny-v0", model=world),
+        "gym.make, max_windows": lambda: gym.make("worldstep/Tiny-v0", model=world, max_windows=4),
+        "make_env, normalizer": lambda: worldstep.make_env(world, embodiment="bridge_orig_lerobot",
+                                                           action_normalizer=_normalizer()),
+    }
+
+
+def test_the_episode_is_checked_once_per_step_at_the_outermost_wrapper(world, monkeypatch):  # noqa: F811
+    for name, make in _stacks(world).items():
+        env = make()
+        assert _checks_per_step(env, monkeypatch) == 1, name
+        env.close()
+    outside = worldstep.make_env(world, robot_state=True, cameras=("exterior", "wrist"))  # wrappers around them
+    assert _checks_per_step(outside, monkeypatch, _still) == 1
+    outside.close()
+    bare = WorldModelEnv(world.model, world.knobs, embodiment="bridge_orig_lerobot")
+    assert _checks_per_step(bare, monkeypatch) == 1  # the env alone checks in its own step
+    bare.close()
+    assert counts(world.model) == (0, 0, 0)
+
+
+def test_the_count_sees_a_check_repeated_by_every_layer(world, monkeypatch):  # noqa: F811
+    """Each layer stepping the one below through its public ``step`` (the path before) checks once per layer."""
+    from worldstep.envs.episode_wrappers import SplitStep
+
+    def through_step(self, action, episode):
+        inner, carry = self.step_in(action)
+        return self.step_out(self.env.step(inner), action, carry)
+
+    env = gym.make("worldstep/Tiny-v0", model=world, max_windows=4)  # WindowLimit > JudgeSuccess > WorldModelEnv
+    with monkeypatch.context() as patched:
+        patched.setattr(SplitStep, "step_live", through_step)
+        assert _checks_per_step(env, monkeypatch) == 3
+    assert _checks_per_step(env, monkeypatch) == 1
+    env.close()
