@@ -411,7 +411,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 # --- train and fidelity (their own argument parsers) ---------------------------------------------
 
 
-PASSTHROUGH = {"train": "worldstep.train", "fidelity": "worldstep.fidelity"}
+PASSTHROUGH = {"train": "worldstep.train", "fidelity": "worldstep.fidelity.report"}
 
 
 def _add_passthrough(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
