@@ -65,32 +65,40 @@ def prepare(env: gym.Env, action: Any) -> Pending:
     return Pending(layers, episode, action)
 
 
-def step_batch(envs: Sequence[gym.Env], actions: Sequence[Any], *, strict: bool) -> list[Outcome | Exception]:
-    """Each env's ``step(actions[i])`` outcome from one ``model.step``.
+def step_batch(envs: Sequence[gym.Env], actions: Sequence[Any]) -> list[Outcome | Exception]:
+    """Each env's ``step(actions[i])`` outcome, or the exception its own step raises, from one ``model.step``: the
+    entry point for envs a caller holds itself (the server's clients' envs, the SB3 ``VecEnv``).
 
-    ``strict`` (a vector env): a refused row (``ValueError``, ``TypeError``, ``ResetNeeded``, ...) is raised before
-    any env steps. Otherwise (envs of different clients) the env at fault gets its error in its place and the
-    others step: an env without a live episode stays out of the call, and a row the engine refuses sends every
-    env through its own ``step``. When the pool cannot hold every window (``KVPoolExhausted``), the envs whose
-    sessions it closed end by truncation and the others step alone.
+    Every env must be a ``worldstep.make_env`` env (a ``WorldModelEnv`` in its wrappers) of the same loaded
+    model, each at most once. An env without a live episode gets the error ``env.step`` raises (``ResetNeeded``,
+    ``ClosedEnvironmentError``) and stays out of the call. When the engine refuses the batch for a bad row
+    (``ValueError``, raised before any work) each env is stepped on its own, so only the env at fault gets the
+    error; when the pool cannot hold every window (``KVPoolExhausted``) the envs whose sessions it closed end by
+    truncation and the others step alone, as in ``WorldModelVectorEnv``.
     """
+    if len(envs) != len(actions):
+        raise ValueError(f"len(actions)={len(actions)} is invalid; allowed: {len(envs)} (one per env)")
+    if len({id(env) for env in envs}) != len(envs):
+        raise ValueError("envs holds one env twice; allowed: distinct envs (one window per env per call)")
     out: dict[int, Outcome | Exception] = {}
     pending: dict[int, Pending] = {}
     for i, env in enumerate(envs):
         try:
             pending[i] = prepare(env, actions[i])
         except (gym.error.Error, ValueError, TypeError) as err:
-            if strict:
-                raise
             out[i] = err
-    out.update(step_prepared(envs, actions, pending, strict=strict))
+    out.update(step_prepared(envs, actions, pending, strict=False))
     return [out[i] for i in range(len(envs))]
 
 
 def step_prepared(envs: Sequence[gym.Env], actions: Sequence[Any], pending: dict[int, Pending], *,
                   strict: bool) -> dict[int, Outcome | Exception]:
-    """The outcomes of the ``prepare``d envs (``pending[i]`` of ``envs[i]``) from one ``model.step``; see
-    ``step_batch``."""
+    """The outcomes of the ``prepare``d envs (``pending[i]`` of ``envs[i]``) from one ``model.step``.
+
+    ``strict`` (a vector env): a row the engine refuses (``ValueError``, ``TypeError``) is raised. Otherwise (envs
+    of different clients, ``step_batch``) each env goes through its own ``step`` and the env at fault gets its
+    error in its place. When the pool cannot hold every window (``KVPoolExhausted``), the envs whose sessions
+    it closed end by truncation and the others step alone."""
     if not pending:
         return {}
     out: dict[int, Outcome | Exception] = {}

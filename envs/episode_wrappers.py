@@ -8,12 +8,14 @@ the server and SB3 report exactly what each wrapped env reports alone, from the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import EnvSpec
 from worldstep.engine.checks import check_callable, check_int
 from worldstep.engine.models.cosmos3 import ActionNormalizer
 
@@ -22,8 +24,11 @@ SUCCESS_MODES = ("sim", "none")
 
 class SplitStep(gym.Wrapper):
     """A wrapper whose ``step`` is ``step_out(env.step(step_in(action)))``, so many envs can share one engine
-    call between the halves. ``step_in`` returns the inner action and what ``step_out`` needs of this step; it
-    runs only on a live episode (ResetNeeded first)."""
+    call between the halves. ``step_in`` returns the inner action and what ``step_out`` needs of this step.
+
+    The outermost ``SplitStep`` of a chain checks the env's live episode once, before any ``step_in`` reads the
+    actions (ResetNeeded first, as the batched steppers and gymnasium's ``OrderEnforcing`` do); the layers
+    below it and the env take that episode as given (``step_live``)."""
 
     def step_in(self, action: Any) -> tuple[Any, Any]:
         return action, None
@@ -33,10 +38,22 @@ class SplitStep(gym.Wrapper):
 
     def step(self, action: Any):
         live_episode = getattr(self.env.unwrapped, "live_episode", None)  # any gymnasium env may be wrapped
-        if live_episode is not None:  # ResetNeeded before a ``step_in`` reads the actions, as the batched
-            live_episode()  # steppers (`prepare`) and gymnasium's OrderEnforcing do
+        return self.step_live(action, None if live_episode is None else live_episode())
+
+    def step_live(self, action: Any, episode: Any) -> tuple:
+        """This layer's step on ``episode``, which the outermost layer checked (None: not a worldstep env)."""
         inner, carry = self.step_in(action)
-        return self.step_out(self.env.step(inner), action, carry)
+        return self.step_out(step_below(self.env, inner, episode), action, carry)
+
+
+def step_below(env: gym.Env, action: Any, episode: Any) -> tuple:
+    """``env``'s step on an episode already checked: a ``SplitStep``'s or the env's ``step_live``; any other
+    wrapper's ``step`` (the ``SplitStep`` below it checks again)."""
+    if isinstance(env, SplitStep):
+        return env.step_live(action, episode)
+    if episode is not None and not isinstance(env, gym.Wrapper):
+        return env.step_live(action, episode)
+    return env.step(action)
 
 
 class NormalizeActions(SplitStep):
@@ -66,8 +83,9 @@ class NormalizeActions(SplitStep):
         else:
             low, high = (np.broadcast_to(b, (chunk, width)).astype(np.float32) for b in bounds)
             self.action_space = spaces.Box(low, high, (chunk, width), np.float32)
-        if hasattr(env.unwrapped, "action_bounds"):
-            env.unwrapped.action_bounds = None  # normalised values may leave [-1, 1], as in training
+        set_action_bounds = getattr(env.unwrapped, "set_action_bounds", None)  # any gymnasium env may be wrapped
+        if set_action_bounds is not None:
+            set_action_bounds(None)  # normalised values may leave [-1, 1], as in training
 
     def step_in(self, action: Any) -> tuple[Any, dict[str, int]]:
         result = self.normalizer(action)
@@ -121,7 +139,7 @@ class JudgeSuccess(SplitStep):
 
     def is_success(self, frames: np.ndarray) -> bool:
         if self.simulator_judge is not None:
-            return bool(self.simulator_judge(self.env.unwrapped.episode.first_image, frames))
+            return bool(self.simulator_judge(self.env.unwrapped.first_image, frames))
         return bool(self.success_fn(frames)) if self.success_fn is not None else False
 
     def step_out(self, outcome: tuple, action: Any, carry: None) -> tuple:
@@ -137,28 +155,41 @@ class JudgeSuccess(SplitStep):
         return obs, reward, terminated or is_success, truncated, {**info, "is_success": is_success}
 
 
-class WindowLimit(SplitStep, gym.wrappers.TimeLimit):
-    """gymnasium's ``TimeLimit`` counted in windows (one step is one window): truncates after ``max_windows``.
+class WindowLimit(SplitStep):
+    """Truncates after ``max_windows`` windows (one step is one window), as gymnasium's ``TimeLimit`` does after
+    ``max_episode_steps`` steps, but counted in ``step_out``, which the batched steppers call too.
 
-    ``max_windows`` is settable (applies from the next window on). Forks through ``fork_env`` carry the count.
+    ``max_windows`` is settable (applies from the next window on); ``elapsed_windows`` is this episode's count
+    (0 after a reset). Forks through ``fork_env`` carry the count. ``spec.max_episode_steps`` is ``max_windows``,
+    as ``TimeLimit`` reports its limit.
     """
 
     def __init__(self, env: gym.Env, max_windows: int) -> None:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env={env!r} is invalid; allowed: a gymnasium.Env")
-        gym.wrappers.TimeLimit.__init__(self, env, check_int("max_windows", max_windows, 1))
+        max_windows = check_int("max_windows", max_windows, 1)
+        super().__init__(env)
+        self._max_windows = max_windows
+        self.elapsed_windows = 0
 
     @property
     def max_windows(self) -> int:
-        return self._max_episode_steps
+        return self._max_windows
 
     @max_windows.setter
     def max_windows(self, value: int) -> None:
-        self._max_episode_steps = check_int("max_windows", value, 1)
+        self._max_windows = check_int("max_windows", value, 1)
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        spec = self.env.spec
+        return None if spec is None else dataclasses.replace(spec, max_episode_steps=self._max_windows)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.elapsed_windows = 0
+        return super().reset(seed=seed, options=options)
 
     def step_out(self, outcome: tuple, action: Any, carry: None) -> tuple:
         obs, reward, terminated, truncated, info = outcome
-        self._elapsed_steps += 1
-        return obs, reward, terminated, truncated or self._elapsed_steps >= self._max_episode_steps, info
-
-    step = SplitStep.step  # not TimeLimit's: the count moves in ``step_out``, which the batched steppers call
+        self.elapsed_windows += 1
+        return obs, reward, terminated, truncated or self.elapsed_windows >= self._max_windows, info

@@ -40,7 +40,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     The env does what only the world model can do. What gymnasium puts in wrappers is in wrappers
     (``worldstep.envs.episode_wrappers``), applied by ``worldstep.make_env`` and ``gym.make`` from the config:
     ``NormalizeActions`` (raw actions), ``JudgeSuccess`` (success, termination and reward) and the window limit
-    (``WindowLimit``, gymnasium's ``TimeLimit`` counted in windows; under ``gym.make``, gymnasium's own).
+    (``WindowLimit``, a ``TimeLimit`` counted in windows; under ``gym.make``, gymnasium's own ``TimeLimit``).
 
     ## Action Space
 
@@ -155,9 +155,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         # the frames play at the session's fps (the embodiment's); render() returns one frame per window
         self.metadata = {**type(self).metadata, "render_fps": cond.fps / knobs.chunk_size, "frame_fps": cond.fps}
         self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, cond.action_width), np.float32)
-        # what the engine holds each window's actions to; None when a wrapper hands it model-space actions that
-        # may leave [-1, 1] (NormalizeActions: unclipped, as in training). Applies from the next reset.
-        self.action_bounds: tuple[float, float] | None = ACTION_BOUNDS
+        self._action_bounds: tuple[float, float] | None = ACTION_BOUNDS  # see set_action_bounds
         self.observation_space = spaces.Dict(
             {"frames": spaces.Box(0, 255, (knobs.chunk_size, frame.spec.height, frame.spec.width, 3), np.uint8)})
         self.episode: Episode | None = None  # the live rollout between two resets
@@ -193,14 +191,18 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             self.rules.check_frame(image, f"the first frame of {self.simulator or 'the drawn scene'}")
         self._close_episode()  # options are valid: free the old episode's pages before opening the new one
         self.episode, self._closed = Episode.open(self.rules, image, request, self.np_random,
-                                                   self.action_bounds), False
+                                                   self._action_bounds), False
         info = self.episode.reset_info()
         if scene_seed is not None:
             info["scene_seed"] = scene_seed
         return self.episode.observation(), info
 
     def step(self, actions: np.ndarray):
-        episode = self.live_episode()  # once: a close() in another thread cannot pull it away mid-step
+        return self.step_live(actions, self.live_episode())
+
+    def step_live(self, actions: np.ndarray, episode: Episode):
+        """``step`` on ``episode``, taken from ``live_episode()`` once by the caller (this env's ``step``, or the
+        outermost ``SplitStep`` wrapper): a ``close()`` in another thread cannot pull it away mid-step."""
         try:
             result = self.model.step([episode.session], [actions])[0]
         except KVPoolExhausted:
@@ -263,6 +265,29 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                     "Cannot call env.step() after env.close(); call env.reset() to start a new episode")
             raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
         return episode
+
+    @property
+    def action_bounds(self) -> tuple[float, float] | None:
+        """What the engine holds each window's actions to (None: no bounds)."""
+        return self._action_bounds
+
+    def set_action_bounds(self, bounds: tuple[float, float] | None) -> None:
+        """Hold the actions of the next episodes to ``bounds`` (``(low, high)``), or to none: ``NormalizeActions``
+        hands the env model-space actions that may leave ``[-1, 1]`` (unclipped, as in training). Applies from the
+        next reset."""
+        if bounds is not None:
+            ok = isinstance(bounds, tuple) and len(bounds) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and np.isfinite(b) for b in bounds)
+            if not ok or not bounds[0] < bounds[1]:
+                raise ValueError(f"bounds={bounds!r} is invalid; allowed: None or (low, high) finite numbers, "
+                                 "low < high")
+            bounds = (float(bounds[0]), float(bounds[1]))
+        self._action_bounds = bounds
+
+    @property
+    def first_image(self) -> np.ndarray | None:
+        """The image the current episode started from (None before a reset): the simulator judge's goal."""
+        return None if self.episode is None else self.episode.first_image
 
     @property
     def windows(self) -> int:

@@ -41,7 +41,9 @@ from worldstep.envs.video import frame_fps, video_writer
 from worldstep.envs.wrappers import fork_env
 
 from .episodes import EpisodeResult
+from .fidelity.metrics import spearman
 from .policies import Policy
+from .truth import side_by_side
 
 __all__ = ["BlockToGoal", "ClosedLoopResult", "ModelPredictivePlanner", "closed_loop"]
 
@@ -269,8 +271,6 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     if anchor_every is not None and observe != "model":
         raise ValueError(f"anchor_every={anchor_every!r} is invalid with observe={observe!r}; allowed: None "
                          "(the simulator loop re-anchors every window)")
-    from .truth import side_by_side
-
     sim = simulator if simulator is not None else PushSimEnv(chunk_size=env.action_space.shape[0])
     start = time.perf_counter()
     result = ClosedLoopResult(EpisodeResult.of_env(env, seed=seed), getattr(policy, "name", type(policy).__name__),
@@ -340,8 +340,6 @@ def _cost_ranks(policy: Policy, sim: gym.Env, first: np.ndarray) -> list[float |
     """[Spearman of the planner's latest imagined costs vs the same candidates replayed in copies of `sim`],
     or [] for a policy that is not a planner."""
     import copy
-
-    from worldstep.fidelity.metrics import spearman  # lazy: the fidelity report imports this module
 
     candidates, imagined = getattr(policy, "last_candidates", None), getattr(policy, "last_costs", None)
     if not candidates or len(candidates) < 2 or not np.all(np.isfinite(imagined)):

@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from gymnasium import spaces
 
+from .fidelity.policies import PixelPushPolicy
+
 __all__ = ["PerStepPolicy", "Policy", "RandomPolicy", "ReplayPolicy", "SinePolicy", "make_policy"]
 
 
@@ -167,8 +169,6 @@ def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int
     if spec == "random":
         return RandomPolicy(action_space, seed=seed)
     if spec == "push":
-        from worldstep.fidelity.policies import PixelPushPolicy
-
         shape = chunk_shape(action_space)
         if shape[1] != 2:
             raise ValueError(f"policy='push' needs actions (chunk, 2); the env's action shape is {shape}")

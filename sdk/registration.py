@@ -1,5 +1,6 @@
-"""Gymnasium ids of worldstep, registered in one place: on ``import worldstep``, or by gymnasium itself
-through the ``gymnasium.envs`` entry point when another library calls ``gym.make("worldstep/...")``.
+"""Gymnasium ids of worldstep, registered in one place, by ``import worldstep``: at once when gymnasium is loaded,
+else the moment it is (``register_when_gymnasium_loads``). Gymnasium 1.x reads no plugin entry points (0.x's
+``gymnasium.envs`` group is gone), so the package's own import is the one way in.
 
 | id | config | what it is |
 |---|---|---|

@@ -2,7 +2,7 @@
 
 SB3's ``make_vec_env`` builds N separate envs that step one by one (and each loads its own model unless handed
 a ``World``), so the engine's batching is never used. :class:`WorldModelVecEnv` holds N world-model envs and
-steps them together: local envs of one model through ``worldstep.batch_step.step_envs`` (one ``model.step``),
+steps them together: local envs of one model through ``worldstep.envs.batched.step_batch`` (one ``model.step``),
 remote envs (``worldstep serve``) concurrently, so the server batches them into one engine call. Observations
 are images (``ImageObservation``: the window's last frame or every frame stacked on the channels), what
 ``CnnPolicy`` trains on.
@@ -21,13 +21,13 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
+from worldstep.envs.batched import step_batch
 
 try:
     from stable_baselines3.common.vec_env import VecEnv
 except ImportError as err:
     raise ImportError("worldstep.sb3 needs Stable-Baselines3: pip install 'stable-baselines3>=2.3'") from err
 
-from .batch_step import step_envs
 
 __all__ = ["WorldModelVecEnv"]
 
@@ -111,7 +111,7 @@ class WorldModelVecEnv(VecEnv):
         if self.remote:
             outcomes = list(self._pool.map(_step_or_error, self.envs, actions))
         else:
-            outcomes = step_envs(self.envs, list(actions))  # ONE engine call for every sub-environment
+            outcomes = step_batch(self.envs, list(actions))  # ONE engine call for every sub-environment
         observations, rewards, dones, infos = [], np.zeros(self.num_envs, np.float32), np.zeros(self.num_envs, bool), []
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, Exception):

@@ -223,7 +223,7 @@ def test_worldstep_make_env_takes_the_same_keywords(cache_dir):  # noqa: F811
     views = {"exterior": np.full((16, 32, 3), 10, np.uint8), "wrist": np.full((16, 32, 3), 200, np.uint8)}
     env = worldstep.make_env("tiny", cameras=("exterior", "wrist"), camera_layout="column", image=views, **FAST)
     env.reset(seed=0)  # the episode starts from the default first views, stacked
-    assert np.array_equal(env.unwrapped.episode.first_image, np.concatenate([views["exterior"], views["wrist"]]))
+    assert np.array_equal(env.unwrapped.first_image, np.concatenate([views["exterior"], views["wrist"]]))
     env.close()
 
 

@@ -164,7 +164,7 @@ def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
     def boom(args):
         raise RuntimeError("the engine broke\nsecond line")
 
-    monkeypatch.setattr("worldstep.cli.cmd_info", boom)
+    monkeypatch.setattr("worldstep.cli.command.cmd_info", boom)
     rc, err = run_cli(["info"], capsys)
     assert rc == 1 and err.count("\n") == 1 and "RuntimeError: the engine broke; second line" in err
     assert "WORLDSTEP_TRACEBACK=1" in err

@@ -192,22 +192,22 @@ def test_a_model_no_actor_can_load_fails_fast_with_the_actors_error(ray_cluster,
                                                                       monkeypatch):
     from worldstep.distributed import ray_eval
 
-    schedulers = []
+    queues = []
 
-    class Recorded(ray_eval.ShardScheduler):
+    class Recorded(ray_eval.ShardQueue):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            schedulers.append(self)
+            queues.append(self)
 
-    monkeypatch.setattr(ray_eval, "ShardScheduler", Recorded)
+    monkeypatch.setattr(ray_eval, "ShardQueue", Recorded)
     missing = tmp_path / "no-such-checkpoint"
     config = world.config.with_overrides(model={"name": "missing", "checkpoint": str(missing), "architecture": None})
     with pytest.raises(WorkerStartError, match=rf"could not load the model: .*{missing.name}"):
         worldstep.distributed.evaluate_ray(config, SinePolicy((4, 10)), 4, out_dir=tmp_path, progress=False,
                                            timeout_s=300)
     # Counted, not timed: the first failed start ends the run, no replacement actors (not 4 shards x 3 attempts).
-    (scheduler,) = schedulers
-    assert scheduler.started <= scheduler.num_workers and scheduler.finished == 0
+    (shard_queue,) = queues
+    assert shard_queue.started <= shard_queue.num_workers and shard_queue.finished == 0
 
 
 def test_ray_evaluate_rejects_envs_and_bad_counts(ray_cluster, world, tmp_path):  # noqa: F811
@@ -269,7 +269,7 @@ def test_ctrl_c_writes_the_interrupted_report_and_frees_the_actors(ray_cluster, 
     from ray.util import list_named_actors
     from worldstep.distributed import ray_eval
 
-    class InterruptedAfterOne(ray_eval.ShardScheduler):
+    class InterruptedAfterOne(ray_eval.ShardQueue):
         def run(self, shards, on_done, on_failed, timeout_s=None):
             def done_then_interrupt(output):
                 on_done(output)
@@ -277,7 +277,7 @@ def test_ctrl_c_writes_the_interrupted_report_and_frees_the_actors(ray_cluster, 
 
             super().run(shards, done_then_interrupt, on_failed, timeout_s)
 
-    monkeypatch.setattr(ray_eval, "ShardScheduler", InterruptedAfterOne)
+    monkeypatch.setattr(ray_eval, "ShardQueue", InterruptedAfterOne)
     episodes = [{"seed": s, "max_windows": 1} for s in (0, 1, 2)]
     with pytest.raises(KeyboardInterrupt):
         worldstep.distributed.evaluate_ray(world, SinePolicy(world.action_shape), episodes, out_dir=tmp_path,

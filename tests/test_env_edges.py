@@ -14,7 +14,7 @@ import worldstep
 from gymnasium.envs.registration import register, registry
 from tiny_world import FAST, cache_dir, world, zeros  # noqa: F401 - fixtures
 from worldstep.engine.models.cosmos3 import KVStats, PhaseTimings
-from worldstep.envs import RecordRollout, WorldModelEnv, WorldModelVectorEnv, fork_env
+from worldstep.envs import RecordRollout, WindowLimit, WorldModelEnv, WorldModelVectorEnv, fork_env
 
 
 def counts(model) -> tuple[int, int, int]:
@@ -24,7 +24,8 @@ def counts(model) -> tuple[int, int, int]:
 # --- close() from another thread, and after close ----------------------------------------------------
 
 
-def test_close_between_the_check_and_the_engine_call_is_a_clean_error(world, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("through", ["the env", "its wrappers"])
+def test_close_between_the_check_and_the_engine_call_is_a_clean_error(world, monkeypatch, through):  # noqa: F811
     env = worldstep.make_env(world)
     env.reset(seed=0)
     base = env.unwrapped
@@ -36,8 +37,9 @@ def test_close_between_the_check_and_the_engine_call_is_a_clean_error(world, mon
         return episode
 
     monkeypatch.setattr(base, "live_episode", live_then_close)
-    with pytest.raises(gym.error.ClosedEnvironmentError, match="closed"):  # the env's own step: its wrappers
-        base.step(zeros(env.action_space))  # check the episode before it, a separate read
+    stepped = base if through == "the env" else env  # the outermost wrapper's one read is the episode stepped
+    with pytest.raises(gym.error.ClosedEnvironmentError, match="closed"):
+        stepped.step(zeros(env.action_space))
     assert counts(world.model) == (0, 0, 0)
 
 
@@ -257,7 +259,7 @@ def test_fork_env_keeps_gym_make_wrappers(world):  # noqa: F811
 
 def _window_counters(env) -> list[str]:
     """The wrappers of ``env`` that count windows (gymnasium's TimeLimit, and WindowLimit, one)."""
-    return [type(w).__name__ for w in _chain(env) if isinstance(w, gym.wrappers.TimeLimit)]
+    return [type(w).__name__ for w in _chain(env) if isinstance(w, (gym.wrappers.TimeLimit, WindowLimit))]
 
 
 def _windows_until_truncated(env) -> int:

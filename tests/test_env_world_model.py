@@ -232,7 +232,7 @@ def test_fork_continues_independently(world):  # noqa: F811
     twin = fork_env(env)
     other = fork_env(env, seed=123)
     assert twin.unwrapped.windows == env.unwrapped.windows == 1
-    assert twin.get_wrapper_attr("_elapsed_steps") == 1  # the window limit's count goes with the fork
+    assert twin.get_wrapper_attr("elapsed_windows") == 1  # the window limit's count goes with the fork
     other.step(b1)  # a different future on the fork leaves the original untouched
     obs_env = env.step(a1)[0]
     obs_twin = twin.step(a1)[0]

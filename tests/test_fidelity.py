@@ -72,7 +72,7 @@ def test_pixel_policy_uses_frames_only():
 
 
 def test_small_budget_report(tmp_path, capsys):
-    from worldstep.fidelity import main
+    from worldstep.fidelity.report import main
 
     report = main(["--budget", "small", "--out", str(tmp_path), "--threads", "1"])
     progress = capsys.readouterr().err  # a report takes minutes: it says what it is doing

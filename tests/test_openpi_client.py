@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from worldstep.policy_server import PolicyServer
-from worldstep.remote_policy import DROID_OBS_KEYS, RemotePolicy, packb, unpackb
+from worldstep.remote_policy import DROID_OBS_KEYS, RemotePolicy
+from worldstep.wire import packb, unpackb
 
 OPENPI_PYTHON = Path(os.environ.get("WORLDSTEP_OPENPI_PYTHON",
                                     Path(__file__).resolve().parents[1] / ".venv-openpi" / "bin" / "python"))

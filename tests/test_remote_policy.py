@@ -22,8 +22,6 @@ from worldstep.remote_policy import (  # noqa: E402
     RemotePolicyError,
     RemotePolicyProtocolError,
     RemotePolicyTimeout,
-    packb,
-    unpackb,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,17 +56,6 @@ def serve():
     yield start
     for server in servers:
         server.stop()
-
-
-def test_codec_round_trips_openpi_numpy_payloads():
-    payload = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": [np.int64(3), "text"], "c": {"d": True},
-               "img": np.zeros((2, 2, 3), np.uint8)}
-    back = unpackb(packb(payload))
-    assert back["a"].dtype == np.float32 and np.array_equal(back["a"], payload["a"])
-    assert back["b"] == [3, "text"] and isinstance(back["b"][0], np.int64) and back["c"] == {"d": True}
-    assert back["img"].shape == (2, 2, 3)
-    with pytest.raises(ValueError, match="dtype object"):
-        packb({"x": np.array([object()])})
 
 
 def test_observation_mapping_sends_the_configured_keys(serve):

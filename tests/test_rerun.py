@@ -277,7 +277,7 @@ def test_bench_view_times_the_loggers_work_beside_the_step():
 
 
 def test_a_failed_run_closes_the_viewers_sinks(tmp_path):
-    from worldstep.cli_view import closing_on_error
+    from worldstep.cli.view import closing_on_error
     from worldstep.viewer import open_viewer
 
     web, stream = free_port(), free_port()

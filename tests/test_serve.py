@@ -19,7 +19,6 @@ import worldstep
 from serve_client import serve_actions
 from tiny_world import FAST, assert_frames_match_batched, cache_dir, world  # noqa: F401 - fixtures
 from worldstep.envs import fork_env
-from worldstep.remote_policy import packb, unpackb
 from worldstep.serve import (
     RemoteEnvAuthError,
     RemoteEnvConnectionError,
@@ -28,6 +27,7 @@ from worldstep.serve import (
     ServerFullError,
 )
 from worldstep.serve.server import WorldModelServer
+from worldstep.wire import packb, unpackb
 
 TOKEN = "t0ken-for-tests"
 HERE = Path(__file__).resolve().parent

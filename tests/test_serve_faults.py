@@ -23,8 +23,8 @@ from serve_client import serve_actions
 from test_serve import ROOT, TOKEN, WAIT_S, ask, engine_calls, local_frames, processes, serve, wait_for  # noqa: F401
 from test_serve_sessions import port_of
 from tiny_world import FAST, cache_dir, world  # noqa: F401 - fixtures
-from worldstep.remote_policy import packb
 from worldstep.serve import PROTOCOL_VERSION, RemoteEnvConnectionError, RemoteWorldModelEnv
+from worldstep.wire import packb
 
 CLIENTS, STEPS = 4, 50  # 200 steps in all
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from serve_client import serve_actions
 from test_serve import TOKEN, WAIT_S, local_frames, raw_connection
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
-from worldstep.remote_policy import packb, unpackb
 from worldstep.serve import RemoteWorldModelEnv
 from worldstep.serve.protocol import ErrorKind, Op
 from worldstep.serve.server import WorldModelServer
+from worldstep.wire import packb, unpackb
 
 EXAMPLES = 1000
 OPS = [op.value for op in Op] + ["", "STEP", "exec", "__init__"]

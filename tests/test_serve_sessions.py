@@ -17,9 +17,9 @@ from fault_proxy import FaultProxy
 from serve_client import serve_actions
 from test_serve import TOKEN, WAIT_S, ask, engine_calls, local_frames, raw_connection, serve, wait_for  # noqa: F401
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
-from worldstep.remote_policy import packb
 from worldstep.sb3 import WorldModelVecEnv
 from worldstep.serve import RemoteEnvConnectionError, RemoteWorldModelEnv
+from worldstep.wire import packb
 
 
 def port_of(url: str) -> int:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).parent.parent
 PACKAGES = {"sdk": "worldstep", "envs": "worldstep.envs", "engine": "worldstep.engine"}
 # Modules that import what the user or a table of module:function strings names: the CLI's --success hook
 # (user code) and the bench dispatcher (its `_BENCHES` table; test_bench runs every entry).
-USER_CODE_IMPORTERS = frozenset({"worldstep.cli_checks", "worldstep.bench.cli"})
+USER_CODE_IMPORTERS = frozenset({"worldstep.cli.checks", "worldstep.bench.cli"})
 TREE = Tree(ROOT, PACKAGES, USER_CODE_IMPORTERS, relative_inside=frozenset({"engine"}))
 
 

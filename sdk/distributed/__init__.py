@@ -9,7 +9,7 @@ optional extra: ``pip install 'worldstep[dist]'``. See ``docs/distributed.md``.
 from __future__ import annotations
 
 from .ray_eval import RayUnavailableError, action_shape, driver_target, evaluate_ray, require_ray
-from .scheduler import WorkerStartError
+from .shard_queue import WorkerStartError
 
 __all__ = [
     "RayUnavailableError",

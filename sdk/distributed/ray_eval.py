@@ -20,7 +20,7 @@ from ..config import WorldstepConfig
 from ..episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
 from ..outputs import write_json
 from ..policies import Policy
-from .scheduler import ShardScheduler
+from .shard_queue import ShardQueue
 from .worker import EpisodeOutput, EvalWorker, Shard
 
 CPUS_PER_WORKER = 0.5
@@ -103,19 +103,19 @@ def evaluate_ray(model: Any, policy: Policy, episodes: int | Sequence[dict | Epi
         report = EvalReport(model=config.model.name, policy=type(policy).__name__, batched=batched,
                             run=dict(run_info or {}))
         bar = tqdm(total=len(eps), desc=f"evaluate (ray, {workers} workers)", unit="episode", disable=not progress)
-        scheduler = ShardScheduler(make_actor, workers, max_retries)
+        shard_queue = ShardQueue(make_actor, workers, max_retries)
 
         def done(output: EpisodeOutput) -> None:
             report.episodes.append(_save(output, out_dir))
             bar.update(1)
-            bar.set_postfix(failed=sum(e.status == "failed" for e in report.episodes), deaths=scheduler.deaths)
+            bar.set_postfix(failed=sum(e.status == "failed" for e in report.episodes), deaths=shard_queue.deaths)
 
         def failed(shard: Shard, error: str) -> None:
             for index, ep in zip(shard.indices, shard.episodes):
                 done(EpisodeOutput(EpisodeResult(index=index, seed=ep.seed).fail(error), None))
 
         try:
-            scheduler.run(shards, done, failed, timeout_s=timeout_s)  # kills its actors however it ends
+            shard_queue.run(shards, done, failed, timeout_s=timeout_s)  # kills its actors however it ends
         except KeyboardInterrupt:
             report.status = "interrupted"  # the report of the episodes that finished, as the local backend's
             _write_report(report, out_dir, started)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..planning import ClosedLoopResult
 from .openloop import FrameScores
 from .rollouts import EpisodeOutcome
 
@@ -70,8 +71,6 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def read_records(out: Path) -> Records:
     """The records a run wrote into `out/records/`."""
-    from worldstep.planning import ClosedLoopResult
-
     folder = out / FOLDER
     records = Records()
     rows = _read(folder / "openloop.jsonl")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..planning import ModelPredictivePlanner, closed_loop
 from .policies import graded_policies
 from .rollouts import RolloutRecipe, model_episodes, open_loop
 
@@ -123,8 +124,6 @@ class PlannerTask:
     confirm_windows: int = 1
 
     def run(self, worker: Worker) -> list:
-        from worldstep.planning import ModelPredictivePlanner, closed_loop
-
         policies = {p.name: p for p in graded_policies(worker.recipe.chunk_size)}
         planner = ModelPredictivePlanner(worker.env, copy.deepcopy(policies[self.base]), self.candidates,
                                          horizon=self.horizon, forks=self.forks)

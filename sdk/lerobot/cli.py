@@ -47,7 +47,7 @@ class ExportFlags:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from worldstep.cli_view import closing_on_error, finish, open_from_args
+    from worldstep.cli.view import closing_on_error, finish, open_from_args
 
     from .replay import replay
 

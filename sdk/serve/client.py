@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..remote_policy import packb, unpackb
+from ..wire import EXTRA_HINT, RemoteError, packb, unpackb
 from .backoff import Backoff
 from .protocol import OPEN_KEYS, PROTOCOL_VERSION, ErrorKind, decode_info, decode_space
 
@@ -33,17 +33,18 @@ __all__ = [
     "ServerFullError",
 ]
 
-_EXTRA_HINT = "pip install 'worldstep[remote]'"
 MAX_REPLY_BYTES = 1 << 30  # a reply holds one window's frames
 logger = logging.getLogger("worldstep.serve")
 
 
-class RemoteEnvError(RuntimeError):
-    """A request to a worldstep server failed; ``url`` names the server."""
+class RemoteEnvError(RemoteError):
+    """A request to a worldstep server failed; ``url`` (the base's ``address``) names the server."""
 
-    def __init__(self, url: str, message: str) -> None:
-        super().__init__(f"worldstep server {url}: {message}")
-        self.url = url
+    server = "worldstep server"
+
+    @property
+    def url(self) -> str:
+        return self.address
 
 
 class RemoteEnvConnectionError(RemoteEnvError, ConnectionError):
@@ -120,7 +121,7 @@ class ServeConnection:
             from websockets.exceptions import InvalidStatus
             from websockets.sync.client import connect
         except ImportError as err:
-            raise ImportError(f"RemoteWorldModelEnv needs websockets and msgpack: {_EXTRA_HINT}") from err
+            raise ImportError(f"RemoteWorldModelEnv needs websockets and msgpack: {EXTRA_HINT}") from err
         headers = {"Authorization": f"Api-Key {self._token}"} if self._token else None
         legacy = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
         context = ssl.create_default_context(cafile=self._tls_ca) if self.url.startswith("wss://") else None

@@ -2,7 +2,7 @@
 
 Connection threads never call the model: they hand jobs to this loop and wait on a future. A step job opens a
 batch; steps that arrive from other sessions within ``max_wait_s`` (at most ``max_batch`` of them) join it,
-and the whole batch runs as ONE engine call (``worldstep.batch_step.step_envs``). The wait is skipped when
+and the whole batch runs as ONE engine call (``worldstep.envs.batched.step_batch``). The wait is skipped when
 every open session is already in the batch, so a lone client pays no batching delay. Other jobs (reset, open,
 fork, close) run one at a time, in arrival order.
 """
@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from ..batch_step import step_envs
+from worldstep.envs.batched import step_batch
 
 __all__ = ["EngineLoop"]
 
@@ -117,7 +116,7 @@ class EngineLoop:
         self.batches += 1
         self.batch_sizes.append(len(batch))
         try:
-            outcomes = step_envs([job.env for job in batch], [job.actions for job in batch])
+            outcomes = step_batch([job.env for job in batch], [job.actions for job in batch])
         except Exception as err:  # an engine failure: every waiting client gets it, the loop goes on
             outcomes = [err] * len(batch)
         for job, outcome in zip(batch, outcomes):

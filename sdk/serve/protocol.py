@@ -1,6 +1,6 @@
 """The wire protocol of ``worldstep serve``: message schema, checks and the encoding of spaces and infos.
 
-Every message is one binary websocket frame holding one msgpack map (``worldstep.remote_policy.packb``: the
+Every message is one binary websocket frame holding one msgpack map (``worldstep.wire.packb``: the
 openpi codec, numpy arrays as ``{"__ndarray__", "data", "dtype", "shape"}``). A client sends requests
 ``{"id": int, "op": str, ...fields}``; the server answers each with ``{"id", "ok": True, ...}`` or
 ``{"id", "ok": False, "error": {"kind", "message", "retry_after_s"?}}``. The first request of a connection
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from ..remote_policy import packb, unpackb
+from ..wire import packb, unpackb
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",

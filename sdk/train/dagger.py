@@ -15,6 +15,7 @@ import copy
 import numpy as np
 import torch
 from worldstep.envs.push_sim import PushSimEnv, PushState
+from worldstep.fidelity.policies import FLOOR, graded_policies
 
 from .data import ClipSet
 
@@ -35,8 +36,6 @@ def model_loop(world, seeds: list[int], steps: int, chunk: int, prompt: str, dom
     actions on `world`'s frames from `PushSimEnv.reset(seeds[i])`. The clips hold each start and its actions;
     the own latents `[N, C, 1 + windows, h, w]` are what the model committed: session i's clean first latent,
     then each window's latents (normalised model space, as a training context)."""
-    from worldstep.fidelity.policies import FLOOR, graded_policies  # lazy: fidelity imports worldstep.train
-
     actors = actors if actors is not None else [p for p in graded_policies(chunk) if p.name not in FLOOR]
     starts = np.empty((len(seeds), 3, 2), dtype=np.float64)
     actions = np.empty((len(seeds), steps, 2), dtype=np.float32)

@@ -19,6 +19,7 @@ from worldstep.envs.push_sim import (
     push_oracle,
     render_state,
 )
+from worldstep.fidelity.policies import FLOOR, graded_policies
 
 STEER_NOISE = (0.0, 0.2, 0.5, 1.0, 2.0)  # action-noise std of steered clips: the graded policies' range
 
@@ -124,8 +125,6 @@ def training_clips(num_clips: int, steps: int, seed: int, chunk: int = 4,
                    mix: dict[str, float] | None = None) -> tuple[ClipSet, np.ndarray]:
     """`num_clips` clips drawn from the mixture `mix` (default `CLIP_MIX`) and each clip's kind (an index into
     the mixture's keys). Start states come from `PushSimEnv.reset` with seeds drawn from `seed`'s generator."""
-    from worldstep.fidelity.policies import FLOOR, graded_policies  # lazy: fidelity imports this module
-
     mix = dict(CLIP_MIX if mix is None else mix)
     if set(mix) - set(CLIP_MIX) or any(v < 0 for v in mix.values()) or not sum(mix.values()) > 0:
         raise ValueError(f"mix={mix!r} is invalid; allowed: non-negative shares of {sorted(CLIP_MIX)}")

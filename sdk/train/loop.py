@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
+from worldstep.fidelity.metrics import psnr
+from worldstep.fidelity.seeds import DAGGER
 
 from .args import TrainArgs, check_resume_args, parse_args
 from .dagger import model_loop_clips
@@ -38,7 +40,6 @@ from .vae import encode_clips, latent_stats, make_vae, sample_vae_batch, vae_los
 def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float,
               stretch: Stretch | None = None):
     from worldstep.engine.vae import frames_from_pixels
-    from worldstep.fidelity.metrics import psnr  # the one PSNR (lazy: worldstep.fidelity imports train.data)
 
     state_path = out / "vae_state.pt"
     vae = make_vae(vae_arch, args.seed)
@@ -227,7 +228,6 @@ def _head(clips: ClipSet, count: int) -> ClipSet:
 def dagger_round(args: TrainArgs, steps: int, out: Path, log: RunLog) -> ClipSet:
     """The DAgger round's clips (cached in the run folder, so a resumed run reuses them)."""
     from worldstep.engine.models.cosmos3 import RolloutKnobs
-    from worldstep.fidelity.seeds import DAGGER
     from worldstep.world import load
 
     path = out / "dagger_clips.npz"

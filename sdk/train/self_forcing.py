@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
+from worldstep.fidelity.policies import FLOOR, PixelPushPolicy, graded_policies
+from worldstep.fidelity.seeds import DAGGER
 
 from .dagger import model_loop
 from .data import ClipSet, clip_cells
@@ -63,8 +65,6 @@ class OwnRollouts:
 def actors(chunk: int) -> list:
     """The eight graded policies and the planner's proposal policy (`fidelity.report`'s planner base, noisy0.8,
     drawing its own candidates: what the planner imagines in its forks)."""
-    from worldstep.fidelity.policies import FLOOR, PixelPushPolicy, graded_policies
-
     graded = [p for p in graded_policies(chunk) if p.name not in FLOOR]
     return [*graded, PixelPushPolicy(0.8, chunk, "proposal")]
 
@@ -161,7 +161,6 @@ class FineTune:
 def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
     """Run (or resume) the self-forcing phase from `args.init_from`; returns the exported checkpoint."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
-    from worldstep.fidelity.seeds import DAGGER
 
 
     init = Path(args.init_from)

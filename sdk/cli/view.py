@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .flags import add_flags, flag
-from .viewer import DEFAULT_WEB_PORT, VIEWER_PORT, Viewer
+from ..flags import add_flags, flag
+from ..viewer import DEFAULT_WEB_PORT, VIEWER_PORT, Viewer
 
 
 @dataclass
@@ -42,8 +42,8 @@ def open_from_args(args: argparse.Namespace) -> Viewer | None:
     """The viewer the flags ask for (checked, and printed when served), or None without any."""
     if not wants_view(args):
         return None
-    from .outputs import check_output_path
-    from .viewer import open_viewer
+    from ..outputs import check_output_path
+    from ..viewer import open_viewer
 
     if args.rerun_save is not None:
         check_output_path(args.rerun_save, "--rerun-save")
@@ -58,7 +58,7 @@ def logged(env: Any, viewer: Viewer | None) -> Any:
     """``env`` logged into the viewer's recording (``env`` itself without a viewer)."""
     if viewer is None:
         return env
-    from .wrappers import RerunLogger
+    from ..wrappers import RerunLogger
 
     return RerunLogger(env, viewer.recording)
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .config import ConfigError, WorldstepConfig
-from .outputs import check_output_path, write_json
+from ..config import ConfigError, WorldstepConfig
+from ..outputs import check_output_path, write_json
 
 SUCCESS_SPECS = ("sim", "none", "module:function")
 
@@ -87,7 +87,7 @@ def check_image_flag(path: str | None) -> None:
         return
     from worldstep.engine.checks import check_image
 
-    from .world import read_image
+    from ..world import read_image
 
     check_image(f"--image {path!r}", read_image(path))
 
@@ -102,8 +102,8 @@ def check_replay_length(policy: Any, windows: int, spec: str) -> None:
 
 def check_episodes(data: Any) -> list[dict[str, Any]]:
     """An episodes YAML (a list, or a mapping with an ``episodes`` list) checked entry by entry."""
-    from .episodes import EpisodeConfig
-    from .world import read_image
+    from ..episodes import EpisodeConfig
+    from ..world import read_image
 
     episodes = data.get("episodes") if isinstance(data, dict) else data
     if not isinstance(episodes, list) or not episodes:

@@ -21,7 +21,7 @@ class WorkerStartError(RuntimeError):
     """No Ray actor could load the model (the message holds the actor's exception)."""
 
 
-class ShardScheduler:
+class ShardQueue:
     """Runs shards on up to ``num_workers`` actors made by ``make_actor(k)``.
 
     ``actors`` holds the live actors (tests kill one to check the re-runs); ``deaths`` counts the actors
