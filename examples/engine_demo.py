@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-from worldstep.engine.attention import PagedAttentionBatch, paged_attention
+from worldstep.engine.attention import PagedAttentionBatch, paged_attention, prime
 from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
 from worldstep.engine.windowing import WindowSchedule
 from worldstep.flags import parse_flags
@@ -79,9 +79,10 @@ if __name__ == "__main__":
         n = (plan.commit_end - plan.commit_start) * args.tokens_per_unit
         batch = PagedAttentionBatch(cache, [cache.page_table(key)], [n], "sdpa")
         k_new, v_new = random_kv(args, n, gen)
+        forward = prime(batch, args.num_heads)  # once per forward: checks, staleness, the gathers
         for layer in range(args.num_layers):
             q = torch.randn(n, args.num_heads, args.head_dim, generator=gen)  # [n, H, D]
-            paged_attention(q, k_new[layer], v_new[layer], batch, layer)  # [n, H, D], feeds the next layer in a model
+            paged_attention(q, k_new[layer], v_new[layer], forward, layer)  # [n, H, D], feeds the next layer in a model
         cache.append(key, k_new, v_new)  # commit
         released = cache.apply_retention(key, policy)
         table = cache.page_table(key)
