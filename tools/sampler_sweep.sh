@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sampler sweep on the validation range (issue 34): UniPC steps x flow_shift, shipped weights, policies section only.
+# Sampler sweep on the validation range: UniPC steps x flow_shift, shipped weights, policies section only.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/sweep}
