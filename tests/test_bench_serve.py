@@ -25,3 +25,28 @@ def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     cpu = r["cpu_s_per_round"]  # where a round goes: this process's CPU for every alternative, the clients' for one
     assert set(cpu) == {"server", "separate", "vector_env"} and set(cpu["server"]) == {"bench_process", "clients"}
     assert all(v > 0 for c in cpu.values() for v in c.values()) and "clients" not in cpu["vector_env"]
+    lo, hi = r["server_vs_vector_ci95"]
+    assert lo <= r["server_vs_vector"] <= hi and lo <= hi
+    assert r["server_engine_call_s"] > 0  # the engine call measured apart from the round it sits in
+    assert r["overhead"]["ratio_ci95"][0] <= r["overhead"]["ratio"] <= r["overhead"]["ratio_ci95"][1]
+
+
+def test_a_target_counts_as_met_only_on_its_interval():
+    from worldstep.bench.results import BenchResult
+    from worldstep.bench.serve import _notes, _ratio_estimate
+
+    fast, slow = [0.10, 0.08, 0.10, 0.07, 0.10, 0.09], [0.10] * 6  # vector rounds, server rounds
+    estimate = _ratio_estimate(fast, slow)  # a median ratio near 1 whose interval reaches below 0.9
+    assert 0.9 <= estimate.value <= estimate.high and estimate.low < 0.9
+
+    def notes(vector: list[float], overhead: list[float]) -> list[str]:
+        result = BenchResult("serve", {}, settings={})
+        result.results = {"server_vs_vector": estimate.value, "server_vs_vector_ci95": vector, "batch_sizes": {},
+                          "overhead": {"ratio": 1.0, "ratio_ci95": overhead}}
+        _notes(result)
+        return result.notes
+
+    assert notes([0.95, 1.05], [0.98, 1.04]) == []
+    assert [n.split(" [")[0] for n in notes([estimate.low, estimate.high], [0.98, 1.06])] == [
+        f"server / vector env {estimate.value:.2f}", "one remote client costs 1.00"]
+    assert len(notes([float("nan"), float("nan")], [1.0, 1.0])) == 1  # an undefined interval is not met

@@ -229,6 +229,7 @@ def test_four_client_processes_batch_into_one_engine_call_per_step(world, serve,
         assert proc.wait(timeout=WAIT_S * 3) == 0
     assert engine_calls == [4] * steps  # one engine call per step for all four clients
     assert server.loop.batch_sizes == [4] * steps
+    assert len(server.loop.batch_seconds) == steps and all(t > 0 for t in server.loop.batch_seconds)
     for seed, out in zip(seeds, outs):
         got, want = np.load(out), local_frames(world, seed, steps)
         assert np.array_equal(got[0], want[0])

@@ -43,7 +43,8 @@ class EngineLoop:
     """Run jobs on one daemon thread; ``step`` jobs of different sessions batch within ``max_wait_s``.
 
     ``open_sessions()`` says how many sessions could send a step now (the wait ends early once they all have).
-    ``batches`` counts the engine calls the loop made for steps and ``batch_sizes`` their sizes.
+    ``batches`` counts the engine calls the loop made for steps, ``batch_sizes`` their sizes and ``batch_seconds``
+    their wall times: a round's time beyond its engine call is the serving (the round trip, the wait for the batch).
     """
 
     def __init__(self, max_batch: int, max_wait_s: float, open_sessions: Callable[[], int]) -> None:
@@ -52,6 +53,7 @@ class EngineLoop:
         self.open_sessions = open_sessions
         self.batches = 0
         self.batch_sizes: list[int] = []
+        self.batch_seconds: list[float] = []
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="worldstep-serve-engine", daemon=True)
 
@@ -115,10 +117,12 @@ class EngineLoop:
     def _run_batch(self, batch: list[_StepJob]) -> None:
         self.batches += 1
         self.batch_sizes.append(len(batch))
+        started = time.perf_counter()
         try:
             outcomes = step_batch([job.env for job in batch], [job.actions for job in batch])
         except Exception as err:  # an engine failure: every waiting client gets it, the loop goes on
             outcomes = [err] * len(batch)
+        self.batch_seconds.append(time.perf_counter() - started)
         for job, outcome in zip(batch, outcomes):
             job.future.set_result(outcome)
 
