@@ -138,6 +138,12 @@ def test_small_budget_report(tmp_path, capsys):
     assert recompute([str(tmp_path)]) == 0
     assert "predates, computed from its records: /policies/false_success_hazard" in capsys.readouterr().out
     report_path.write_text(kept)
+    # a range renamed since the report (a sealed range becomes a read one): its recorded seeds name the range
+    renamed = json.loads(kept)
+    renamed["args"]["split"] = "test"
+    report_path.write_text(json.dumps(renamed))
+    assert recompute([str(tmp_path)]) == 0
+    report_path.write_text(kept)
     episodes = (tmp_path / "records" / "episodes.jsonl").read_text().splitlines()
     first_model = next(json.loads(line) for line in episodes if json.loads(line)["world"] == "model")
     assert {"seed", "policy", "actions", "success", "replay_success", "stop", "detections"} <= set(first_model)

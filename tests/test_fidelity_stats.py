@@ -9,7 +9,7 @@ from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_win
 from worldstep.fidelity.policies import FLOOR, graded_policies
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
 from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
-from worldstep.fidelity.seeds import DAGGER, READ_TEST, SEALED_TEST, VALIDATION, split_range
+from worldstep.fidelity.seeds import DAGGER, READ_TESTS, SEALED_TEST, VALIDATION, range_of, split_range
 from worldstep.fidelity.stats import bootstrap, mean_estimate, rate_dict, wilson
 
 
@@ -138,9 +138,15 @@ def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
     train_seeds |= set(DAGGER.seeds(defaults.dagger_clips))
     assert not [s for s in train_seeds if s in VALIDATION or s in SEALED_TEST]
     assert not set(DAGGER.seeds(DAGGER.size)) & (a | b)
-    # the new sealed range shares no seed with the one already read, nor with anything trained or developed on
-    read = set(READ_TEST.seeds(READ_TEST.size))
-    assert not read & (a | b) and split_range("test_read") is READ_TEST and not train_seeds & b
+    # the sealed range shares no seed with the ranges already read, nor with anything trained or developed on
+    for read_range in READ_TESTS:
+        read = set(read_range.seeds(read_range.size))
+        assert not read & (a | b) and split_range(read_range.name) is read_range and not train_seeds & b
+    assert [r.name for r in READ_TESTS] == ["test_read", "test_read_2"]
+    assert range_of(40_000_049) is READ_TESTS[1] and range_of(50_000_000) is SEALED_TEST
+    with pytest.raises(ValueError, match="seed=7"):
+        range_of(7)
+    assert not set(READ_TESTS[0].seeds(10_000)) & set(READ_TESTS[1].seeds(10_000))
 
 
 def test_open_loop_scores_count_vanished_objects_as_failures():

@@ -15,6 +15,7 @@ from typing import Any
 from ..flags import flag, parse_flags
 from .records import read_records
 from .report import FidelityArgs, sections
+from .seeds import range_of
 
 
 def differences(a: Any, b: Any, where: str = "", added: list[str] | None = None) -> list[str]:
@@ -39,6 +40,8 @@ def recompute(out: Path) -> tuple[dict[str, Any], list[str], list[str]]:
     report = json.loads((out / "report.json").read_text())
     known = set(FidelityArgs.__dataclass_fields__)
     args = FidelityArgs(**{k: v for k, v in report["args"].items() if k in known})
+    if report.get("episode_seeds"):  # the range by its seeds: a sealed range is renamed once a report has read it
+        args.split = range_of(report["episode_seeds"][0]).name
     rebuilt = json.loads(json.dumps(sections(read_records(out), args, report["settings"]["chunk_size"])))
     added: list[str] = []
     diffs = differences({k: report.get(k) for k in rebuilt}, rebuilt, added=added)

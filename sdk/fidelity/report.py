@@ -45,7 +45,7 @@ from .provenance import provenance
 from .ranking import outcome_table, policy_report
 from .records import Records, write_records
 from .rollouts import RolloutRecipe, sim_episodes
-from .seeds import split_range
+from .seeds import SPLITS, split_range
 from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run_tasks
 
 _PRESETS = {
@@ -83,9 +83,9 @@ class FidelityArgs:
     checkpoint: str | None = flag("diffusers-layout folder (default with --budget small: a tiny random one)",
                                   default=None)
     out: str = flag("report folder (JSON, PNGs, mp4)", default="runs/fidelity")
-    split: str = flag("seed range: validation (development), test (SEALED: once, for reported figures) or test_read "
-                      "(the previous sealed range, read once already: reproduces its report)", default="validation",
-                      choices=("validation", "test", "test_read"))
+    split: str = flag("seed range: validation (development), test (SEALED: once, for reported figures), or "
+                      "test_read / test_read_2 (earlier sealed ranges, each read once already: reproduce their "
+                      "reports)", default="validation", choices=tuple(SPLITS))
     budget: str = flag("preset sizes below", default="full", choices=sorted(_PRESETS))
     clips: int | None = _preset("clips")
     windows: int | None = _preset("windows")

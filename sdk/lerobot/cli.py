@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from worldstep.fidelity.seeds import SPLITS
 from worldstep.flags import add_flags, flag, positive_int
 
 
@@ -36,8 +37,8 @@ class ExportFlags:
     out: str = flag("dataset folder to create", metavar="DIR")
     episodes: int = flag("episodes to export", default=20, type=positive_int)
     steps: int = flag("actions per episode", default=32, type=positive_int)
-    split: str = flag("seed range (worldstep.fidelity.seeds): validation, test or test_read",
-                      default="validation", choices=("validation", "test", "test_read"))
+    split: str = flag("seed range (worldstep.fidelity.seeds): validation, test or a read one (test_read, "
+                      "test_read_2)", default="validation", choices=tuple(SPLITS))
     codec: str = flag("video codec", default="h264", choices=("h264", "av1"))
     crf: int = flag("encoder quality, 0 .. 51 (LeRobot's default: 30)", default=30)
     pix_fmt: str = flag("yuv420p (LeRobot's) or yuv444p (full-resolution colour)", default="yuv420p",
