@@ -113,3 +113,17 @@ def test_a_section_whose_plan_does_not_fit_is_skipped_with_the_reason(monkeypatc
         "skipped: its plan needs 100.0 GiB (1 session(s)) and cpu has 10.0 GiB free")
     assert "sessions" not in result and result["runs"][0]["timed_windows"] == 1  # the next section ran
     assert result["memory"]["windows"]["plan_bytes"] > 0 and result["memory"]["windows"]["reasoned"] is True
+
+
+def test_the_decode_plan_takes_each_decoder_stage_at_its_own_resolution():
+    """The first H200 run skipped every decoding section: the plan took the widest stage's channels (1024) at the
+    full frame, 98.8 GiB a 480p session. The widest stages run at the lowest resolution; the largest stage of
+    Edge's decoder is its first, 256 channels at 240x416 (the frame over the VAE's patch size)."""
+    from worldstep.bench.gpu_memory import DECODE_COPIES, decoder_stage_elements
+
+    arch = bench_arch("edge")
+    vae = arch.architecture["vae"]
+    largest = decoder_stage_elements(vae, arch.height, arch.width)
+    assert largest == 2 * 256 * 240 * 416
+    eight_sessions = 8 * DECODE_COPIES * 4 * largest * 4  # one latent (4 frames) per call, float32
+    assert eight_sessions < 40 * 2**30, "8 decoding Edge sessions fit an H100 beside the weights"

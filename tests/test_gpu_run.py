@@ -1,10 +1,13 @@
 """The GPU run survives its own failures, on the CPU: what `run_gpu_checks.sh` and `steps.sh` promise.
 
-- The steps' limits add up to the 460 s budget, and tests/gpu/README.md's table says the same limits.
+- The steps' limits add up to the 480 s budget, and tests/gpu/README.md's table says the same limits.
 - A step whose memory plan exceeds the device's free memory is skipped with the reason (a stand-in
   `nvidia-smi` reports the free memory), and the next step still runs.
 - A failed step's error is in summary.json: a bench's per-section errors, else the last error line of its log.
 - `GPU_CHECK_INJECT` replaces a step by a failure (the dry run's proof), and the later steps still report.
+- `GPU_CHECK_SKIP` leaves steps out by name (a rerun of what failed), and `GPU_CHECK_ARCHIVE` packs everything
+  under `$OUT` into one file after every step (the device tool returns only a few files).
+- Python's output reaches a step's log unbuffered, so a step killed at its limit still says how far it got.
 - Every step writes its own file (no two steps share one), the smoke comes first, and the run sets
   `TVM_FFI_DISABLE_TORCH_C_DLPACK=1`.
 """
@@ -36,7 +39,7 @@ def _run_order() -> list[str]:
 
 def test_the_limits_add_up_to_the_budget_and_the_readme_says_them():
     limits, budget = _table("LIMIT"), int(re.search(r"GPU_CHECK_BUDGET_S:-(\d+)", SCRIPT).group(1))
-    assert sum(limits.values()) == budget == 460
+    assert sum(limits.values()) == budget == 480
     assert _run_order() == list(limits), "every step runs once, in the table's order"
     readme = (GPU / "README.md").read_text()
     rows = dict(re.findall(r"^\| (\w+) \| (\d+) s \|", readme, re.M))
@@ -54,6 +57,7 @@ def test_every_step_writes_its_own_file_and_the_smoke_comes_first():
     assert len(set(summary.STEP_FILES.values())) == len(summary.STEP_FILES)
     assert "tests/test_attention.py" not in SCRIPT  # it re-ran check_attention.py and overwrote attention.json
     assert "export TVM_FFI_DISABLE_TORCH_C_DLPACK=1" in SCRIPT
+    assert "export PYTHONUNBUFFERED=1" in SCRIPT
     assert set(_table("PLAN_GIB")) <= set(_table("LIMIT"))
 
 
@@ -137,3 +141,23 @@ def test_the_summary_reads_a_check_whose_results_are_a_list(tmp_path):
     (out / "steps.jsonl").write_text(json.dumps({"step": "attention", "rc": 1, "timed_out": False}) + "\n")
     doc = summary.summarize(out, "cpu", 5, 1, final=True)
     assert doc["steps"][0]["error"] == "attention: FAILED" and doc["device_name"] == "cpu"
+
+
+def test_a_step_named_in_gpu_check_skip_is_recorded_as_skipped_and_the_rest_run(tmp_path):
+    run, doc = _run_steps(tmp_path, "run a true; run b false; run c true", env={"GPU_CHECK_SKIP": "b c"})
+    assert [(s["step"], s.get("skipped", False)) for s in doc["steps"]] == [("a", False), ("b", True), ("c", True)]
+    assert doc["steps"][1]["error"] == "named in GPU_CHECK_SKIP"
+    _, doc = _run_steps(tmp_path / "again", "run a true; run b true", env={"GPU_CHECK_SKIP": "ab bc"})
+    assert [s.get("skipped", False) for s in doc["steps"]] == [False, False], "names match whole, not in part"
+
+
+def test_the_archive_holds_every_file_under_out_after_each_step(tmp_path):
+    import tarfile
+
+    archive = tmp_path / "all.tar.gz"
+    body = "run a bash -c 'echo {} > $OUT/a.json'; run b bash -c 'echo {} > $OUT/b.json'"
+    _run_steps(tmp_path, body, env={"GPU_CHECK_ARCHIVE": str(archive)})
+    with tarfile.open(archive) as tar:
+        names = {Path(n).as_posix().lstrip("./") for n in tar.getnames()}
+    assert {"a.json", "b.json", "summary.json", "steps.jsonl", "logs/a.log", "logs/b.log"} <= names
+    assert not (tmp_path / "all.tar.gz.tmp").exists()

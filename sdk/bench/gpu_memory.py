@@ -8,8 +8,9 @@ weights and the KV pool are already there), per session it opens:
   (``kv_bytes_per_token * (context + window tokens)``; the flashinfer path reads pages in place, so this
   over-counts it);
 - one layer's activations over the window's tokens (``ACTIVATION_COPIES`` live tensors of the MLP width);
-- when it decodes, the warm VAE decoder's feature maps at frame size (``DECODE_COPIES`` live tensors of the
-  decoder's widest stage over a window's frames, in the VAE's dtype).
+- when it decodes, the warm VAE decoder's feature maps (``DECODE_COPIES`` live tensors of its largest stage,
+  channels times pixels at that stage's resolution, over the frames of one decoder call: the warm decoder
+  takes one latent per call, which becomes `scale_factor_temporal` frames, in the VAE's dtype).
 
 These constants are reasoned, not measured: each section records its plan next to the peak it measured
 (`measured_extra_bytes`), which is how the first GPU run calibrates them. `PLAN_MARGIN` covers the allocator's
@@ -54,6 +55,16 @@ def section_load(section: str, settings) -> SectionLoad:
     }[section]
 
 
+def decoder_stage_elements(vae: dict, height: int, width: int) -> int:
+    """Elements of one frame's feature map at the decoder's largest stage. The widest stages run at the lowest
+    resolution: stage i has `base * dim_mult[i]` channels at 1/2**i of the decoder's output size (the frame
+    over `patch_size`), and its upsampler briefly holds twice its channels at the next size up."""
+    base = int(vae.get("decoder_base_dim") or vae.get("base_dim"))
+    patch = int(vae.get("patch_size") or 1)
+    h, w = height // patch, width // patch
+    return max(2 * base * m * (h >> i) * (w >> i) for i, m in enumerate(vae.get("dim_mult", [1])))
+
+
 def session_bytes(model, settings, load: SectionLoad) -> int:
     """Planned device bytes of one session of ``model`` in a section of ``load`` (module docstring)."""
     config, spec = model.transformer.config, model.spec
@@ -65,10 +76,10 @@ def session_bytes(model, settings, load: SectionLoad) -> int:
     activations = ACTIVATION_COPIES * window * max(config.intermediate_size, config.hidden_size) * itemsize
     decode = 0
     if load.decodes:
-        vae = model.vae.config
-        width = int(vae.get("decoder_base_dim") or vae.get("base_dim")) * max(vae.get("dim_mult", [1]))
         vae_itemsize = next(model.vae.parameters()).dtype.itemsize
-        decode = DECODE_COPIES * 16 * spec.height * spec.width * width * vae_itemsize
+        frames = int(model.vae.config.get("scale_factor_temporal") or 4)  # one latent per decoder call
+        stage = decoder_stage_elements(model.vae.config, spec.height, spec.width)
+        decode = DECODE_COPIES * frames * stage * vae_itemsize
     return streams * (gathers + activations) + decode
 
 

@@ -58,15 +58,24 @@ step() {
 }
 
 # summarize [--final]: summary.json from what the steps wrote so far (headline figures first)
+# GPU_CHECK_ARCHIVE=FILE: also pack everything under $OUT into FILE (a .tar.gz, rewritten each time), for a
+# device tool that returns only a few files
 summarize() {
   "$BASE_PY" "$SUMMARY_PY" "$OUT" "$DEVICE" "$(($(date +%s) - T0))" "$STATUS" "$@" \
     || echo "summary.json could not be written" >&2
+  if [ -n "${GPU_CHECK_ARCHIVE:-}" ]; then
+    tar -czf "$GPU_CHECK_ARCHIVE.tmp" -C "$OUT" . && mv "$GPU_CHECK_ARCHIVE.tmp" "$GPU_CHECK_ARCHIVE" \
+      || echo "$GPU_CHECK_ARCHIVE could not be written" >&2
+  fi
 }
 
-# run STEP COMMAND...: `step` with the step's LIMIT; GPU_CHECK_INJECT=STEP replaces its command by a failure
+# run STEP COMMAND...: `step` with the step's LIMIT; GPU_CHECK_INJECT=STEP replaces its command by a failure;
+# a step named in GPU_CHECK_SKIP (space-separated) is recorded as skipped (a rerun leaves out what already passed)
 run() {
   local name=$1; shift
-  if [ "${GPU_CHECK_INJECT:-}" = "$name" ]; then
+  if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+    skip "$name" "named in GPU_CHECK_SKIP"
+  elif [ "${GPU_CHECK_INJECT:-}" = "$name" ]; then
     step "$name" "${LIMIT[$name]}" bash -c "echo 'RuntimeError: injected failure of $name (GPU_CHECK_INJECT)' >&2; exit 1"
   else
     step "$name" "${LIMIT[$name]}" "$@"
