@@ -20,7 +20,7 @@ import rerun as rr
 import worldstep
 from rerun_tables import decoded, read_recording, scalars, series
 from worldstep.fidelity.metrics import psnr
-from worldstep.rerun_log import encode_frame
+from worldstep.view.rerun_log import encode_frame
 from worldstep.wrappers import RerunLogger, RerunVectorLogger
 
 
@@ -278,7 +278,7 @@ def test_bench_view_times_the_loggers_work_beside_the_step():
 
 def test_a_failed_run_closes_the_viewers_sinks(tmp_path):
     from worldstep.cli.view import closing_on_error
-    from worldstep.viewer import open_viewer
+    from worldstep.view.viewer import open_viewer
 
     web, stream = free_port(), free_port()
     viewer = open_viewer(save=tmp_path / "failed.rrd", serve=web, grpc_port=stream)
