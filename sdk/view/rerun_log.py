@@ -68,7 +68,7 @@ def encode_frame(frame: np.ndarray, image_format: ImageFormat, quality: int) -> 
 
 
 class RolloutLog:
-    """Logs one episode stream of (window, frame)-indexed data into a Rerun recording."""
+    """Logs one episode's (window, frame)-indexed data into a Rerun recording."""
 
     def __init__(self, recording: Any, root: str, embodiment: str | None, action_width: int,
                  image_format: ImageFormat, jpeg_quality: int) -> None:
