@@ -11,8 +11,6 @@ obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from importlib import metadata as _metadata
 
 from .registration import register_when_gymnasium_loads
@@ -29,6 +27,7 @@ _EXPORTS = {
     "WorldstepConfig": ".config",
     "load_config": ".config",
     "EpisodeConfig": ".episodes",
+    "evaluate": ".evaluation.dispatch",
     "RemoteWorldModelEnv": ".serve.client",
     "register_envs": ".registration",
     "World": ".world",
@@ -78,18 +77,3 @@ def __getattr__(name: str):
         return module if _EXPORTS[name] == f".{name}" else getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-class _Package(types.ModuleType):
-    """``worldstep.evaluate`` is both a submodule and the function it exports: the function keeps the name,
-    whichever loads the submodule first (the import system's binding of the submodule is ignored)."""
-
-    @property
-    def evaluate(self):
-        return importlib.import_module(".evaluate", __name__).evaluate
-
-    @evaluate.setter
-    def evaluate(self, module) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

@@ -5,7 +5,7 @@ import gymnasium as gym, rerun as rr, worldstep
 from worldstep.wrappers import RerunLogger
 
 recording = rr.RecordingStream("worldstep")
-recording.save("run.rrd")                     # or .spawn(), or worldstep.viewer.open_recording(serve=...)
+recording.save("run.rrd")                     # or .spawn(), or worldstep.view.viewer.open_viewer(serve=...)
 env = RerunLogger(gym.make("worldstep/Pusher-v0"), recording)
 ```
 
@@ -22,7 +22,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from worldstep.engine.checks import is_int
 
-from .rerun_log import IMAGE_FORMATS, ImageFormat, RolloutLog, rerun_module
+from .view.rerun_log import IMAGE_FORMATS, ImageFormat, RolloutLog, rerun_module
 
 __all__ = ["RerunLogger", "RerunVectorLogger"]
 
@@ -30,7 +30,7 @@ __all__ = ["RerunLogger", "RerunVectorLogger"]
 class RerunLogger(gym.Wrapper):
     """Log each window of an env to Rerun on one (window, frame) timeline, as it is stepped.
 
-    Logged per window (entity paths in ``worldstep.rerun_log``): every frame (JPEG, or PNG with
+    Logged per window (entity paths in ``worldstep.view.rerun_log``): every frame (JPEG, or PNG with
     ``image_format="png"``), each action dimension as a scalar series named from the embodiment, reward,
     success, KV pages in use and the window's phase timings (``info["kv"]``, ``info["timings"]``), and with
     ``truth`` the simulator's frames and the window's mean PSNR against them.

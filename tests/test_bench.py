@@ -167,7 +167,7 @@ def test_pipelined_rollout_equals_sequential_and_leaves_nothing_behind(cache):
     assert first.window_index == 0 and session.window_index == 2
     model.step([session], [chunks[2]])
     model.close(session)
-    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0 and model.live_sessions == 0
 
 
 def test_a_failing_pipelined_rollout_closes_its_session(cache):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from worldstep.bench import main
-from worldstep.engine.vae import WHOLE_STREAM_DECODE_ATOL
+from worldstep.engine.vae import WHOLE_CLIP_DECODE_ATOL
 
 TOY = ["--height", "32", "--width", "32", "--base-dim", "4", "--window-latents", "1,3", "--timed-windows", "3",
        "--context-latents", "2", "--threads", "1", "--quiet"]
@@ -19,7 +19,7 @@ def test_decode_bench_rows(tmp_path, capsys):
     assert "whole clip / warm" in capsys.readouterr().out
     doc = json.loads(path.read_text())
     f = doc["results"]
-    assert f["warm_within_bound"] is True and f["warm_max_abs_diff"] <= WHOLE_STREAM_DECODE_ATOL == f["bound"]
+    assert f["warm_within_bound"] is True and f["warm_max_abs_diff"] <= WHOLE_CLIP_DECODE_ATOL == f["bound"]
     assert [r["latents_per_window"] for r in f["rows"]] == [1, 3]
     for r in f["rows"]:
         w = r["latents_per_window"]
@@ -34,7 +34,7 @@ def test_decode_bench_rows(tmp_path, capsys):
         assert r["whole_clip_over_warm"] == pytest.approx(r["ms"]["whole_clip"] / r["ms"]["warm"])
         # past the context the stateless path is an approximation; warm is exact within the bound
         assert 0 < r["stateless_psnr_db"] < 100
-        assert r["warm_max_abs_diff"] <= WHOLE_STREAM_DECODE_ATOL and r["warm_cache_bytes"] > 0
+        assert r["warm_max_abs_diff"] <= WHOLE_CLIP_DECODE_ATOL and r["warm_cache_bytes"] > 0
 
 
 @pytest.mark.parametrize("flags, message", [(["--height", "40"], "multiples of 16"),

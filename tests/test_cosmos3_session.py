@@ -94,10 +94,10 @@ def test_batched_step_matches_one_by_one(model, guidance):
 
 @pytest.mark.exactness
 def test_a_batched_step_with_stacked_decode_matches_one_by_one_within_the_bound(model):
-    """`decoder.batch_streams`: the group's streams decode in one set of calls; frames within the batched bound of
-    each session stepped alone on the per-stream path, and every page and warm cache comes back on close."""
+    """`decoder.batch_sessions`: the group's sessions decode in one set of calls; frames within the batched bound of
+    each session stepped alone on the per-session path, and every page and warm cache comes back on close."""
     stacked = Cosmos3WorldModel(model.components, device=model.device, num_pages=256, page_size=16,
-                                decoder_options=DecoderOptions(batch_streams=True))
+                                decoder_options=DecoderOptions(batch_sessions=True))
     singles = []
     for seed in (1, 2, 3):
         with _session(model, seed=seed) as session:
@@ -108,9 +108,9 @@ def test_a_batched_step_with_stacked_decode_matches_one_by_one_within_the_bound(
         for i, result in enumerate(results):
             assert (result.latents - singles[i][w].latents).abs().max() <= BATCHED_LATENTS_ATOL
             assert_frames_match_batched(result.frames, singles[i][w].frames)
-    assert stacked.decoder.live_warm_streams == 3
+    assert stacked.decoder.live_warm_sessions == 3
     stacked.close_all()
-    assert stacked.kv.num_used_pages == 0 and stacked.decoder.live_warm_streams == 0
+    assert stacked.kv.num_used_pages == 0 and stacked.decoder.live_warm_sessions == 0
 
 
 def test_the_phases_of_a_batched_step_add_up_to_its_wall_time(model):
@@ -148,7 +148,7 @@ def test_fork_shares_pages_and_diverges_independently(model):
     again = model.step([session], [_actions(3)])[0]  # the parent is untouched by the fork's close
     assert again.window_index == 2
     model.close(session), model.close(same)
-    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0
 
 
 def test_chained_mode_runs_and_differs_from_kv(model):
@@ -243,7 +243,7 @@ def test_failure_inside_a_window_returns_everything(model, monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         model.step([session], [_actions(1)])[0]
     assert session.closed
-    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0 and model.live_sessions == 0
 
 
 def test_missing_checkpoint_names_where_it_looked(tmp_path):
@@ -332,7 +332,7 @@ def test_keyboard_interrupt_mid_window_returns_everything(model, monkeypatch):
     monkeypatch.setattr(window, "_denoise", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         model.step([session], [_actions(0)])[0]
-    assert session.closed and model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+    assert session.closed and model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0
 
 
 def test_a_session_resolves_its_constants_once_and_only_postprocess_moves_its_plan(model):

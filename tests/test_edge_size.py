@@ -212,7 +212,7 @@ def edge_figures() -> dict:
                                "commit_s": round(result.timings.commit_s, 1), "pages_in_use": stats.pages_in_use,
                                "seq_len": stats.seq_len, "released_tokens": stats.released_tokens})
         with progress.stage("decode window 0's first latent (4 frames)"):
-            frames = model.decoder.decode(session.decode_stream, got[0][None, :, :1])
+            frames = model.decoder.decode(session.decoder_session, got[0][None, :, :1])
     figures["decode"] = {"first_frame": list(session.first_frame.shape), "window0_latent0": list(frames.shape),
                          "first_frame_std": float(session.first_frame.std()), "frames_std": float(frames.std())}
     first_latent, protected = session.first_latent, model.kv_stats(session).protected_tokens

@@ -18,7 +18,7 @@ from worldstep.envs import RecordRollout, WindowLimit, WorldModelEnv, WorldModel
 
 
 def counts(model) -> tuple[int, int, int]:
-    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+    return model.kv.num_used_pages, model.decoder.live_warm_sessions, model.live_sessions
 
 
 # --- close() from another thread, and after close ----------------------------------------------------

@@ -16,7 +16,7 @@ from worldstep.envs import JudgeSuccess, WindowLimit, WorldModelEnv, fork_env, m
 
 
 def counts(model) -> tuple[int, int, int]:
-    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+    return model.kv.num_used_pages, model.decoder.live_warm_sessions, model.live_sessions
 
 
 @pytest.fixture
@@ -214,7 +214,7 @@ def test_close_is_idempotent_and_returns_every_page(world):  # noqa: F811
     env = worldstep.make_env(world)
     env.reset(seed=0)
     env.step(zeros(env.action_space))
-    assert model.kv.num_used_pages > 0 and model.decoder.live_warm_streams == 1
+    assert model.kv.num_used_pages > 0 and model.decoder.live_warm_sessions == 1
     env.reset(seed=1)  # a reset closes the previous session
     assert model.live_sessions == 1
     env.close()

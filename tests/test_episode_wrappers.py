@@ -17,7 +17,7 @@ Q99 = np.linspace(0.1, 0.8, 10).astype(np.float32)
 
 
 def counts(model) -> tuple[int, int, int]:
-    return model.kv.num_used_pages, model.decoder.live_warm_streams, model.live_sessions
+    return model.kv.num_used_pages, model.decoder.live_warm_sessions, model.live_sessions
 
 
 def _normalizer() -> ActionNormalizer:

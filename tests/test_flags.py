@@ -103,7 +103,7 @@ def test_cli_flags_keep_their_spelling_and_meaning():
     import argparse
 
     from worldstep.cli import build_parser
-    from worldstep.viewer import DEFAULT_WEB_PORT
+    from worldstep.view.viewer import DEFAULT_WEB_PORT
 
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     for name, flags in CLI_FLAGS.items():

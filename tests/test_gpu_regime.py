@@ -90,7 +90,7 @@ def test_a_step_in_halves_gives_the_frames_of_the_whole_step(checkpoint):
             assert_frames_match_batched(y.frames, x.frames)
             assert y.timings.denoise_s > 0 and y.timings.decode_s > 0
     for m in (whole, halves):
-        assert m.kv.num_used_pages == 0 and m.decoder.live_warm_streams == 0
+        assert m.kv.num_used_pages == 0 and m.decoder.live_warm_sessions == 0
 
 
 def test_parts_split_groups_in_halves_only_when_overlapping(checkpoint):
@@ -142,7 +142,7 @@ def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_bac
     with pytest.raises(FloatingPointError, match="NaN"):
         model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
     assert all(s.closed for s in sessions)
-    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0 and model.live_sessions == 0
+    assert model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0 and model.live_sessions == 0
 
 
 def _guarded_step(model, monkeypatch, knobs: RolloutKnobs, sessions: int = 2) -> list[list[str]]:

@@ -16,7 +16,7 @@ SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[Healt
 
 
 def _resources(world):  # noqa: F811
-    return world.model.kv.num_used_pages, world.model.decoder.live_warm_streams, world.model.live_sessions
+    return world.model.kv.num_used_pages, world.model.decoder.live_warm_sessions, world.model.live_sessions
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from worldstep import ConfigError, WorldstepConfig
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 INT_KNOBS = [("rollout", "chunk_size"), ("rollout", "num_steps"), ("rollout", "context_frames"),
              ("cache", "page_size"), ("cache", "num_pages"), ("cache", "cpu_offload_pages"),
-             ("decoder", "latents_per_call"), ("decoder", "max_warm_streams"), ("env", "max_windows")]
+             ("decoder", "latents_per_call"), ("decoder", "max_warm_sessions"), ("env", "max_windows")]
 BOOL_KNOBS = [("decoder", "warm_cache"), ("decoder", "channels_last"), ("decoder", "cudnn_benchmark"),
               ("decoder", "onednn_conv")]
 

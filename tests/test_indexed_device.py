@@ -96,7 +96,7 @@ def models(tmp_path_factory):
     yield indexed, plain
     for model in (indexed, plain):
         model.close_all()
-        assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+        assert model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0
 
 
 def _open(model, seed: int, **knobs):

@@ -20,7 +20,7 @@ import rerun as rr
 import worldstep
 from rerun_tables import decoded, read_recording, scalars, series
 from worldstep.fidelity.metrics import psnr
-from worldstep.rerun_log import encode_frame
+from worldstep.view.rerun_log import encode_frame
 from worldstep.wrappers import RerunLogger, RerunVectorLogger
 
 
@@ -278,7 +278,7 @@ def test_bench_view_times_the_loggers_work_beside_the_step():
 
 def test_a_failed_run_closes_the_viewers_sinks(tmp_path):
     from worldstep.cli.view import closing_on_error
-    from worldstep.viewer import open_viewer
+    from worldstep.view.viewer import open_viewer
 
     web, stream = free_port(), free_port()
     viewer = open_viewer(save=tmp_path / "failed.rrd", serve=web, grpc_port=stream)
@@ -358,8 +358,8 @@ def saving_viewer(path):
 
 @pytest.mark.parametrize("how", ["--rerun-connect URL", "--rerun-connect PORT", "--rerun (one is listening)"])
 def test_the_viewer_receives_every_entity_the_recording_holds(how, tmp_path, monkeypatch):
-    from worldstep import viewer as viewer_module
     from worldstep.cli import main
+    from worldstep.view import viewer as viewer_module
 
     received, twin = tmp_path / "viewer.rrd", tmp_path / "twin.rrd"
     with saving_viewer(received) as port:
@@ -379,8 +379,8 @@ def test_the_viewer_receives_every_entity_the_recording_holds(how, tmp_path, mon
 
 
 def test_rerun_without_a_viewer_executable_fails_at_once(tmp_path, monkeypatch, capsys):
-    from worldstep import viewer as viewer_module
     from worldstep.cli import main
+    from worldstep.view import viewer as viewer_module
 
     monkeypatch.setattr(viewer_module, "VIEWER_PORT", free_port())  # nothing listens there
     monkeypatch.setenv("PATH", str(tmp_path))  # no `rerun` on PATH
@@ -392,8 +392,8 @@ def test_rerun_without_a_viewer_executable_fails_at_once(tmp_path, monkeypatch, 
 
 
 def test_rerun_without_a_display_fails_at_once_and_spawns_nothing(tmp_path, monkeypatch, capsys):
-    from worldstep import viewer as viewer_module
     from worldstep.cli import main
+    from worldstep.view import viewer as viewer_module
 
     spawned = tmp_path / "spawned"
     fake = tmp_path / "bin" / "rerun"  # a `rerun` that records being started

@@ -59,7 +59,7 @@ def test_four_clients_through_a_cutting_proxy_lose_no_step_and_double_none(world
     assert [(s["model_calls"], s["committed_step"], s["seq"]) for s in statuses] == [(STEPS + 1, STEPS, STEPS + 1)] \
         * CLIENTS  # the server's own count per session: one reset and STEPS steps, each applied once
     wait_for(lambda: server.open_sessions() == 0, "the clients' sessions closed")
-    assert server.pages_in_use() == 0 and world.model.decoder.live_warm_streams == 0 and proxy.threads == 0
+    assert server.pages_in_use() == 0 and world.model.decoder.live_warm_sessions == 0 and proxy.threads == 0
     for seed, out in zip(seeds, outs):
         assert np.array_equal(np.load(out), local_frames(world, seed, STEPS))  # the fault-free run's frames
 
@@ -77,7 +77,7 @@ def test_clients_killed_with_kill_9_free_their_pages_after_the_grace_period(worl
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=WAIT_S)
         wait_for(lambda: server.open_sessions() == 0, "the killed clients' sessions expired")
-        assert server.pages_in_use() == 0 and world.model.decoder.live_warm_streams == 0
+        assert server.pages_in_use() == 0 and world.model.decoder.live_warm_sessions == 0
     finally:
         proxy.close()
 

@@ -1,6 +1,6 @@
 """Sessions that survive the network, on 127.0.0.1: a session outlives its connection for the grace period and
 resumes with its key (only with the token it was opened with); one nobody resumes is closed after the grace
-period and its pages and decoder stream come back (counted), as on a drain; every reset/step/fork carries a
+period and its pages and decoder session come back (counted), as on a drain; every reset/step/fork carries a
 sequence number, so a retried request gets the recorded reply without running the model again and a gap or a
 stale number is refused; ``status`` reports each session's memory and context; the clients reconnect through a
 proxy that cuts connections, and give a clear error once reconnecting cannot help. Every wait is bounded."""
@@ -44,8 +44,8 @@ def detached(server, session: str) -> bool:
     return any(row["session"] == session and not row["attached"] for row in server.status())
 
 
-def live_decoder_streams(world) -> int:  # noqa: F811
-    return world.model.decoder.live_warm_streams
+def live_decoder_sessions(world) -> int:  # noqa: F811
+    return world.model.decoder.live_warm_sessions
 
 
 # --- resume ----------------------------------------------------------------------------------------
@@ -98,12 +98,12 @@ def test_a_session_nobody_resumes_closes_after_the_grace_period(world, serve):  
     env.step(serve_actions(env.action_space.shape, 0))
     env.connection._drop()  # the network drops the connection (the client still holds its session)
     wait_for(lambda: detached(server, env.session), "the session detached")
-    pages, streams = server.pages_in_use(), live_decoder_streams(world)
-    assert pages > 0 and streams == 1
+    pages, decoder_sessions = server.pages_in_use(), live_decoder_sessions(world)
+    assert pages > 0 and decoder_sessions == 1
     detached_at = time.monotonic()  # a clock the reaper is handed: nothing here waits or times anything
     assert server.reap(now=detached_at + 30) == 0 and server.pages_in_use() == pages  # within the grace
     assert server.reap(now=detached_at + 61) == 1  # past it: closed
-    assert server.pages_in_use() == 0 and live_decoder_streams(world) == 0 and server.open_sessions() == 0
+    assert server.pages_in_use() == 0 and live_decoder_sessions(world) == 0 and server.open_sessions() == 0
     with pytest.raises(RemoteEnvConnectionError, match=rf"session {env.session} is lost \(last committed step 1; "
                                                        r"[0-9.]+ s after the connection dropped\).*grace period"):
         env.step(serve_actions(env.action_space.shape, 1))
@@ -118,7 +118,7 @@ def test_the_reaper_closes_expired_sessions_by_itself(world, serve):  # noqa: F8
     env.reset(seed=0)
     env.connection._drop()
     wait_for(lambda: server.open_sessions() == 0, "the expired session closed")
-    assert server.pages_in_use() == 0 and live_decoder_streams(world) == 0
+    assert server.pages_in_use() == 0 and live_decoder_sessions(world) == 0
     env.close()
 
 
@@ -128,7 +128,7 @@ def test_a_drain_closes_the_sessions_waiting_for_a_resume(world, serve):  # noqa
     conn.close()
     wait_for(lambda: detached(server, opened["session"]), "the session detached")
     server.drain()
-    assert server.open_sessions() == 0 and server.pages_in_use() == 0 and live_decoder_streams(world) == 0
+    assert server.open_sessions() == 0 and server.pages_in_use() == 0 and live_decoder_sessions(world) == 0
 
 
 # --- at most once ----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The model decodes a session's first frame on the main stream and its windows on the decode lane; `decode` after
 a step with ``decode=False`` runs on the main stream again. Every tensor a decode reads (the window's latents,
-the stream's cache slots and retained context) may have been made, and last written, on the other stream: the
+the decoder session's cache slots and retained context) may have been made, and last written, on the other stream: the
 reading stream must wait for the event recorded after that write, and the tensor must be recorded on the reading
 stream (`Tensor.record_stream`), or the caching allocator may hand its memory to the other stream's next work
 while the reader still reads it. The fakes record waits, events and `record_stream` calls; with the guard
@@ -21,7 +21,7 @@ import yaml
 from worldstep.engine import lanes
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
 from worldstep.engine.vae import decoder as decoder_module
-from worldstep.engine.vae.cache import stream_tensors
+from worldstep.engine.vae.cache import session_tensors
 
 IMAGE = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
 
@@ -81,12 +81,12 @@ def test_every_tensor_a_decode_reads_is_waited_for_and_recorded_on_its_stream(ch
     lane = model.runner.lane.stream = FakeStream("lane")
     if not guard:
         monkeypatch.setattr(decoder_module, "hand_over", lambda *args: None)
-    reads = []  # per decode call: the stream it ran on and, per decode stream, what it read and the prior write
+    reads = []  # per decode call: the stream it ran on and, per decoder session, what it read and the prior write
     real = decoder_module.WarmWanDecoder._decode_locked
 
-    def spy(self, streams, windows, output):
-        reads.append((cuda.current, [(z, stream_tensors(s), s.written) for s, z in zip(streams, windows)]))
-        return real(self, streams, windows, output)
+    def spy(self, sessions, windows, output):
+        reads.append((cuda.current, [(z, session_tensors(s), s.written) for s, z in zip(sessions, windows)]))
+        return real(self, sessions, windows, output)
 
     monkeypatch.setattr(decoder_module.WarmWanDecoder, "_decode_locked", spy)
     knobs = RolloutKnobs(num_steps=1, context_frames=2)
@@ -97,18 +97,18 @@ def test_every_tensor_a_decode_reads_is_waited_for_and_recorded_on_its_stream(ch
         model.step(sessions, actions)  # windows: decoded on the lane, in two halves
         assert any(e.stream is lane for e in cuda.main.waited)  # the frames are fetched after the lane's work
     late = model.step(sessions[:1], actions[:1], decode=False)[0]
-    model.decode(sessions[0], late)  # on the main stream, after the lane wrote this stream's cache
+    model.decode(sessions[0], late)  # on the main stream, after the lane wrote this session's cache
 
     assert {stream.name for stream, _ in reads} == {"main", "lane"}
     recorded, unguarded, unwaited = set(cuda.records), [], []
-    for stream, per_stream in reads:
-        for z, held, written in per_stream:
+    for stream, per_session in reads:
+        for z, held, written in per_session:
             unguarded += [t for t in [z, *held] if (t.untyped_storage().data_ptr(), stream) not in recorded]
             if written is not None and written.stream is not stream and written not in stream.waited:
                 unwaited.append(written)
     if guard:
         assert unguarded == [] and unwaited == []
-        assert sum(len(held) for _, per_stream in reads for _, held, _ in per_stream) > 0  # caches were read
+        assert sum(len(held) for _, per_session in reads for _, held, _ in per_session) > 0  # caches were read
     else:
         assert unguarded and unwaited  # the check sees what an unguarded decode leaves
     model.close_all()
@@ -135,7 +135,7 @@ def test_8_sessions_with_decode_overlap_give_the_frames_of_the_same_sessions_dec
         steps = [model.step(sessions, [rng.uniform(-1, 1, (4, model.spec.action_dim)).astype(np.float32)
                                        for _ in sessions]) for _ in range(4)]
         model.close_all()
-        assert model.kv.num_used_pages == 0 and model.decoder.live_warm_streams == 0
+        assert model.kv.num_used_pages == 0 and model.decoder.live_warm_sessions == 0
         return steps
 
     sequential, overlapped = rollout(overlap=False), rollout(overlap=True)

@@ -86,8 +86,8 @@ CLEAN = {
         import weakref
         from pkg import table
         class Decoder:
-            def open(self, stream, ledger):
-                stream.release = weakref.finalize(stream, ledger.discard, 1)
+            def open(self, session, ledger):
+                session.release = weakref.finalize(session, ledger.discard, 1)
                 return table.Table().keys()
     """,
 }
@@ -107,8 +107,8 @@ def test_a_clean_synthetic_package_passes(tmp_path):
     ("finalizers bound to their owner", {"user.py": """
         import weakref
         class Decoder:
-            def open(self, stream):
-                stream.release = weakref.finalize(stream, self._release_slot, 1)
+            def open(self, session):
+                session.release = weakref.finalize(session, self._release_slot, 1)
             def _release_slot(self, i):
                 pass
     """}),
@@ -162,7 +162,7 @@ def test_no_engine_file_reaches_300_lines():
 
 
 def test_records_hold_no_reference_up_to_their_owner(tmp_path):
-    """A session and a decoder stream are records: the model and the decoder have the verbs."""
+    """A session and its decoder session are records: the model and the decoder have the verbs."""
     import yaml
     from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
 
@@ -172,11 +172,11 @@ def test_records_hold_no_reference_up_to_their_owner(tmp_path):
     owners = (model, model.kv, model.kv.offload, model.decoder, model.scheduler, model.runner)
     with model.session(np.zeros((32, 32, 3), np.uint8), "go", 0, knobs=RolloutKnobs(num_steps=1)) as session:
         model.step([session], [np.zeros((4, model.spec.action_dim), np.float32)])
-        for record in (session, session.decode_stream):
+        for record in (session, session.decoder_session):
             held = list(vars(record).values())
             assert not any(value is owner for value in held for owner in owners), type(record).__name__
             assert not any(callable(getattr(record, verb, None)) for verb in ("step", "close", "fork", "decode"))
-        finalizer = session.decode_stream.slot_release  # a warm stream gives its slot back when collected
+        finalizer = session.decoder_session.slot_release  # a warm decoder session gives its slot back when collected
         assert finalizer is not None and finalizer.alive
         _, func, args, kwargs = finalizer.peek()
         reached = [getattr(func, "__self__", None), *args, *kwargs.values()]

@@ -1,9 +1,9 @@
-"""The warm streaming decoder against one `vae.decode` of the whole stream (engine/vae).
+"""The warm streaming decoder against one `vae.decode` of the whole clip (engine/vae).
 
 Two kinds of claim, each tested as what it is (docs/exactness.md):
-- bit for bit (`torch.equal`) against `stream_pixels`, a reference that issues exactly the calls a warm
-  stream issues, with the same shapes: window patterns, interleaving, forks and retries must not change a
-  stream's frames, and no kernel choice can differ between the two;
+- bit for bit (`torch.equal`) against `session_pixels`, a reference that issues exactly the calls a warm
+  session issues, with the same shapes: window patterns, interleaving, forks and retries must not change a
+  session's frames, and no kernel choice can differ between the two;
 - within `WHOLE_DECODE_ATOL` against one whole-clip `vae.decode`, whose `post_quant_conv` runs over the whole
   clip and may round differently from the per-latent calls (a pointwise conv picks its kernel by shape).
 """
@@ -24,8 +24,8 @@ from vae_models import (
     diffusers_frames,
     random_latents,
     raw_latents,
+    session_pixels,
     stateless_pixels,
-    stream_pixels,
     tiny_wan22,
     whole_pixels,
 )
@@ -51,32 +51,32 @@ def family(request):
 
 
 @pytest.mark.parametrize("pattern", PATTERN_PARAMS)
-def test_warm_windows_issue_the_stream_calls_bit_for_bit(family, pattern):
+def test_warm_windows_issue_the_session_calls_bit_for_bit(family, pattern):
     vae, grid = family
     z = random_latents(sum(pattern), grid, seed=len(pattern))
     dec = WarmWanDecoder(vae)
-    stream = dec.open_stream()
-    windows = decode_windows(dec, stream, z, pattern)
+    session = dec.open_session()
+    windows = decode_windows(dec, session, z, pattern)
 
     for i, (w, pixels) in enumerate(zip(pattern, windows)):
         assert pixels.shape[2] == frames_per_window(w, first=i == 0)
-    assert torch.equal(torch.cat(windows, dim=2), stream_pixels(vae, z))
-    assert stream.latents_decoded == sum(pattern)
-    assert stream.frames_decoded == 1 + 4 * (sum(pattern) - 1)
+    assert torch.equal(torch.cat(windows, dim=2), session_pixels(vae, z))
+    assert session.latents_decoded == sum(pattern)
+    assert session.frames_decoded == 1 + 4 * (sum(pattern) - 1)
 
 
 @pytest.mark.parametrize("pattern", PATTERN_PARAMS)
-def test_warm_windows_equal_the_whole_stream_decode_within_the_bound(family, pattern):
+def test_warm_windows_equal_the_whole_clip_decode_within_the_bound(family, pattern):
     vae, grid = family
     z = random_latents(sum(pattern), grid, seed=len(pattern))
     dec = WarmWanDecoder(vae)
-    windows = decode_windows(dec, dec.open_stream(), z, pattern)
+    windows = decode_windows(dec, dec.open_session(), z, pattern)
     assert_near_whole_decode(torch.cat(windows, dim=2), whole_pixels(vae, z))
 
 
 @pytest.mark.exactness
-def test_the_stream_recurrence_is_vae_decode_given_the_whole_clip_post_quant_conv(family):
-    """Fed the whole clip's `post_quant_conv` output, the per-latent decoder loop of a stream is exactly
+def test_the_session_recurrence_is_vae_decode_given_the_whole_clip_post_quant_conv(family):
+    """Fed the whole clip's `post_quant_conv` output, the per-latent decoder loop of a session is exactly
     `vae.decode` (the same decoder calls with the same shapes): all that separates the warm decode from
     the whole-clip decode is the per-latent `post_quant_conv`."""
     vae, grid = family
@@ -84,21 +84,21 @@ def test_the_stream_recurrence_is_vae_decode_given_the_whole_clip_post_quant_con
     with torch.no_grad():
         x = vae.post_quant_conv(raw_latents(vae, z))  # [1,C,6,h,w] over the whole clip
         cache = [None] * count_slots(vae.decoder)
-        calls = list(run_decoder(vae.decoder, x, cache, [1] * 6, stream_start=True))
+        calls = list(run_decoder(vae.decoder, x, cache, [1] * 6, from_first_latent=True))
     got = torch.cat([pixels_from_decoder(out, vae.config.patch_size) for out in calls], dim=2)
     assert torch.equal(got, whole_pixels(vae, z))
 
 
-def test_uint8_frames_are_diffusers_postprocess_of_the_whole_stream(family):
+def test_uint8_frames_are_diffusers_postprocess_of_the_whole_clip(family):
     vae, grid = family
     z = random_latents(6, grid, seed=3)
     dec = WarmWanDecoder(vae)
-    stream = dec.open_stream()
-    frames = [dec.decode(stream, z[0, :, a:b]) for a, b in [(0, 1), (1, 4), (4, 6)]]  # [C,t,h,w] windows
+    session = dec.open_session()
+    frames = [dec.decode(session, z[0, :, a:b]) for a, b in [(0, 1), (1, 4), (4, 6)]]  # [C,t,h,w] windows
 
     got = np.concatenate(frames)
     assert got.dtype == np.uint8 and got.shape == (21, 32, 32, 3)
-    np.testing.assert_array_equal(got, diffusers_frames(stream_pixels(vae, z)))  # the same pixels, mapped alike
+    np.testing.assert_array_equal(got, diffusers_frames(session_pixels(vae, z)))  # the same pixels, mapped alike
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -107,8 +107,8 @@ def test_any_window_pattern_is_exact_wan22(pattern, seed):
     vae = _WAN22
     z = random_latents(sum(pattern), (2, 2), seed=seed)
     dec = WarmWanDecoder(vae)
-    windows = decode_windows(dec, dec.open_stream(), z, pattern)
-    assert torch.equal(torch.cat(windows, dim=2), stream_pixels(vae, z))
+    windows = decode_windows(dec, dec.open_session(), z, pattern)
+    assert torch.equal(torch.cat(windows, dim=2), session_pixels(vae, z))
 
 
 _WAN22 = tiny_wan22(seed=1)
@@ -118,49 +118,49 @@ def test_non_square_grid_is_exact():
     vae = _WAN22
     z = random_latents(5, (2, 4), seed=9)  # 32 x 64 px
     dec = WarmWanDecoder(vae)
-    windows = decode_windows(dec, dec.open_stream(), z, [2, 3])
+    windows = decode_windows(dec, dec.open_session(), z, [2, 3])
     assert windows[0].shape[-2:] == (32, 64)
-    assert torch.equal(torch.cat(windows, dim=2), stream_pixels(vae, z))
+    assert torch.equal(torch.cat(windows, dim=2), session_pixels(vae, z))
 
 
-def test_two_interleaved_streams_stay_independent(family):
+def test_two_interleaved_sessions_stay_independent(family):
     vae, grid = family
     za, zb = random_latents(6, grid, seed=11), random_latents(6, grid, seed=12)
     dec = WarmWanDecoder(vae)
-    a, b = dec.open_stream(), dec.open_stream()
+    a, b = dec.open_session(), dec.open_session()
     got_a, got_b = [], []
     got_a.append(dec.decode_pixels(a, za[:, :, 0:2]))
     got_b.append(dec.decode_pixels(b, zb[:, :, 0:1]))
-    vae.decode(torch.zeros_like(za))  # a whole-clip decode in between must not disturb the streams
+    vae.decode(torch.zeros_like(za))  # a whole-clip decode in between must not disturb the sessions
     got_b.append(dec.decode_pixels(b, zb[:, :, 1:4]))
     got_a.append(dec.decode_pixels(a, za[:, :, 2:6]))
     got_b.append(dec.decode_pixels(b, zb[:, :, 4:6]))
 
-    assert torch.equal(torch.cat(got_a, dim=2), stream_pixels(vae, za))
-    assert torch.equal(torch.cat(got_b, dim=2), stream_pixels(vae, zb))
+    assert torch.equal(torch.cat(got_a, dim=2), session_pixels(vae, za))
+    assert torch.equal(torch.cat(got_b, dim=2), session_pixels(vae, zb))
 
 
-def test_a_decode_batch_gives_each_stream_exactly_its_lone_frames(family):
-    """Streams decoded together issue each stream's own batch-1 calls, so a stream's frames never depend on
-    which streams share the call (a batched conv may round differently: docs/exactness.md)."""
+def test_a_decode_batch_gives_each_session_exactly_its_lone_frames(family):
+    """Sessions decoded together issue each session's own batch-1 calls, so a session's frames never depend on
+    which sessions share the call (a batched conv may round differently: docs/exactness.md)."""
     vae, grid = family
     z = random_latents(6, grid, seed=5, batch=2)
     dec = WarmWanDecoder(vae)
-    a, b = dec.open_stream(), dec.open_stream()
+    a, b = dec.open_session(), dec.open_session()
     rec = CallRecorder(dec._decoder)
     outs = [dec.decode_batch([a, b], [z[0:1, :, i:j], z[1:2, :, i:j]], output="pixels") for i, j in [(0, 2), (2, 6)]]
     rec.remove()
 
-    assert all(batch == 1 for batch, _, _ in rec.calls) and len(rec.calls) == 12  # 6 latents x 2 streams
-    assert torch.equal(torch.cat([o[0] for o in outs], dim=2), stream_pixels(vae, z[0:1]))
-    assert torch.equal(torch.cat([o[1] for o in outs], dim=2), stream_pixels(vae, z[1:2]))
+    assert all(batch == 1 for batch, _, _ in rec.calls) and len(rec.calls) == 12  # 6 latents x 2 sessions
+    assert torch.equal(torch.cat([o[0] for o in outs], dim=2), session_pixels(vae, z[0:1]))
+    assert torch.equal(torch.cat([o[1] for o in outs], dim=2), session_pixels(vae, z[1:2]))
 
 
-def test_streams_at_different_phases_or_lengths_run_in_turn():
+def test_sessions_at_different_phases_or_lengths_run_in_turn():
     vae = _WAN22
     z = random_latents(8, (2, 2), seed=21, batch=3)
     dec = WarmWanDecoder(vae)
-    a, b, c = dec.open_stream(), dec.open_stream(), dec.open_stream()
+    a, b, c = dec.open_session(), dec.open_session(), dec.open_session()
     first_a = dec.decode_pixels(a, z[0:1, :, 0:2])
     rec = CallRecorder(dec._decoder)
     # a is steady; b starts (latent 0, first_chunk); c starts with a different window length.
@@ -171,9 +171,9 @@ def test_streams_at_different_phases_or_lengths_run_in_turn():
     start_b = [(1, 1, True), (1, 1, False)]
     start_c = [(1, 1, True), (1, 1, False), (1, 1, False)]
     assert rec.calls == steady_a + start_b + start_c  # (batch, latents, first_chunk) per call
-    assert torch.equal(torch.cat([first_a, out[0]], dim=2), stream_pixels(vae, z[0:1, :, :4]))
-    assert torch.equal(out[1], stream_pixels(vae, z[1:2, :, :2]))
-    assert torch.equal(out[2], stream_pixels(vae, z[2:3, :, :3]))
+    assert torch.equal(torch.cat([first_a, out[0]], dim=2), session_pixels(vae, z[0:1, :, :4]))
+    assert torch.equal(out[1], session_pixels(vae, z[1:2, :, :2]))
+    assert torch.equal(out[2], session_pixels(vae, z[2:3, :, :3]))
 
 
 @pytest.mark.parametrize("latents_per_call", [0, 2])
@@ -181,9 +181,9 @@ def test_grouped_calls_match_within_rounding_and_first_window_stays_per_latent(f
     vae, grid = family
     z = random_latents(9, grid, seed=7)
     dec = WarmWanDecoder(vae, DecoderOptions(latents_per_call=latents_per_call))
-    stream = dec.open_stream()
+    session = dec.open_session()
     rec = CallRecorder(dec._decoder)
-    windows = decode_windows(dec, stream, z, [3, 4, 2])
+    windows = decode_windows(dec, session, z, [3, 4, 2])
     rec.remove()
 
     per_window = [t for _, t, _ in rec.calls]
@@ -198,29 +198,29 @@ def test_stateless_path_equals_the_context_redecode():
     k = 3
     z = random_latents(10, (2, 2), seed=31)
     dec = WarmWanDecoder(vae, DecoderOptions(warm_cache=False, context_latents=k))
-    stream = dec.open_stream()
+    session = dec.open_session()
     pattern, start = [2, 2, 3, 3], 0
     for w in pattern:
-        got = dec.decode_pixels(stream, z[:, :, start : start + w])
+        got = dec.decode_pixels(session, z[:, :, start : start + w])
         assert torch.equal(got, stateless_pixels(vae, z, start, w, k))
-        assert dec.cache_bytes(stream) == 0 and stream.retained_latents == min(k, start + w)
+        assert dec.cache_bytes(session) == 0 and session.retained_latents == min(k, start + w)
         start += w
-    assert dec.live_warm_streams == 0
-    # Past the context the stateless path is only an approximation of the whole stream, far outside rounding.
-    assert (got - stream_pixels(vae, z)[:, :, -12:]).abs().max() > 1e-3
+    assert dec.live_warm_sessions == 0
+    # Past the context the stateless path is only an approximation of the whole clip, far outside rounding.
+    assert (got - session_pixels(vae, z)[:, :, -12:]).abs().max() > 1e-3
 
 
 def test_retained_context_is_bounded_and_compact():
     vae = _WAN22
     z = random_latents(12, (2, 2), seed=41)
     dec = WarmWanDecoder(vae, DecoderOptions(context_latents=5))
-    stream = dec.open_stream()
-    decode_windows(dec, stream, z, [1, 4, 4, 3])
-    assert stream.retained_latents == 5
-    assert stream.context.untyped_storage().nbytes() == stream.context.nbytes
+    session = dec.open_session()
+    decode_windows(dec, session, z, [1, 4, 4, 3])
+    assert session.retained_latents == 5
+    assert session.context.untyped_storage().nbytes() == session.context.nbytes
     with torch.no_grad():  # the decoder inputs of the last 5 latents, one post_quant_conv call per latent
         want = torch.cat([vae.post_quant_conv(raw_latents(vae, z[:, :, i : i + 1])) for i in range(7, 12)], dim=2)
-    assert torch.equal(stream.context, want)
+    assert torch.equal(session.context, want)
 
 
 def test_denormalisation_is_z_times_std_plus_mean():
@@ -231,7 +231,7 @@ def test_denormalisation_is_z_times_std_plus_mean():
     with torch.no_grad():
         want = vae.decode(z * std + mean).sample
     dec = WarmWanDecoder(vae)
-    got = torch.cat(decode_windows(dec, dec.open_stream(), z, [3]), dim=2)
+    got = torch.cat(decode_windows(dec, dec.open_session(), z, [3]), dim=2)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -239,11 +239,11 @@ def test_bf16_vae_issues_the_pipelines_bf16_calls():
     vae = tiny_wan22(seed=6).to(torch.bfloat16)
     z = random_latents(5, (2, 2), seed=61)  # float32, as the denoiser hands them over
     dec = WarmWanDecoder(vae)
-    stream = dec.open_stream()
-    got = torch.cat(decode_windows(dec, stream, z, [1, 3, 1]), dim=2)
+    session = dec.open_session()
+    got = torch.cat(decode_windows(dec, session, z, [1, 3, 1]), dim=2)
     # The pipeline de-normalises and decodes in the VAE dtype, then casts to the latents' dtype.
-    assert got.dtype == torch.float32 and torch.equal(got, stream_pixels(vae, z).to(torch.float32))
-    assert all(t.dtype == torch.bfloat16 for t in slot_tensors(stream.slots))
+    assert got.dtype == torch.float32 and torch.equal(got, session_pixels(vae, z).to(torch.float32))
+    assert all(t.dtype == torch.bfloat16 for t in slot_tensors(session.slots))
     # Against the whole-clip bf16 decode only post_quant_conv's rounding differs, at bf16 scale.
     want = whole_pixels(vae, z).to(torch.float32)
     torch.testing.assert_close(got, want, atol=BF16_WHOLE_DECODE_ATOL, rtol=0)

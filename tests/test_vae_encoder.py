@@ -74,7 +74,7 @@ def test_the_encoded_first_frame_decodes_to_one_frame():
     vae = tiny_wan22(seed=5)
     latent = encode_first_frame(vae, _images()["float64"], 32, 64)
     dec = WarmWanDecoder(vae)
-    frames = dec.decode(dec.open_stream(), latent)
+    frames = dec.decode(dec.open_session(), latent)
     assert frames.shape == (1, 32, 64, 3) and frames.dtype == np.uint8
 
 

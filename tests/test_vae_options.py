@@ -12,12 +12,12 @@ def test_defaults():
     o = DecoderOptions()
     assert (o.warm_cache, o.latents_per_call, o.channels_last, o.cudnn_benchmark, o.onednn_conv) == (
         True, 1, False, False, False)
-    assert (o.max_warm_streams, o.context_latents) == (0, 8)
+    assert (o.max_warm_sessions, o.context_latents) == (0, 8)
 
 
 def test_yaml_values_load():
-    o = DecoderOptions(**yaml.safe_load("warm_cache: false\nlatents_per_call: 0\nmax_warm_streams: 4\n"))
-    assert o.warm_cache is False and o.latents_per_call == 0 and o.max_warm_streams == 4
+    o = DecoderOptions(**yaml.safe_load("warm_cache: false\nlatents_per_call: 0\nmax_warm_sessions: 4\n"))
+    assert o.warm_cache is False and o.latents_per_call == 0 and o.max_warm_sessions == 4
 
 
 @pytest.mark.parametrize("key", ["warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv"])
@@ -38,11 +38,11 @@ def test_yaml_string_false_is_an_error_not_true():
     ("key", "value", "lowest"),
     [
         ("latents_per_call", -1, 0),
-        ("max_warm_streams", -2, 0),
+        ("max_warm_sessions", -2, 0),
         ("context_latents", 0, 1),
         ("context_latents", -8, 1),
         ("latents_per_call", 1.5, 0),
-        ("max_warm_streams", "3", 0),
+        ("max_warm_sessions", "3", 0),
         ("context_latents", True, 1),
         ("latents_per_call", None, 0),
     ],

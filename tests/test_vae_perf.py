@@ -96,7 +96,7 @@ def test_a_steady_window_runs_no_strided_norm_no_pad_and_no_reference_conv():
     vae = tiny_wan22(seed=7)
     dec = WarmWanDecoder(vae, DecoderOptions(onednn_conv=True))
     z = random_latents(3, (2, 2), seed=8)
-    with dec.stream() as s:
+    with dec.session() as s:
         dec.decode(s, z[:, :, :2])
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             dec.decode(s, z[:, :, 2:])

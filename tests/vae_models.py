@@ -7,7 +7,7 @@ import torch
 from diffusers import AutoencoderKLWan
 from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify as wan_unpatchify
 from diffusers.video_processor import VideoProcessor
-from worldstep.engine.vae import WHOLE_STREAM_DECODE_ATOL
+from worldstep.engine.vae import WHOLE_CLIP_DECODE_ATOL
 
 Z_DIM = 4
 MEAN = [0.3, -0.7, 1.1, 0.05]
@@ -52,7 +52,7 @@ def raw_latents(vae: AutoencoderKLWan, z: torch.Tensor) -> torch.Tensor:
 
 
 def whole_pixels(vae: AutoencoderKLWan, z: torch.Tensor) -> torch.Tensor:
-    """`vae.decode` of the whole (normalised) stream: `[B, 3, T, H, W]` in [-1, 1]."""
+    """`vae.decode` of the whole (normalised) clip: `[B, 3, T, H, W]` in [-1, 1]."""
     with torch.no_grad():
         return vae.decode(raw_latents(vae, z)).sample
 
@@ -62,7 +62,7 @@ def whole_pixels(vae: AutoencoderKLWan, z: torch.Tensor) -> torch.Tensor:
 # path by shape). Measured on the test VAEs, over seeds, window patterns and kernel selections
 # (ATEN_CPU_CAPABILITY default/avx2/avx512, ONEDNN_MAX_CPU_ISA=AVX2, oneDNN convs on and off):
 # max |diff| 3.8e-6 in [-1, 1] pixels. The engine states the bound (2.5x margin); docs/exactness.md.
-WHOLE_DECODE_ATOL = WHOLE_STREAM_DECODE_ATOL
+WHOLE_DECODE_ATOL = WHOLE_CLIP_DECODE_ATOL
 # oneDNN convs (DecoderOptions.onednn_conv) sum every conv of the decoder in another order than torch's
 # reference kernel; measured max |diff| 3.8e-6 here too, bound kept at the looser 1e-4 it always had.
 ONEDNN_ATOL = 1e-4
@@ -78,11 +78,11 @@ def assert_near_whole_decode(got: torch.Tensor, want: torch.Tensor, atol: float 
         assert levels.max() <= 1
 
 
-def stream_pixels(vae: AutoencoderKLWan, z: torch.Tensor, first: int = 0) -> torch.Tensor:
-    """The calls a warm stream issues, written out independently of engine/vae: `post_quant_conv` and the
+def session_pixels(vae: AutoencoderKLWan, z: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """The calls a warm session issues, written out independently of engine/vae: `post_quant_conv` and the
     decoder one latent at a time over `z[:, :, first:]` from an empty cache. `[B, 3, T, H, W]` in [-1, 1].
 
-    A warm stream with one latent per call makes exactly these calls with these shapes, so it must equal
+    A warm session with one latent per call makes exactly these calls with these shapes, so it must equal
     this bit for bit, whatever its window pattern."""
     num_slots = sum(type(m).__name__ == "WanCausalConv3d" for m in vae.decoder.modules())
     cache: list = [None] * num_slots
@@ -106,17 +106,17 @@ def diffusers_frames(pixels: torch.Tensor) -> np.ndarray:
 
 def stateless_pixels(vae: AutoencoderKLWan, z: torch.Tensor, start: int, w: int, k: int) -> torch.Tensor:
     """The stateless baseline for the window `[start, start + w)`: up to `k` latents of context plus the
-    window decoded from an empty cache with a stream's calls (`stream_pixels`), keeping the window's frames."""
+    window decoded from an empty cache with a session's calls (`session_pixels`), keeping the window's frames."""
     lo = max(0, start - k)
-    pixels = stream_pixels(vae, z[:, :, : start + w], first=lo)
+    pixels = session_pixels(vae, z[:, :, : start + w], first=lo)
     return pixels if start == 0 else pixels[:, :, -4 * w :]
 
 
-def decode_windows(decoder, stream, z: torch.Tensor, pattern: list[int], start: int = 0) -> list[torch.Tensor]:
+def decode_windows(decoder, session, z: torch.Tensor, pattern: list[int], start: int = 0) -> list[torch.Tensor]:
     """Decode `z[:, :, start:]` window by window (pixels), returning each window's pixels."""
     out = []
     for w in pattern:
-        out.append(decoder.decode_pixels(stream, z[:, :, start : start + w]))
+        out.append(decoder.decode_pixels(session, z[:, :, start : start + w]))
         start += w
     return out
 

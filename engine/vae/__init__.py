@@ -11,7 +11,7 @@ from .options import DecoderOptions
 
 _LAZY = {
     "BATCHED_DECODE_ATOL": ".jobs",
-    "WHOLE_STREAM_DECODE_ATOL": ".decoder",
+    "WHOLE_CLIP_DECODE_ATOL": ".decoder",
     "WarmWanDecoder": ".decoder",
     "encode_first_frame": ".encoder",
     "encode_pixels": ".encoder",
@@ -19,8 +19,8 @@ _LAZY = {
     "frames_from_pixels": ".frames",
     "frames_per_window": ".frames",
     "LatentNorm": ".latents",
-    "DecodeStream": ".stream",
-    "StreamPath": ".stream",
+    "DecodeSession": ".session",
+    "DecodePath": ".session",
 }
 
 __all__ = ["DecoderOptions", *_LAZY]

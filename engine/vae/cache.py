@@ -1,4 +1,4 @@
-"""The Wan decoder's causal-conv cache: one slot per `WanCausalConv3d`, owned by one stream.
+"""The Wan decoder's causal-conv cache: one slot per `WanCausalConv3d`, owned by one session.
 
 diffusers' decoder reads and writes a plain list `feat_cache` (one slot per causal conv, in call
 order). A slot is `None` before the conv has run, the string ``"Rep"`` for an `upsample3d`
@@ -32,10 +32,10 @@ def slot_tensors(slots: list[Slot]) -> Iterator[torch.Tensor]:
     return (s for s in slots if isinstance(s, torch.Tensor))
 
 
-def stream_tensors(stream) -> list[torch.Tensor]:
-    """Every tensor a `DecodeStream` holds between windows: its cache slots and its retained context."""
-    context = [] if stream.context is None else [stream.context]
-    return [*slot_tensors(stream.slots or []), *context]
+def session_tensors(session) -> list[torch.Tensor]:
+    """Every tensor a `DecodeSession` holds between windows: its cache slots and its retained context."""
+    context = [] if session.context is None else [session.context]
+    return [*slot_tensors(session.slots or []), *context]
 
 
 def cache_nbytes(slots: list[Slot] | None) -> int:
@@ -67,11 +67,11 @@ def slot_signature(slots: list[Slot] | None) -> tuple:
 
 
 def stack_slots(caches: list[list[Slot]]) -> list[Slot]:
-    """One cache for a batch of streams: each tensor slot concatenated along the batch (the streams' caches must
+    """One cache for a batch of sessions: each tensor slot concatenated along the batch (the sessions' caches must
     have one `slot_signature`; marker slots are then equal and kept as they are)."""
     return [torch.cat(group) if isinstance(group[0], torch.Tensor) else group[0] for group in zip(*caches)]
 
 
 def split_slots(slots: list[Slot], batch: int) -> list[list[Slot]]:
-    """The per-stream caches of a stacked cache: views along the batch (`compact_slots` makes them own storage)."""
+    """The per-session caches of a stacked cache: views along the batch (`compact_slots` makes them own storage)."""
     return [[s[b : b + 1] if isinstance(s, torch.Tensor) else s for s in slots] for b in range(batch)]

@@ -33,7 +33,7 @@ def run_decoder(
     slots: list[Slot],
     sizes: list[int],
     *,
-    stream_start: bool,
+    from_first_latent: bool,
     channels_last: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the raw decoder output of each call; `slots` is updated in place as diffusers does.
@@ -41,9 +41,9 @@ def run_decoder(
     Args:
         decoder: `vae.decoder` (or its channels-last copy).
         x: `[B, C, t, h, w]` `post_quant_conv` output; `sum(sizes) == t`.
-        slots: the cache of all `B` streams (stacked along the batch); empty when `stream_start`.
+        slots: the cache of all `B` sessions (stacked along the batch); empty when `from_first_latent`.
         sizes: latents per call (see `call_sizes`).
-        stream_start: the run starts at latent 0 of its streams (`first_chunk` for the first call).
+        from_first_latent: the run starts at latent 0 of its sessions (`first_chunk` for the first call).
     Yields:
         `[B, C_out, T_call, h', w']` per call: 1 frame for latent 0, 4 per later latent.
     """
@@ -53,5 +53,5 @@ def run_decoder(
         if channels_last:
             chunk = chunk.contiguous(memory_format=torch.channels_last_3d)
         # feat_idx has a shared mutable default in diffusers: always pass a fresh [0].
-        yield decoder(chunk, feat_cache=slots, feat_idx=[0], first_chunk=stream_start and start == 0)
+        yield decoder(chunk, feat_cache=slots, feat_idx=[0], first_chunk=from_first_latent and start == 0)
         start += n

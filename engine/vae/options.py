@@ -12,14 +12,14 @@ class DecoderOptions(StrictModel):
     """Switches of `WarmWanDecoder`; the YAML config's ``decoder`` section is this model.
 
     Attributes:
-        warm_cache: keep each stream's causal-conv cache so a window decodes only its new latents
-            (within float32 rounding of one whole-stream decode). Off: every window re-decodes
+        warm_cache: keep each session's causal-conv cache so a window decodes only its new latents
+            (within float32 rounding of one whole-clip decode). Off: every window re-decodes
             `context_latents` of context from an empty cache (an approximation, ~(K + w) / w slower).
         latents_per_call: latents per decoder call on steady windows. 1 issues exactly
-            `vae.decode`'s decoder calls (frames within `WHOLE_STREAM_DECODE_ATOL` of one whole-stream
+            `vae.decode`'s decoder calls (frames within `WHOLE_CLIP_DECODE_ATOL` of one whole-clip
             decode and identical for any window pattern; smallest transient peak). 0 decodes a whole
             window per call: equal within rounding (~1e-6) for a transient peak that grows with it.
-            A stream's first window (fresh or re-decoded behind its context) always runs one
+            A session's first window (fresh or re-decoded behind its context) always runs one
             latent per call, whatever this says. Check it against the window with
             `validate_for_window`.
         channels_last: run the decoder on a channels-last copy of its weights and activations
@@ -34,20 +34,20 @@ class DecoderOptions(StrictModel):
         cudnn_benchmark: set `torch.backends.cudnn.benchmark` around each decode only, restored
             afterwards (also when the decode raises). The flag is process-global: concurrent
             decodes from several threads see each other's setting while they overlap.
-        max_warm_streams: warm caches per decoder (0 = no cap). A stream that starts its first
+        max_warm_sessions: warm caches per decoder (0 = no cap). A session that starts its first
             window while the cap is reached stays stateless for its whole life. The cap counts
-            streams, not bytes: size it from `cache_bytes` at the served resolution and dtype.
-        batch_streams: decode the windows of a step's streams in one set of decoder calls, their causal-conv
-            caches stacked along the batch (streams of different latent grids, window lengths or cache layouts
-            never share a call): one call per group instead of one per stream. Kernels may round differently
-            at another batch size, so frames are within `BATCHED_DECODE_ATOL` of the per-stream path (at most
-            1 uint8 level on at most 1e-3 of values; docs/exactness.md). Off: each stream runs its own calls,
+            sessions, not bytes: size it from `cache_bytes` at the served resolution and dtype.
+        batch_sessions: decode the windows of a step's sessions in one set of decoder calls, their causal-conv
+            caches stacked along the batch (sessions of different latent grids, window lengths or cache layouts
+            never share a call): one call per group instead of one per session. Kernels may round differently
+            at another batch size, so frames are within `BATCHED_DECODE_ATOL` of the per-session path (at most
+            1 uint8 level on at most 1e-3 of values; docs/exactness.md). Off: each session runs its own calls,
             and its frames are bit-identical to a single-env run's given the same latents.
         dtype: the dtype the decoder runs in (None: the VAE's own). Another dtype than the VAE's runs on a
             private copy of the decoder in that dtype (the shared VAE keeps its weights); bfloat16 halves
             the cache and the decoder's time on a GPU, at bf16 rounding (docs/exactness.md).
-        context_latents: latents a stream retains and re-decodes ahead of a window that has no
-            warm cache (stateless streams, or a warm stream whose cache was dropped by a failed
+        context_latents: latents a session retains and re-decodes ahead of a window that has no
+            warm cache (stateless sessions, or a warm session whose cache was dropped by a failed
             decode). At least 1: a later window's first latent needs a predecessor to yield its 4
             frames.
     """
@@ -57,9 +57,9 @@ class DecoderOptions(StrictModel):
     channels_last: bool = False
     cudnn_benchmark: bool = False
     onednn_conv: bool = False
-    max_warm_streams: NonNegativeInt = 0
+    max_warm_sessions: NonNegativeInt = 0
     context_latents: PositiveInt = 8
-    batch_streams: bool = False
+    batch_sessions: bool = False
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     def validate_for_window(self, latents_per_window: int) -> None:

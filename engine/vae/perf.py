@@ -84,7 +84,7 @@ def _causal_conv_forward(self: WanCausalConv3d, x: torch.Tensor, cache_x: torch.
         x = torch.cat([cache_x.to(x.device), x], dim=2)  # [B,C,k+t,H,W]
         pad_t -= cache_x.shape[2]
     if pad_t > 0:
-        x = F.pad(x, (0, 0, 0, 0, pad_t, 0))  # zero frames ahead of a stream's first call only
+        x = F.pad(x, (0, 0, 0, 0, pad_t, 0))  # zero frames ahead of a session's first call only
     return torch.ops.aten.mkldnn_convolution(x, self.weight, self.bias, [0, pad_h, pad_w], list(self.stride),
                                              list(self.dilation), self.groups)
 

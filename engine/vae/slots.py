@@ -1,6 +1,6 @@
-"""The ledger of warm decoder slots: which streams hold one, under a cap.
+"""The ledger of warm decoder slots: which sessions hold one, under a cap.
 
-A leaf the decoder owns and a dropped stream's finalizer reaches (`give_back`), so a stream record never
+A leaf the decoder owns and a dropped session's finalizer reaches (`give_back`), so a session record never
 holds a reference up to its decoder, not even through a bound method.
 """
 
@@ -10,7 +10,7 @@ import threading
 
 
 class WarmSlots:
-    """Stream ids holding a warm slot."""
+    """Session ids holding a warm slot."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # re-entrant: the collector may give a slot back while it is held
@@ -20,19 +20,19 @@ class WarmSlots:
         with self._lock:
             return len(self._ids)
 
-    def take(self, stream_id: int, cap: int) -> bool:
-        """Give ``stream_id`` a slot unless ``cap`` (0: no cap) slots are taken; whether it got one."""
+    def take(self, session_id: int, cap: int) -> bool:
+        """Give ``session_id`` a slot unless ``cap`` (0: no cap) slots are taken; whether it got one."""
         with self._lock:
             if cap and len(self._ids) >= cap:
                 return False
-            self._ids.add(stream_id)
+            self._ids.add(session_id)
             return True
 
-    def release(self, stream_id: int) -> None:
+    def release(self, session_id: int) -> None:
         with self._lock:
-            self._ids.discard(stream_id)
+            self._ids.discard(session_id)
 
 
-def give_back(slots: WarmSlots, stream_id: int) -> None:
-    """Return ``stream_id``'s slot (idempotent): called by close, or by the collector for a dropped stream."""
-    slots.release(stream_id)
+def give_back(slots: WarmSlots, session_id: int) -> None:
+    """Return ``session_id``'s slot (idempotent): called by close, or by the collector for a dropped session."""
+    slots.release(session_id)

@@ -1,10 +1,10 @@
 """`worldstep bench decode`: the warm streaming decode against the two ways to decode a window without it.
 
 One random-weight Wan 2.2-family VAE (z_dim 16, dim_mult 1,2,4,4) on the reference kernels `vae.decode` runs.
-Each row decodes windows of `w` latents of one latent stream three ways, in lockstep (the first of the three
+Each row decodes windows of `w` latents of one session three ways, in lockstep (the first of the three
 rotating, so all see the same machine load):
 
-- warm: `WarmWanDecoder` keeps the stream's causal-conv cache and decodes only the window's latents;
+- warm: `WarmWanDecoder` keeps the session's causal-conv cache and decodes only the window's latents;
 - stateless: re-decodes the last `context_latents` latents from an empty cache ahead of each window, an
   approximation (PSNR below) doing `(K + w) / w` times the work by construction;
 - whole clip: `vae.decode` of every latent so far, keeping the window's frames: exact, what a user without a
@@ -60,7 +60,7 @@ def _check(s: DecodeSettings) -> None:
 
 def run_decode(settings: DecodeSettings, progress: Progress) -> BenchResult:
     _check(settings)
-    from worldstep.engine.vae import WHOLE_STREAM_DECODE_ATOL, LatentNorm
+    from worldstep.engine.vae import WHOLE_CLIP_DECODE_ATOL, LatentNorm
 
     result = BenchResult("decode", describe_machine(), settings=vars(settings).copy())
     vae = build_bench_vae(settings.base_dim)
@@ -70,8 +70,8 @@ def run_decode(settings: DecodeSettings, progress: Progress) -> BenchResult:
         progress(f"{w} latents/window: {settings.timed_windows} timed windows, warm | stateless | whole clip")
         rows.append(_row(vae, norm, settings, w))
     worst = max(r["warm_max_abs_diff"] for r in rows)
-    result.results = {"rows": rows, "warm_max_abs_diff": worst, "bound": WHOLE_STREAM_DECODE_ATOL,
-                      "warm_within_bound": worst <= WHOLE_STREAM_DECODE_ATOL, "z_dim": Z_DIM}
+    result.results = {"rows": rows, "warm_max_abs_diff": worst, "bound": WHOLE_CLIP_DECODE_ATOL,
+                      "warm_within_bound": worst <= WHOLE_CLIP_DECODE_ATOL, "z_dim": Z_DIM}
     result.tables.append(_table(settings, result.results))
     return result
 
@@ -86,16 +86,16 @@ def _timed(fn: Callable[[], torch.Tensor], wall: list[float], cpu: list[float]) 
 
 def _row(vae, norm, s: DecodeSettings, w: int) -> dict[str, Any]:
     """Decode `1 + K + timed_windows * w` latents; time the last `timed_windows` windows three ways."""
-    from worldstep.engine.vae import DecoderOptions, StreamPath, WarmWanDecoder, frames_from_pixels
+    from worldstep.engine.vae import DecodePath, DecoderOptions, WarmWanDecoder, frames_from_pixels
     from worldstep.fidelity.metrics import psnr
 
     k, n = s.context_latents, s.timed_windows
     z = torch.randn(1, Z_DIM, 1 + k + n * w, s.height // 16, s.width // 16, generator=torch.Generator().manual_seed(w))
-    dec = WarmWanDecoder(vae, DecoderOptions(context_latents=k, max_warm_streams=1))
-    warm = dec.open_stream()
+    dec = WarmWanDecoder(vae, DecoderOptions(context_latents=k, max_warm_sessions=1))
+    warm = dec.open_session()
     warm_px = [dec.decode_pixels(warm, z[:, :, :1]), dec.decode_pixels(warm, z[:, :, 1:1 + k])]
-    cold = dec.fork_stream(warm)  # the one warm slot is taken: stateless, holding the context a stateless stream would
-    assert cold.path is StreamPath.STATELESS
+    cold = dec.fork_session(warm)  # the one warm slot is taken: stateless, with the context a stateless session holds
+    assert cold.path is DecodePath.STATELESS
     wall: dict[str, list[float]] = {"warm": [], "stateless": [], "whole_clip": []}
     cpu: dict[str, list[float]] = {name: [] for name in wall}
     cold_px, ref_px, clips, whole = [], [], [], None
@@ -115,8 +115,8 @@ def _row(vae, norm, s: DecodeSettings, w: int) -> dict[str, Any]:
         ref_px.append(whole[:, :, -4 * w:])
         clips.append(end)
     cache_bytes = dec.cache_bytes(warm)
-    for stream in (warm, cold):
-        dec.close_stream(stream)
+    for session in (warm, cold):
+        dec.close_session(session)
     ms = {name: 1e3 * median(v) for name, v in wall.items()}
     cpu_ms = {name: 1e3 * median(v) for name, v in cpu.items()}
     return {

@@ -1,8 +1,8 @@
 """`worldstep bench vector`: aggregate env steps per second of N sessions stepped through ONE batched
 engine call (`model.step(sessions, actions)`, and the `WorldModelVectorEnv` built on it) against the same N
-sessions stepped one after another, for both decode modes side by side: each stream through its own decoder
-calls (`decoder.batch_streams: false`, the exact per-stream path) and the group's streams stacked into one
-set of calls (`batch_streams: true`). The phase split of one call (denoise / commit / decode / other, the sum
+sessions stepped one after another, for both decode modes side by side: each session through its own decoder
+calls (`decoder.batch_sessions: false`, the exact per-session path) and the group's sessions stacked into one
+set of calls (`batch_sessions: true`). The phase split of one call (denoise / commit / decode / other, the sum
 of its windows' `PhaseTimings` shares, which adds up to the call's wall time) says where batching pays; `other`
 is the call's time outside denoise, commit and decode (Python overhead)."""
 
@@ -32,7 +32,7 @@ from .settings import VectorSettings
 # Issue 23's targets at N = 8 (batched / one by one, the better decode mode), and Python overhead per round.
 TARGET_SPEEDUP_AT_8 = {"pusher": 2.5, "tiny": 2.0}
 TARGET_OVERHEAD_AT_8 = 0.10
-MODES = {"per_stream": False, "stacked": True}  # decode mode -> DecoderOptions.batch_streams
+MODES = {"per_stream": False, "stacked": True}  # decode mode -> DecoderOptions.batch_sessions
 PHASES = ("denoise", "commit", "decode", "other")
 
 
@@ -71,7 +71,7 @@ def _alternatives(models: dict[str, Any], arch: BenchArch, n: int, knobs, settin
     if settings.vector_env:
         from worldstep.envs import WorldModelVectorEnv
 
-        shipped = models["stacked" if arch.decoder.get("batch_streams") else "per_stream"]
+        shipped = models["stacked" if arch.decoder.get("batch_sessions") else "per_stream"]
         env = WorldModelVectorEnv(shipped, n, knobs, max_windows=steps + 1, prompt=PROMPT, domain_id=arch.domain_id,
                                   image=image, action_width=arch.action_width)
         closers.insert(0, env.close)
@@ -92,7 +92,7 @@ def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
     result = BenchResult("vector", describe_machine(), settings=vars(settings).copy())
     max_n = max(settings.sizes)
     models = {mode: load_model(arch, num_pages=max(512, 3 * max_n * 64), cache_dir=settings.cache_dir,
-                               decoder={"batch_streams": on}) for mode, on in MODES.items()}
+                               decoder={"batch_sessions": on}) for mode, on in MODES.items()}
     knobs = rollout_knobs(arch, settings.num_steps, settings.context_frames)
     image = first_frame(arch.height, arch.width)
     rows = []
@@ -108,7 +108,7 @@ def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
         rows.append(_row(n, samples, phases, settings.warmup))
     result.results = {"arch": settings.arch, "chunk_size": arch.chunk_size, "height": arch.height,
                       "width": arch.width, "by_n": rows,
-                      "shipped_batch_streams": bool(arch.decoder.get("batch_streams")),
+                      "shipped_batch_streams": bool(arch.decoder.get("batch_sessions")),
                       "target_speedup_at_8": TARGET_SPEEDUP_AT_8.get(settings.arch),
                       "target_overhead_at_8": TARGET_OVERHEAD_AT_8}
     result.tables += [_table(settings, arch, rows), _phase_table(rows)]

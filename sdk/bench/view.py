@@ -16,7 +16,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from ..rerun_log import IMAGE_FORMATS, RolloutLog, rerun_module
+from ..view.rerun_log import IMAGE_FORMATS, RolloutLog, rerun_module
 from .machine import describe_machine
 from .measure import median
 from .progress import Progress

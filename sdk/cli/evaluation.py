@@ -41,7 +41,7 @@ class EvalFlags:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..evaluate import evaluate
+    from ..evaluation.dispatch import evaluate
     from ..outputs import check_output_path
     from ..policies import make_policy
     from ..world import load, make_env

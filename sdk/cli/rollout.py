@@ -38,7 +38,7 @@ class RolloutFlags:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from ..local import rollout
+    from ..evaluation.local import rollout
     from ..policies import make_policy
     from ..world import make_env
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..flags import add_flags, flag
-from ..viewer import DEFAULT_WEB_PORT, VIEWER_PORT, Viewer
+from ..view.viewer import DEFAULT_WEB_PORT, VIEWER_PORT, Viewer
 
 
 @dataclass
@@ -43,7 +43,7 @@ def open_from_args(args: argparse.Namespace) -> Viewer | None:
     if not wants_view(args):
         return None
     from ..outputs import check_output_path
-    from ..viewer import open_viewer
+    from ..view.viewer import open_viewer
 
     if args.rerun_save is not None:
         check_output_path(args.rerun_save, "--rerun-save")

@@ -107,7 +107,7 @@ def replay(dataset: str | os.PathLike | RobotDataset, model: Any = "pusher", *, 
         windows: at most this many windows per episode (default: as many as its frames allow).
         seed: diffusion-noise seed of the ``i``-th replayed episode is ``seed + i``; ``noise_seeds`` sets each.
         videos: side-by-side mp4s for this many episodes.
-        viewer: a ``worldstep.viewer`` Viewer to log each window into (``--rerun*``), or None.
+        viewer: a ``worldstep.view.viewer`` Viewer to log each window into (``--rerun*``), or None.
     """
     from worldstep.envs.video import frame_fps
     from worldstep.world import load, make_env
@@ -156,7 +156,7 @@ def _viewer_log(viewer, action_width: int):
     """Per episode, a window callback logging recorded and model frames into the viewer (None: no viewer)."""
     if viewer is None:
         return None
-    from worldstep.rerun_log import RolloutLog
+    from worldstep.view.rerun_log import RolloutLog
 
     log = RolloutLog(viewer.recording, "replay", None, action_width, "png", 90)
 

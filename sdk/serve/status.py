@@ -24,11 +24,11 @@ def session_status(session: ServedSession, now: float | None = None) -> dict[str
     live = episode is not None and episode.live
     model, rollout = env.model, episode.session if live else None
     pages = model.kv.pages_in_use(rollout.session_id) if live else 0
-    stream = rollout.decode_stream if live else None
+    decoder_session = rollout.decoder_session if live else None
     now = time.monotonic() if now is None else now
     return {"session": session.id, "attached": session.owner is not None, "pages": pages,
             "kv_bytes": pages * (model.kv.kv.nbytes // model.kv.num_pages),
-            "decoder_cache_bytes": 0 if stream is None else int(stream.cache_bytes),
+            "decoder_cache_bytes": 0 if decoder_session is None else int(decoder_session.cache_bytes),
             "context_tokens": model.kv_stats(rollout).seq_len if live else 0,
             "committed_step": committed_step(session), "idle_s": max(0.0, now - session.last_request_at),
             "model_calls": session.model_calls, "seq": session.seq}

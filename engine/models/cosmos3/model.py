@@ -117,14 +117,14 @@ class Cosmos3WorldModel:
             action_shape=(knobs.chunk_size, cond.action_width),
             action_bounds=action_bounds, generator=generator,
             text_lens={label: len(label_ids) for label, label_ids in ids.items()}, first_latent=torch.empty(0),
-            decode_stream=self.decoder.open_stream() if knobs.decode else None, first_frame=None,
+            decoder_session=self.decoder.open_session() if knobs.decode else None, first_frame=None,
             schedule=window_schedule(knobs))
         try:
             for key in session.keys:
                 self._prefill(key, ids[key.label])
             session.first_latent = encode_session_frame(self.vae, image, frame)
-            if session.decode_stream is not None:
-                session.first_frame = self.decoder.decode(session.decode_stream, session.first_latent[None])[0]
+            if session.decoder_session is not None:
+                session.first_frame = self.decoder.decode(session.decoder_session, session.first_latent[None])[0]
         except BaseException:
             self._release(session)
             raise
@@ -180,12 +180,13 @@ class Cosmos3WorldModel:
         if generator is None:
             generator = torch.Generator()
             generator.set_state(session.generator.get_state())
-        stream = None if session.decode_stream is None else self.decoder.fork_stream(session.decode_stream)
+        parent = session.decoder_session
+        decoder_session = None if parent is None else self.decoder.fork_session(parent)
         fork = RolloutSession(
             session_id=new_session_id(), knobs=session.knobs, domain_id=session.domain_id,
             conditioning=session.conditioning, frame=session.frame,
             action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
-            text_lens=dict(session.text_lens), first_latent=session.first_latent, decode_stream=stream,
+            text_lens=dict(session.text_lens), first_latent=session.first_latent, decoder_session=decoder_session,
             first_frame=session.first_frame, schedule=session.schedule, plan=session.plan,
             last_latents=session.last_latents)
         try:
@@ -227,8 +228,8 @@ class Cosmos3WorldModel:
     def _release(self, session: RolloutSession) -> None:
         self.scheduler.remove(session.session_id)
         try:
-            if session.decode_stream is not None:
-                self.decoder.close_stream(session.decode_stream)
+            if session.decoder_session is not None:
+                self.decoder.close_session(session.decoder_session)
         finally:
             self.kv.remove_session(session.session_id)
 
@@ -245,7 +246,7 @@ class Cosmos3WorldModel:
                 stack.enter_context(s.busy)
             for s in sessions:
                 s.check_open()  # closed by another thread while we waited
-            decodes = [decode and s.decode_stream is not None for s in sessions]
+            decodes = [decode and s.decoder_session is not None for s in sessions]
             batch = self.scheduler.schedule(sessions, checked, decodes)
             try:
                 outputs = self.runner.run(batch, decode)
@@ -285,7 +286,7 @@ class Cosmos3WorldModel:
     def decode(self, session: RolloutSession, result: WindowResult) -> WindowResult:
         """Fill in the frames of a window stepped with ``decode=False`` (windows of a session in order)."""
         start = time.perf_counter()
-        frames = self.decoder.decode(session.decode_stream, result.latents.to(self.device)[None])
+        frames = self.decoder.decode(session.decoder_session, result.latents.to(self.device)[None])
         t = result.timings
         result.frames, result.timings = frames, PhaseTimings(t.denoise_s, t.commit_s, time.perf_counter() - start,
                                                                 t.other_s, t.shared_by)

@@ -1,6 +1,6 @@
 """A rollout session: the record of one rollout that the model steps.
 
-A session holds ids, its RNG, its decoder stream handle and a `WindowSchedule` cursor that gives the next
+A session holds ids, its RNG, its decoder session and a `WindowSchedule` cursor that gives the next
 window's geometry. It holds no reference to the model and has no verbs that do work: the model opens,
 steps, forks and closes sessions (`Cosmos3WorldModel.step(sessions, actions)`).
 """
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...kv import StreamKey, StreamLabel
-from ...vae import DecodeStream
+from ...vae import DecodeSession
 from ...windowing import RetentionPolicy, WindowPlan
 from .conditioning import Conditioning
 from .first_frame import SessionFrame
@@ -65,7 +65,7 @@ class RolloutSession:
         generator: the source of every window's noise.
         text_lens: prompt tokens of each KV stream.
         first_latent: ``[C, 1, h, w]`` the clean, normalised latent frame 0.
-        decode_stream: the warm decoder's stream (None when the knobs say not to decode).
+        decoder_session: the warm decoder's session of this rollout (None when the knobs say not to decode).
         first_frame: ``[H, W, 3]`` uint8, frame 0 as the decoder returns it (None without decoding).
         schedule, plan: the window geometry and the next window in it (``window_index`` is ``plan.index``).
         last_latents: ``[C, t, h, w]`` of the previous window (a chained window re-pins its tail).
@@ -85,7 +85,7 @@ class RolloutSession:
     generator: torch.Generator
     text_lens: dict[StreamLabel, int]
     first_latent: torch.Tensor
-    decode_stream: DecodeStream | None
+    decoder_session: DecodeSession | None
     first_frame: np.ndarray | None
     schedule: LatentWindows
     plan: WindowPlan | None = None  # the next window (None: the first); only the model's postprocess moves it

@@ -83,11 +83,11 @@ class StepRunner:
                       clock: PhaseClock, decode: bool) -> _GroupRun:
         """Queue the group's decode on the lane, after its denoise and commit."""
         frames: list[torch.Tensor | None] = [None] * len(group)
-        todo = [i for i, w in enumerate(group) if decode and w.session.decode_stream is not None]
+        todo = [i for i, w in enumerate(group) if decode and w.session.decoder_session is not None]
         with self.lane.after_current_work() as stream:
             clock.mark("decode_start", stream)
             if todo:
-                decoded = self.decoder.decode_checked([group[i].session.decode_stream for i in todo],
+                decoded = self.decoder.decode_checked([group[i].session.decoder_session for i in todo],
                                                       [out[i][None] for i in todo], output="device")
                 for i, f in zip(todo, decoded):
                     frames[i] = f

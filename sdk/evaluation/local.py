@@ -15,7 +15,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from worldstep.envs.video import Mp4Writer, frame_fps, video_writer
 
-from .episodes import (
+from ..episodes import (
     EpisodeConfig,
     EpisodeResult,
     EvalReport,
@@ -23,8 +23,9 @@ from .episodes import (
     episode_configs,
     reset_options,
 )
-from .outputs import write_json
-from .policies import Policy
+from ..outputs import write_json
+from ..policies import Policy
+from ..world import World, load, make_env, make_vec_env
 
 __all__ = ["evaluate_local", "rollout"]
 
@@ -81,8 +82,6 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
                    run_info: dict[str, Any] | None = None,
                    lerobot_out: str | os.PathLike | None = None) -> EvalReport:
     """`worldstep.evaluate` with ``backend="local"`` (its arguments)."""
-    from .world import World, load, make_env, make_vec_env
-
     started = time.perf_counter()
     is_env = isinstance(env_or_model, (gym.Env, gym.vector.VectorEnv))
     if is_env and success_fn is not None:
@@ -159,13 +158,13 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
 
 
 def _lerobot_recorder(env: gym.Env, root: str | os.PathLike):
-    from .lerobot.imagined import RecordLeRobot
+    from ..lerobot.imagined import RecordLeRobot
 
     return RecordLeRobot(env, root)
 
 
 def _lerobot_writer(vec, root: str | os.PathLike):
-    from .lerobot.imagined import open_writer
+    from ..lerobot.imagined import open_writer
 
     return open_writer(vec, root)
 
@@ -269,7 +268,7 @@ def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int]
 
 
 def _episode_buffers(lerobot: tuple, obs: dict[str, np.ndarray], slots: list, vec) -> list:
-    from .lerobot.imagined import EpisodeBuffer
+    from ..lerobot.imagined import EpisodeBuffer
 
     writer, keys = lerobot
     subs = getattr(vec, "envs", [None] * len(slots))

@@ -1,6 +1,6 @@
 """What one rollout looks like in Rerun: the entity paths, the (window, frame) timeline and the encoded frames.
 
-``RolloutLog`` writes one episode stream (one env, or one index of a vector env) under an entity root
+``RolloutLog`` writes one episode (one env, or one index of a vector env) under an entity root
 (``env`` or ``env/3``). Frame ``f`` of an episode sits at ``frame=f``; the frames and actions of window
 ``k`` also carry ``window=k``; an ``episode`` timeline counts resets. What is logged where:
 
@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
-from .fidelity.metrics import psnr
+from ..fidelity.metrics import psnr
 
 ImageFormat = Literal["jpeg", "png"]
 IMAGE_FORMATS = ("jpeg", "png")
@@ -68,7 +68,7 @@ def encode_frame(frame: np.ndarray, image_format: ImageFormat, quality: int) -> 
 
 
 class RolloutLog:
-    """Logs one episode stream of (window, frame)-indexed data into a Rerun recording."""
+    """Logs one episode's (window, frame)-indexed data into a Rerun recording."""
 
     def __init__(self, recording: Any, root: str, embodiment: str | None, action_width: int,
                  image_format: ImageFormat, jpeg_quality: int) -> None:

@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .episodes import EpisodeConfig, EvalReport
+from ..distributed import evaluate_ray
+from ..episodes import EpisodeConfig, EvalReport
+from ..policies import Policy
 from .local import evaluate_local
-from .policies import Policy
 
 __all__ = ["evaluate"]
 
@@ -61,8 +62,6 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         raise ValueError(f"lerobot_out={str(lerobot_out)!r} is invalid: it exists; allowed: a folder that does not "
                          "exist yet")
     if backend == "ray":
-        from .distributed import evaluate_ray
-
         return evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
                             batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,
                             progress=progress, ray_address=ray_address,
