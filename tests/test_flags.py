@@ -24,9 +24,10 @@ TRAIN_FLAGS = ("--out", "--budget-minutes", "--seed", "--resume", "--num-clips",
                "--dyn-batch", "--dyn-lr", "--ema", "--context-noise", "--own-context-share", "--moving-weight",
                "--vae-latent-noise", "--ckpt-every", "--encode-clips", "--log-every", "--vae-steps", "--dyn-steps",
                "--threads", "--dagger-clips", "--dagger-checkpoint", "--stop-after-minutes", "--small", "--vae-init",
-               "--init-from", "--own-windows", "--own-rollouts", "--context-level", "--refresh-every", "--export-only")
+               "--init-from", "--own-windows", "--own-rollouts", "--context-level", "--refresh-every", "--own-targets",
+               "--export-only")
 # flags added after the fixture's run started (the self-forcing phase); their defaults compute what it computed
-ADDED_SINCE = ("init_from", "own_windows", "own_rollouts", "context_level", "refresh_every")
+ADDED_SINCE = ("init_from", "own_windows", "own_rollouts", "context_level", "refresh_every", "own_targets")
 # every flag of the `worldstep` subcommands as spelled before they were generated from dataclasses
 MODEL = ("--config", "--device", "--env", "--set")
 VIEW = ("--rerun", "--rerun-save", "--rerun-serve")

@@ -97,8 +97,15 @@ class TrainArgs:
     (--init-from; 0: off); a model tuned with it rolls out with the rollout knob context_noise"""
     refresh_every: int = 0
     """steps between rounds of own rollouts, each made with the weights reached so far (--init-from; 0: one round)"""
+    own_targets: str = "replay"
+    """targets of the own-context batches (--init-from): replay (the simulator replaying the true start with the
+    same actions) or reanchored (the simulator stepped from the state the model's own last frame shows; the
+    replay-context batches keep the replay's targets)"""
     export_only: str | None = flag("write a checkpoint from --out's latest phase checkpoints (EMA weights) to DIR "
                                    "and exit; safe while the run continues", default=None, metavar="DIR")
+
+
+OWN_TARGETS = ("replay", "reanchored")
 
 
 def parse_args(argv: list[str] | None) -> TrainArgs:
@@ -127,6 +134,9 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
             raise ValueError(f"{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
     if not 0 <= args.context_level < 1:
         raise ValueError(f"context-level={args.context_level} is invalid; allowed: 0 <= level < 1 (0: off)")
+    if args.own_targets not in OWN_TARGETS:
+        raise ValueError(f"--own-targets {args.own_targets!r} is invalid; allowed: "
+                         f"{' or '.join(repr(t) for t in OWN_TARGETS)}")
     if args.refresh_every < 0:
         raise ValueError(f"refresh-every={args.refresh_every} is invalid; allowed: >= 0 (0: one round)")
     if args.init_from is not None and not all((Path(args.init_from) / part / "config.json").exists()
@@ -145,9 +155,11 @@ STRETCH_ARGS = ("resume", "stop_after_minutes", "threads", "export_only")
 
 
 def check_resume_args(args: TrainArgs, saved: dict[str, Any]) -> None:
-    """A resumed run must compute what the run it continues computed: refuse any other changed argument."""
-    changed = {k: (saved[k], v) for k, v in asdict(args).items()
-               if k not in STRETCH_ARGS and k in saved and saved[k] != v}
+    """A resumed run must compute what the run it continues computed: refuse any other changed argument. A flag
+    added after the run started counts at its default (what the run computed)."""
+    before = asdict(TrainArgs()) | saved
+    changed = {k: (before[k], v) for k, v in asdict(args).items()
+               if k not in STRETCH_ARGS and before[k] != v}
     if changed:
         spelled = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
         raise ValueError(f"--resume with changed arguments ({spelled}); allowed: the run's own arguments, except "

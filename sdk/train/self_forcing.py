@@ -13,7 +13,17 @@ successes per window grow 20x from windows 1-4 to 9-12). Here the context is wha
    taken from the model's own rollout (`--own-context-share` of the steps) or from the replay.
 4. Every `--refresh-every` steps the rollouts are made again with the weights reached so far.
 
-Rounds, held-out rollouts and the training state live in the run folder, so `--resume` continues a stretch.
+With `--own-targets replay` (the default) an own-context step still trains toward the replay's windows, which a
+drifted context (the block elsewhere) does not predict, so the model may learn to lean on its context less (the
+reading offered, not measured apart, for pusher6, whose successes' precision fell from 0.43 to 0.20). With
+`--own-targets reanchored` each round also keeps the model's decoded frames, and window w >= 1 of an own-context
+step targets what the simulator does from the state the model's own last frame of window w-1 shows (`reanchor`:
+DAgger over windows, the simulator the expert of the visited state; windows whose frame lost the effector or block
+keep the replay's, counted in the log). The replay-context steps keep the replay's targets, so each pair of
+context and targets agrees.
+
+Rounds (with their re-anchored targets), held-out rollouts and the training state live in the run folder, so
+`--resume` continues a stretch bit for bit.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from .dagger import model_loop
 from .data import ClipSet, clip_cells
 from .dynamics import ClipLayout, DynamicsBatch, DynamicsModel, dyn_batch, noised_context
 from .pusher import DOMAIN_ID, FPS, PROMPT, export_checkpoint, text_ids
+from .reanchor import anchored_cells, fallback_share, reanchored_targets
 from .stretches import StretchEnded, cosine_lr, save_state
 from .vae import encode_clips
 
@@ -44,22 +55,30 @@ ROUND_OFFSET = 1_000  # pusher5's DAgger round used offsets 0..599
 @dataclass
 class OwnRollouts:
     """Rollouts of a model and their simulator replay: `clips` (starts, actions, seeds), the model's committed
-    latents `own` and the replay's latents `true`, both `[N, C, 1 + windows, h, w]` normalised."""
+    latents `own` and the replay's latents `true`, both `[N, C, 1 + windows, h, w]` normalised; with
+    `--own-targets reanchored` also the re-anchored targets `anchored` (like `true`) and their `anchors`
+    `[N, windows, 3, 2]` (`reanchor.reanchored_targets`; NaN: the replay's window kept)."""
 
     clips: ClipSet
     own: torch.Tensor
     true: torch.Tensor
+    anchored: torch.Tensor | None = None
+    anchors: np.ndarray | None = None
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        torch.save({"starts": self.clips.starts, "actions": self.clips.actions, "seeds": self.clips.seeds,
-                    "own": self.own, "true": self.true}, tmp)
+        state = {"starts": self.clips.starts, "actions": self.clips.actions, "seeds": self.clips.seeds,
+                 "own": self.own, "true": self.true}
+        if self.anchored is not None:
+            state.update(anchored=self.anchored, anchors=self.anchors)
+        torch.save(state, tmp)
         tmp.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> OwnRollouts:
         st = torch.load(path, weights_only=False)
-        return cls(ClipSet(st["starts"], st["actions"], st["seeds"]), st["own"], st["true"])
+        return cls(ClipSet(st["starts"], st["actions"], st["seeds"]), st["own"], st["true"], st.get("anchored"),
+                   st.get("anchors"))
 
 
 def actors(chunk: int) -> list:
@@ -70,8 +89,9 @@ def actors(chunk: int) -> list:
 
 
 def collect(checkpoint: str | Path, vae, seeds: list[int], windows: int, chunk: int, prompt: str,
-            domain_id: int) -> OwnRollouts:
-    """Own rollouts of the model in `checkpoint` (its config's rollout knobs) and their replay's latents."""
+            domain_id: int, own_targets: str = "replay") -> OwnRollouts:
+    """Own rollouts of the model in `checkpoint` (its config's rollout knobs) and their replay's latents; with
+    `own_targets` "reanchored" also the targets re-anchored on the model's own frames."""
     from worldstep.engine.models.cosmos3 import RolloutKnobs
     from worldstep.world import load
 
@@ -80,20 +100,41 @@ def collect(checkpoint: str | Path, vae, seeds: list[int], windows: int, chunk: 
     knobs = RolloutKnobs(num_steps=rollout.num_steps, context_frames=rollout.context_frames,
                          flow_shift=rollout.flow_shift)
     try:
-        clips, own = model_loop(world.model, seeds, windows * chunk, chunk, prompt, domain_id, knobs, actors(chunk))
+        clips, own, frames = model_loop(world.model, seeds, windows * chunk, chunk, prompt, domain_id, knobs,
+                                        actors(chunk), keep_frames=own_targets == "reanchored")
     finally:
         world.model.close_all()
     true = encode_clips(vae, clips)  # [N, C, 1 + windows, h, w]
     if true.shape != own.shape:
         raise ValueError(f"own latents {tuple(own.shape)} and replay latents {tuple(true.shape)} differ; allowed: "
                          "a checkpoint whose VAE is the one given")
-    return OwnRollouts(clips, own, true)
+    if frames is None:
+        return OwnRollouts(clips, own, true)
+    anchored, anchors = reanchored_targets(vae, clips, frames, true, chunk)
+    return OwnRollouts(clips, own, true, anchored, anchors)
+
+
+def checked_round(data: OwnRollouts, path: Path, own_targets: str) -> OwnRollouts:
+    """A round file made for the run's --own-targets (a re-anchored run needs its stored targets)."""
+    if own_targets == "reanchored" and data.anchored is None:
+        raise ValueError(f"{path} holds no re-anchored targets; allowed with --own-targets reanchored: a round made "
+                         "by a run with --own-targets reanchored (start a new --out)")
+    return data
 
 
 def own_batch(data: OwnRollouts, idx: np.ndarray, action_dim: int, gen: torch.Generator, windows: int,
               cells: torch.Tensor | None, moving_weight: float) -> tuple[DynamicsBatch, torch.Tensor]:
     """(the batch on the replay's latents, the model's own latents of the same clips as context)."""
     batch = dyn_batch(data.true, data.clips.actions, idx, action_dim, gen, windows, cells, moving_weight)
+    return batch, data.own[idx]
+
+
+def reanchored_batch(data: OwnRollouts, idx: np.ndarray, action_dim: int, gen: torch.Generator, windows: int,
+                     cells: torch.Tensor | None, moving_weight: float) -> tuple[DynamicsBatch, torch.Tensor]:
+    """(the batch on the re-anchored targets, weighed where they show the objects, the model's own latents as
+    context): a self-consistent pair, the targets following the context. It draws from `gen` what `own_batch`
+    draws."""
+    batch = dyn_batch(data.anchored, data.clips.actions, idx, action_dim, gen, windows, cells, moving_weight)
     return batch, data.own[idx]
 
 
@@ -125,14 +166,14 @@ class FineTune:
         self.rng.bit_generator.state = st["rng"]
         self.step, self.elapsed, self.round = st["step"], st["elapsed"], st["round"]
 
-    def train_step(self, data: OwnRollouts, cells: torch.Tensor, lr: float) -> float:
+    def train_step(self, data: OwnRollouts, cells: torch.Tensor, lr: float,
+                   anchored_cells: torch.Tensor | None = None) -> float:
         args = self.args
         for group in self.opt.param_groups:
             group["lr"] = lr
         idx = self.rng.integers(len(data.own), size=args.dyn_batch)
-        batch, own = own_batch(data, idx, self.tr.config.action_dim, self.gen, self.model.layout.windows, cells,
-                               args.moving_weight)
-        context = own if self.rng.random() < args.own_context_share else None  # None: the replay's (teacher)
+        own_context = self.rng.random() < args.own_context_share
+        batch, context = self.batch(data, idx, own_context, cells, anchored_cells)
         level = None
         if args.context_level > 0:  # the context noised at a level the model is told (the context_noise knob)
             level = torch.rand(len(idx), generator=self.gen) * args.context_level
@@ -147,15 +188,30 @@ class FineTune:
                 pe.lerp_(p, 1 - args.ema)
         return loss.item()
 
+    def batch(self, data: OwnRollouts, idx: np.ndarray, own_context: bool, cells: torch.Tensor,
+              anchored_cells: torch.Tensor | None) -> tuple[DynamicsBatch, torch.Tensor | None]:
+        """(batch, context) of one step; context None: the replay's (teacher). With --own-targets reanchored an
+        own-context batch takes the re-anchored targets, so context and targets agree."""
+        args, action_dim, windows = self.args, self.tr.config.action_dim, self.model.layout.windows
+        if own_context and args.own_targets == "reanchored":
+            return reanchored_batch(data, idx, action_dim, self.gen, windows, anchored_cells, args.moving_weight)
+        batch, own = own_batch(data, idx, action_dim, self.gen, windows, cells, args.moving_weight)
+        return batch, own if own_context else None
+
     @torch.no_grad()
     def held_loss(self, held: OwnRollouts) -> dict[str, float]:
-        """The EMA model's loss on the held-out rollouts, with its own context and with the replay's."""
+        """The EMA model's loss on the held-out rollouts, with its own context and with the replay's; with
+        re-anchored targets also with its own context on them."""
         g = torch.Generator().manual_seed(1234)
         idx = np.arange(len(held.own))
         batch = dyn_batch(held.true, held.clips.actions, idx, self.tr.config.action_dim, g,
                           self.model.layout.windows)
-        return {"heldout_own_context": self.ema_model.loss(batch, held.own[idx]).item(),
-                "heldout_true_context": self.ema_model.loss(batch).item()}
+        out = {"heldout_own_context": self.ema_model.loss(batch, held.own[idx]).item(),
+               "heldout_true_context": self.ema_model.loss(batch).item()}
+        if held.anchored is not None:
+            anchored = DynamicsBatch(held.anchored[idx], batch.actions, batch.sigmas, batch.noise)
+            out["heldout_own_context_reanchored"] = self.ema_model.loss(anchored, held.own[idx]).item()
+        return out
 
 
 def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
@@ -172,12 +228,18 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
     def rollouts(name: str, checkpoint: Path, seeds: list[int]) -> OwnRollouts:
         path = out / f"{name}.pt"
         if path.exists():
-            return OwnRollouts.load(path)
+            return checked_round(OwnRollouts.load(path), path, args.own_targets)
         t0 = time.perf_counter()
-        data = collect(checkpoint, vae, seeds, windows, chunk, PROMPT, DOMAIN_ID)
+        data = collect(checkpoint, vae, seeds, windows, chunk, PROMPT, DOMAIN_ID, args.own_targets)
         data.save(path)
+        extra = {}
+        if data.anchors is not None:
+            missing, total = fallback_share(data.anchors)
+            extra = {"reanchor_fallbacks": missing, "reanchor_windows": total,
+                     "fallback_share": missing / total if total else None}
         log.write(phase="own_rollouts", name=name, checkpoint=str(checkpoint), clips=len(seeds),
-                  seeds=[seeds[0], seeds[-1]], windows=windows, seconds=time.perf_counter() - t0, time=time.time())
+                  seeds=[seeds[0], seeds[-1]], windows=windows, own_targets=args.own_targets, **extra,
+                  seconds=time.perf_counter() - t0, time=time.time())
         return data
 
     held = rollouts("own_held", init, DAGGER.seeds(HELD_COUNT, HELD_OFFSET))
@@ -190,14 +252,17 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
         ft.load(torch.load(state_path, weights_only=False))
     refresh = args.refresh_every if args.refresh_every > 0 else args.dyn_steps + 1
 
-    def round_data(r: int) -> tuple[OwnRollouts, torch.Tensor]:
+    def round_data(r: int) -> tuple[OwnRollouts, torch.Tensor, torch.Tensor | None]:
+        """(round r, the replay's moving cells, the re-anchored targets' moving cells or None)."""
         source = init
         if r > 0 and not (out / f"own_round{r}.pt").exists():  # the weights reached so far make the round
             source = export_checkpoint(out / "round_checkpoint", copy.deepcopy(ft.ema).eval(), vae, tokenizer)
         data = rollouts(f"own_round{r}", source, DAGGER.seeds(args.own_rollouts, ROUND_OFFSET + r * args.own_rollouts))
-        return data, clip_cells(data.clips, len(data.own), tuple(data.true.shape[-2:]))
+        cells = clip_cells(data.clips, len(data.own), tuple(data.true.shape[-2:]))
+        moved = None if data.anchors is None else anchored_cells(data.clips, data.anchors, cells, chunk)
+        return data, cells, moved
 
-    data, cells = round_data(ft.round)
+    data, cells, moved = round_data(ft.round)
     if ft.step == 0:
         log.write(phase="self_forcing", step=0, **ft.held_loss(held), time=time.time())
     bar = tqdm(desc="self-forcing", initial=ft.step, total=args.dyn_steps, mininterval=5)
@@ -205,9 +270,9 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
     while ft.step < args.dyn_steps:
         if ft.step > 0 and ft.step % refresh == 0 and ft.round < ft.step // refresh:
             ft.round = ft.step // refresh
-            data, cells = round_data(ft.round)
+            data, cells, moved = round_data(ft.round)
         lr = cosine_lr(args.dyn_lr, ft.step / args.dyn_steps, ft.step, warmup=20)
-        loss = ft.train_step(data, cells, lr)
+        loss = ft.train_step(data, cells, lr, moved)
         ft.step += 1
         ft.elapsed += time.perf_counter() - mark
         mark = time.perf_counter()

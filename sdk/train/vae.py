@@ -98,13 +98,20 @@ def latent_stats(vae, clips: ClipSet, count: int = 64) -> tuple[list[float], lis
 
 
 @torch.no_grad()
-def encode_clips(vae, clips: ClipSet, batch: int = 8) -> torch.Tensor:
-    """Normalised latents `[N, C, T, h, w]` of whole clips, `(mu - mean) / std` as the engine expects."""
+def encode_normalised(vae, video: torch.Tensor) -> torch.Tensor:
+    """`[B, 3, T, H, W]` in [-1, 1] -> latents `(mu - mean) / std` `[B, C, 1 + (T-1)/4, h, w]`, as the engine
+    expects them."""
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return (encode_mean(vae, video) - mean) / std
+
+
+@torch.no_grad()
+def encode_clips(vae, clips: ClipSet, batch: int = 8) -> torch.Tensor:
+    """Normalised latents `[N, C, T, h, w]` of whole clips (`encode_normalised`)."""
     out = []
     for s in range(0, len(clips), batch):
         video = to_video_tensor(np.stack([render_clip(clips.starts[i], clips.actions[i])
                                           for i in range(s, min(s + batch, len(clips)))]))
-        out.append((encode_mean(vae, video) - mean) / std)
+        out.append(encode_normalised(vae, video))
     return torch.cat(out)
