@@ -129,7 +129,7 @@ def test_fine_tune_arguments_are_checked(tmp_path):
         parse_args(["--context-level", "1"])
     with pytest.raises(ValueError, match="refresh-every=-1"):
         parse_args(["--refresh-every", "-1"])
-    with pytest.raises(ValueError, match="--own-targets 'teacher' is invalid; allowed: 'replay' or 'reanchored'"):
+    with pytest.raises(ValueError, match="own-targets='teacher' is invalid; allowed: 'replay' or 'reanchored'"):
         parse_args(["--own-targets", "teacher"])
     assert np.isfinite(parse_args(["--own-windows", "16"]).own_windows)
 

@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None) -> TrainArgs:
     if not 0 <= args.context_level < 1:
         raise ValueError(f"context-level={args.context_level} is invalid; allowed: 0 <= level < 1 (0: off)")
     if args.own_targets not in OWN_TARGETS:
-        raise ValueError(f"--own-targets {args.own_targets!r} is invalid; allowed: "
+        raise ValueError(f"own-targets={args.own_targets!r} is invalid; allowed: "
                          f"{' or '.join(repr(t) for t in OWN_TARGETS)}")
     if args.refresh_every < 0:
         raise ValueError(f"refresh-every={args.refresh_every} is invalid; allowed: >= 0 (0: one round)")

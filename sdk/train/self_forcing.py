@@ -122,22 +122,6 @@ def checked_round(data: OwnRollouts, path: Path, own_targets: str) -> OwnRollout
     return data
 
 
-def own_batch(data: OwnRollouts, idx: np.ndarray, action_dim: int, gen: torch.Generator, windows: int,
-              cells: torch.Tensor | None, moving_weight: float) -> tuple[DynamicsBatch, torch.Tensor]:
-    """(the batch on the replay's latents, the model's own latents of the same clips as context)."""
-    batch = dyn_batch(data.true, data.clips.actions, idx, action_dim, gen, windows, cells, moving_weight)
-    return batch, data.own[idx]
-
-
-def reanchored_batch(data: OwnRollouts, idx: np.ndarray, action_dim: int, gen: torch.Generator, windows: int,
-                     cells: torch.Tensor | None, moving_weight: float) -> tuple[DynamicsBatch, torch.Tensor]:
-    """(the batch on the re-anchored targets, weighed where they show the objects, the model's own latents as
-    context): a self-consistent pair, the targets following the context. It draws from `gen` what `own_batch`
-    draws."""
-    batch = dyn_batch(data.anchored, data.clips.actions, idx, action_dim, gen, windows, cells, moving_weight)
-    return batch, data.own[idx]
-
-
 class FineTune:
     """The self-forcing phase: its model, EMA, optimiser, generators and where it stands, saved per checkpoint."""
 
@@ -191,12 +175,13 @@ class FineTune:
     def batch(self, data: OwnRollouts, idx: np.ndarray, own_context: bool, cells: torch.Tensor,
               anchored_cells: torch.Tensor | None) -> tuple[DynamicsBatch, torch.Tensor | None]:
         """(batch, context) of one step; context None: the replay's (teacher). With --own-targets reanchored an
-        own-context batch takes the re-anchored targets, so context and targets agree."""
-        args, action_dim, windows = self.args, self.tr.config.action_dim, self.model.layout.windows
-        if own_context and args.own_targets == "reanchored":
-            return reanchored_batch(data, idx, action_dim, self.gen, windows, anchored_cells, args.moving_weight)
-        batch, own = own_batch(data, idx, action_dim, self.gen, windows, cells, args.moving_weight)
-        return batch, own if own_context else None
+        own-context batch takes the re-anchored targets, weighed where they show the objects, so context and
+        targets agree. Either way it draws the same from `self.gen`."""
+        reanchored = own_context and self.args.own_targets == "reanchored"
+        targets, weights = (data.anchored, anchored_cells) if reanchored else (data.true, cells)
+        batch = dyn_batch(targets, data.clips.actions, idx, self.tr.config.action_dim, self.gen,
+                          self.model.layout.windows, weights, self.args.moving_weight)
+        return batch, data.own[idx] if own_context else None
 
     @torch.no_grad()
     def held_loss(self, held: OwnRollouts) -> dict[str, float]:
