@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from tiny_world import cache_dir  # noqa: F401 - fixture (a private WORLDSTEP_CACHE)
 from worldstep.bench import main
 
@@ -13,10 +14,11 @@ from worldstep.bench import main
 def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     path = tmp_path / "serve.json"
     assert main(["serve", "--json", str(path), "--threads", "1", "--quiet", "--config", "tiny", "--clients", "2",
-                 "--rounds", "1", "--warmup", "0", "--overhead-rounds", "1", "--cycles", "3"]) == 0
+                 "--rounds", "1", "--repeats", "2", "--warmup", "0", "--overhead-rounds", "1", "--cycles", "3"]) == 0
     doc = json.loads(path.read_text())
     r = doc["results"]
     assert doc["bench"] == "serve" and r["clients"] == 2
+    assert r["rounds_per_alternative"] == 4  # 2 repeats of the mirrored blocks x 2 blocks each x 1 round
     assert set(r["steps_per_s"]) == {"server", "separate", "vector_env"}
     assert all(math.isfinite(v) and v > 0 for v in r["steps_per_s"].values())
     assert r["cycles"]["pages_in_use"] == [0, 0, 0] and r["cycles"]["pages_flat"]
@@ -29,6 +31,13 @@ def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     assert lo <= r["server_vs_vector"] <= hi and lo <= hi
     assert r["server_engine_call_s"] > 0  # the engine call measured apart from the round it sits in
     assert r["overhead"]["ratio_ci95"][0] <= r["overhead"]["ratio"] <= r["overhead"]["ratio_ci95"][1]
+
+
+@pytest.mark.parametrize("flag", ["--clients", "--rounds", "--repeats", "--overhead-rounds", "--cycles"])
+def test_a_count_below_one_is_refused_before_any_work(flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--quiet", "--config", "no-such-model", flag, "0"])  # loading the model would fail too
+    assert exit_.value.code == 2 and f"argument {flag}: 0 is invalid; allowed: an int >= 1" in capsys.readouterr().err
 
 
 def test_a_target_counts_as_met_only_on_its_interval():

@@ -228,7 +228,7 @@ def test_four_client_processes_batch_into_one_engine_call_per_step(world, serve,
     for proc in procs:
         assert proc.wait(timeout=WAIT_S * 3) == 0
     assert engine_calls == [4] * steps  # one engine call per step for all four clients
-    assert server.loop.batch_sizes == [4] * steps
+    assert list(server.loop.batch_sizes) == [4] * steps
     assert len(server.loop.batch_seconds) == steps and all(t > 0 for t in server.loop.batch_seconds)
     for seed, out in zip(seeds, outs):
         got, want = np.load(out), local_frames(world, seed, steps)
@@ -477,3 +477,19 @@ def test_idle_sessions_offload_as_they_do_locally(cache_dir):  # noqa: F811
             env.close()
         server.drain()
     assert small.model.kv.allocator.num_used == 0 and small.model.kv.offload.allocator.num_used == 0
+
+
+def test_engine_loop_keeps_a_bounded_history_of_its_batches(monkeypatch):
+    """A server runs for days: the batch sizes and times it keeps are the newest ``history``, the count is whole."""
+    from worldstep.serve import engine_loop
+
+    monkeypatch.setattr(engine_loop, "step_batch", lambda envs, actions: [("ok", len(envs))] * len(envs))
+    loop = engine_loop.EngineLoop(max_batch=4, max_wait_s=0.0, open_sessions=lambda: 1, history=3)
+    loop.start()
+    try:
+        for _ in range(5):
+            assert loop.step(object(), np.zeros(2)) == ("ok", 1)
+    finally:
+        loop.stop()
+    assert loop.batches == 5
+    assert list(loop.batch_sizes) == [1, 1, 1] and len(loop.batch_seconds) == 3

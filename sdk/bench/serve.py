@@ -2,8 +2,9 @@
 
 1. Aggregate env steps/s of `clients` client processes stepping through `worldstep serve` (in this process, on
    loopback), against the same number of local envs stepped one by one and against the local
-   `WorldModelVectorEnv` with N = `clients`. The blocks run in mirrored order (A B C C B A) so a drift of the
-   machine's load hits every alternative alike; each figure is `clients` over the median round time.
+   `WorldModelVectorEnv` with N = `clients`. The blocks run in mirrored order (A B C C B A), `repeats` times,
+   so a drift of the machine's load hits every alternative alike and a burst of a shared box's neighbours falls
+   on one block of several; each figure is `clients` over the median round time.
 2. Per-step overhead: one remote client against one local env, interleaved step by step.
 Each ratio carries a 95% bootstrap interval over its rounds (the mirrored blocks pair round i of every alternative;
 the interleaved steps pair themselves), and a target counts as met only when the whole interval meets it.
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..fidelity.stats import Estimate, bootstrap
-from ..flags import flag
+from ..flags import flag, positive_int
 from .machine import describe_machine
 from .measure import interleave, median, ratio, rss_bytes
 from .progress import Progress
@@ -37,11 +38,12 @@ TARGET_OVERHEAD = 1.05
 @dataclass
 class ServeSettings:
     config: str = flag("served model: a config name (pusher, tiny) or checkpoint folder", default="pusher")
-    clients: int = flag("client processes (and local envs, and the vector env's N)", default=8)
-    rounds: int = flag("measured steps per client per block", default=8)
+    clients: int = flag("client processes (and local envs, and the vector env's N)", default=8, type=positive_int)
+    rounds: int = flag("measured steps per client per block", default=8, type=positive_int)
+    repeats: int = flag("mirrored block sequences (A B C C B A), one after another", default=3, type=positive_int)
     warmup: int = flag("steps per client run first in each block and discarded", default=1)
-    overhead_rounds: int = flag("measured steps of the one-client overhead comparison", default=16)
-    cycles: int = flag("connect/reset/step/disconnect cycles of the memory check", default=1000)
+    overhead_rounds: int = flag("measured steps of the one-client overhead comparison", default=64, type=positive_int)
+    cycles: int = flag("connect/reset/step/disconnect cycles of the memory check", default=1000, type=positive_int)
     max_wait_ms: float = flag("the server's batching window (a loaded 2-core box schedules 8 client processes "
                                "tens of ms apart)", default=100.0)
     num_steps: int | None = flag("denoise steps per window (default: the config's)", default=None)
@@ -98,6 +100,7 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
     server_vs_vector = _ratio_estimate(rounds["vector_env"], rounds["server"])
     result.results = {
         "config": settings.config, "clients": n, "steps_per_s": steps_per_s,
+        "rounds_per_alternative": len(rounds["server"]),
         "server_vs_vector": server_vs_vector.value,
         "server_vs_vector_ci95": [server_vs_vector.low, server_vs_vector.high],
         "server_vs_separate": ratio(steps_per_s["server"], steps_per_s["separate"]),
@@ -130,12 +133,12 @@ def _aggregate(world, server, settings: ServeSettings,
     threads) and, for the server, in its client processes, and the wall time of each measured round's engine call
     in the server: where a round's time goes."""
     blocks = {"vector_env": _vector_block, "server": _server_block, "separate": _separate_block}
-    order = [*blocks, *reversed(blocks)]
+    order = [*blocks, *reversed(blocks)] * settings.repeats
     times: dict[str, list[float]] = {name: [] for name in blocks}
     cpu: dict[str, dict[str, list[float]]] = {name: {} for name in blocks}
     engine_s: list[float] = []
     for i, name in enumerate(order):
-        seen = len(server.loop.batch_seconds)
+        seen = server.loop.batches
         progress(f"block {i + 1}/{len(order)}: {name}, {settings.clients} envs, {settings.warmup} + "
                  f"{settings.rounds} steps")
         block_times, bench_cpu, clients_cpu = blocks[name](world, server, settings)
@@ -144,7 +147,8 @@ def _aggregate(world, server, settings: ServeSettings,
         if clients_cpu is not None:
             cpu[name].setdefault("clients", []).append(clients_cpu)
         if name == "server":  # the block's engine calls, one per round once all clients batch (warm-up dropped)
-            engine_s += server.loop.batch_seconds[seen:][settings.warmup:]
+            new = server.loop.batches - seen  # the block's own batches: the newest in the loop's bounded history
+            engine_s += list(server.loop.batch_seconds)[len(server.loop.batch_seconds) - new:][settings.warmup:]
     cpu_s = {name: {k: median(v) for k, v in c.items()} for name, c in cpu.items()}
     return times, cpu_s, engine_s
 
@@ -282,9 +286,9 @@ def _tables(s: ServeSettings, r: dict[str, Any]) -> list[Table]:
     agg = Table(title=f"Aggregate env steps/s, {s.config}, {s.clients} envs", columns=[
         f"{s.clients} local envs one by one", f"local vector env N={s.clients}", f"{s.clients} clients via server",
         "server / vector env [95% interval]", "server / one by one"],
-        note=(f"Medians of {2 * s.rounds} rounds per alternative in mirrored blocks; the server runs in the bench "
-              f"process on loopback (--max-wait-ms {s.max_wait_ms:g}), each client is its own process. The interval "
-              "is a bootstrap over the paired rounds."))
+        note=(f"Medians of {r['rounds_per_alternative']} rounds per alternative in mirrored blocks; the server runs "
+              f"in the bench process on loopback (--max-wait-ms {s.max_wait_ms:g}), each client is its own process. "
+              "The interval is a bootstrap over the paired rounds."))
     sps = r["steps_per_s"]
     agg.add(sps["separate"], sps["vector_env"], sps["server"], _with_interval(r["server_vs_vector"],
             r["server_vs_vector_ci95"]), r["server_vs_separate"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -43,17 +44,19 @@ class EngineLoop:
     """Run jobs on one daemon thread; ``step`` jobs of different sessions batch within ``max_wait_s``.
 
     ``open_sessions()`` says how many sessions could send a step now (the wait ends early once they all have).
-    ``batches`` counts the engine calls the loop made for steps, ``batch_sizes`` their sizes and ``batch_seconds``
-    their wall times: a round's time beyond its engine call is the serving (the round trip, the wait for the batch).
+    ``batches`` counts the engine calls the loop made for steps; ``batch_sizes`` and ``batch_seconds`` hold the
+    sizes and wall times of the last ``history`` of them (a server runs for days, so they are bounded): a round's
+    time beyond its engine call is the serving (the round trip, the wait for the batch).
     """
 
-    def __init__(self, max_batch: int, max_wait_s: float, open_sessions: Callable[[], int]) -> None:
+    def __init__(self, max_batch: int, max_wait_s: float, open_sessions: Callable[[], int],
+                 history: int = 1024) -> None:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.open_sessions = open_sessions
         self.batches = 0
-        self.batch_sizes: list[int] = []
-        self.batch_seconds: list[float] = []
+        self.batch_sizes: deque[int] = deque(maxlen=history)
+        self.batch_seconds: deque[float] = deque(maxlen=history)
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="worldstep-serve-engine", daemon=True)
 
