@@ -147,8 +147,8 @@ def _aggregate(world, server, settings: ServeSettings,
         if clients_cpu is not None:
             cpu[name].setdefault("clients", []).append(clients_cpu)
         if name == "server":  # the block's engine calls, one per round once all clients batch (warm-up dropped)
-            new = server.loop.batches - seen  # the block's own batches: the newest in the loop's bounded history
-            engine_s += list(server.loop.batch_seconds)[len(server.loop.batch_seconds) - new:][settings.warmup:]
+            recent = list(server.loop.batch_seconds)  # the loop's bounded history: the block's batches are its newest
+            engine_s += recent[max(0, len(recent) - (server.loop.batches - seen)):][settings.warmup:]
     cpu_s = {name: {k: median(v) for k, v in c.items()} for name, c in cpu.items()}
     return times, cpu_s, engine_s
 
