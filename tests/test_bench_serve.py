@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 
 import pytest
 from tiny_world import cache_dir  # noqa: F401 - fixture (a private WORLDSTEP_CACHE)
@@ -14,11 +15,11 @@ from worldstep.bench import main
 def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     path = tmp_path / "serve.json"
     assert main(["serve", "--json", str(path), "--threads", "1", "--quiet", "--config", "tiny", "--clients", "2",
-                 "--rounds", "1", "--repeats", "2", "--warmup", "0", "--overhead-rounds", "1", "--cycles", "3"]) == 0
+                 "--rounds", "1", "--episodes", "2", "--warmup", "0", "--overhead-rounds", "1", "--cycles", "3"]) == 0
     doc = json.loads(path.read_text())
     r = doc["results"]
     assert doc["bench"] == "serve" and r["clients"] == 2
-    assert r["rounds_per_alternative"] == 4  # 2 repeats of the mirrored blocks x 2 blocks each x 1 round
+    assert r["rounds_per_alternative"] == 2  # 2 episodes x 1 measured round, the alternatives taking turns
     assert set(r["steps_per_s"]) == {"server", "separate", "vector_env"}
     assert all(math.isfinite(v) and v > 0 for v in r["steps_per_s"].values())
     assert r["cycles"]["pages_in_use"] == [0, 0, 0] and r["cycles"]["pages_flat"]
@@ -30,14 +31,27 @@ def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     lo, hi = r["server_vs_vector_ci95"]
     assert lo <= r["server_vs_vector"] <= hi and lo <= hi
     assert r["server_engine_call_s"] > 0  # the engine call measured apart from the round it sits in
+    lo, hi = r["server_engine_call_vs_vector_round_ci95"]
+    assert lo <= r["server_engine_call_vs_vector_round"] <= hi
+    assert sum(r["batch_sizes"].values()) >= 2  # every measured server round made at least one engine call
     assert r["overhead"]["ratio_ci95"][0] <= r["overhead"]["ratio"] <= r["overhead"]["ratio_ci95"][1]
 
 
-@pytest.mark.parametrize("flag", ["--clients", "--rounds", "--repeats", "--overhead-rounds", "--cycles"])
+@pytest.mark.parametrize("flag", ["--clients", "--rounds", "--episodes", "--overhead-rounds", "--cycles"])
 def test_a_count_below_one_is_refused_before_any_work(flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--quiet", "--config", "no-such-model", flag, "0"])  # loading the model would fail too
     assert exit_.value.code == 2 and f"argument {flag}: 0 is invalid; allowed: an int >= 1" in capsys.readouterr().err
+
+
+def test_a_client_process_that_fails_is_named_not_waited_for():
+    from worldstep.bench.serve import _Clients
+
+    with socket.socket() as sock:  # a free loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"ws://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(RuntimeError, match="client process 0 exited with 1"):
+        _Clients(url, n=1, windows=2)
 
 
 def test_a_target_counts_as_met_only_on_its_interval():

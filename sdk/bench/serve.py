@@ -2,24 +2,27 @@
 
 1. Aggregate env steps/s of `clients` client processes stepping through `worldstep serve` (in this process, on
    loopback), against the same number of local envs stepped one by one and against the local
-   `WorldModelVectorEnv` with N = `clients`. The blocks run in mirrored order (A B C C B A), `repeats` times,
-   so a drift of the machine's load hits every alternative alike and a burst of a shared box's neighbours falls
-   on one block of several; each figure is `clients` over the median round time.
+   `WorldModelVectorEnv` with N = `clients`. The alternatives take turns ROUND BY ROUND in mirrored order
+   (A B C, then C B A), over `episodes` episodes that every alternative resets together, so a drift of the
+   machine's load or a burst of a shared box's neighbours hits all of them alike; each figure is `clients` over
+   the median round time. The client processes live for the whole comparison and step together when told (one
+   line on their stdin), so a server round runs from that word to the last client's reply, the word's trip
+   included.
 2. Per-step overhead: one remote client against one local env, interleaved step by step.
-Each ratio carries a 95% bootstrap interval over its rounds (the mirrored blocks pair round i of every alternative;
-the interleaved steps pair themselves), and a target counts as met only when the whole interval meets it.
+Each ratio carries a 95% bootstrap interval over its rounds (round i of each alternative are paired), and a target
+counts as met only when the whole interval meets it.
 3. Server pages and resident memory over `cycles` connect/reset/step/disconnect cycles.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,16 +36,18 @@ from .results import BenchResult, Table
 
 TARGET_SERVER_VS_VECTOR = 0.9
 TARGET_OVERHEAD = 1.05
+CLIENT_TIMEOUT_S = 600.0  # a client that answers nothing this long has failed
 
 
 @dataclass
 class ServeSettings:
     config: str = flag("served model: a config name (pusher, tiny) or checkpoint folder", default="pusher")
     clients: int = flag("client processes (and local envs, and the vector env's N)", default=8, type=positive_int)
-    rounds: int = flag("measured steps per client per block", default=8, type=positive_int)
-    repeats: int = flag("mirrored block sequences (A B C C B A), one after another", default=3, type=positive_int)
-    warmup: int = flag("steps per client run first in each block and discarded", default=1)
-    overhead_rounds: int = flag("measured steps of the one-client overhead comparison", default=64, type=positive_int)
+    rounds: int = flag("measured steps per env in each episode", default=8, type=positive_int)
+    episodes: int = flag("episodes every alternative runs, reset together; their rounds interleave",
+                         default=12, type=positive_int)
+    warmup: int = flag("steps per env run first in each episode and discarded", default=1)
+    overhead_rounds: int = flag("measured steps of the one-client overhead comparison", default=256, type=positive_int)
     cycles: int = flag("connect/reset/step/disconnect cycles of the memory check", default=1000, type=positive_int)
     max_wait_ms: float = flag("the server's batching window (a loaded 2-core box schedules 8 client processes "
                                "tens of ms apart)", default=100.0)
@@ -55,29 +60,33 @@ def actions(shape: tuple[int, ...], k: int, seed: int) -> np.ndarray:
     return (0.8 * np.sin(k + seed + np.linspace(0, 3, int(np.prod(shape))))).reshape(shape).astype(np.float32)
 
 
-def client_main(url: str, seed: int, steps: int, go: str, out: str) -> None:
-    """One client process: reset, say ready, wait for `go`, step, write each step's end time and the process CPU
-    seconds each step took to `out`."""
+def client_main(url: str, seed: int, windows: int) -> None:
+    """One client process, told what to do one line at a time on stdin (`reset`, `step K`, `close`); it answers
+    each with one JSON line on stdout: a step's end time and the process CPU seconds it took."""
     from worldstep.serve import RemoteWorldModelEnv
 
-    env = RemoteWorldModelEnv(url, max_windows=steps + 1)
-    env.reset(seed=seed)
-    Path(out + ".ready").touch()
-    while not Path(go).exists():
-        time.sleep(0.005)
-    ends, cpu = [], []
-    for k in range(steps):
-        started = time.process_time()
-        env.step(actions(env.action_space.shape, k, seed))
-        ends.append(time.time())
-        cpu.append(time.process_time() - started)
+    env = RemoteWorldModelEnv(url, max_windows=windows)
+    _say({"ready": True})
+    for line in sys.stdin:
+        op, *arg = line.split()
+        if op == "close":
+            break
+        if op == "reset":
+            env.reset(seed=seed)
+            _say({})
+        else:  # step K
+            started = time.process_time()
+            env.step(actions(env.action_space.shape, int(arg[0]), seed))
+            _say({"end": time.time(), "cpu_s": time.process_time() - started})
     env.close()
-    Path(out).write_text(json.dumps({"ends": ends, "cpu_s": cpu}))
+
+
+def _say(reply: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
 
 
 def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
-    import os
-
     import worldstep
     from worldstep.serve.server import WorldModelServer
 
@@ -89,25 +98,29 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
     server = WorldModelServer(world, max_batch=settings.clients, max_wait_ms=settings.max_wait_ms,
                               max_sessions=max(64, settings.clients + 2)).start()
     try:
-        rounds, cpu, engine_s = _aggregate(world, server, settings, progress)
-        sizes = list(server.loop.batch_sizes)  # the server blocks' batches (the checks below step alone)
+        rounds = _aggregate(world, server, settings, progress)
         overhead = _overhead(world, server, settings, progress)
         memory = _cycles(server, settings, progress)
     finally:
         server.drain()
     n = settings.clients
-    steps_per_s = {name: ratio(n, median(times)) for name, times in rounds.items()}
-    server_vs_vector = _ratio_estimate(rounds["vector_env"], rounds["server"])
+    times = {name: r.seconds for name, r in rounds.items()}
+    steps_per_s = {name: ratio(n, median(t)) for name, t in times.items()}
+    server_vs_vector = _ratio_estimate(times["vector_env"], times["server"])
+    engine = _ratio_estimate(rounds["server"].engine_s, times["vector_env"])
+    sizes = rounds["server"].batch_sizes
     result.results = {
         "config": settings.config, "clients": n, "steps_per_s": steps_per_s,
-        "rounds_per_alternative": len(rounds["server"]),
+        "rounds_per_alternative": len(times["server"]),
         "server_vs_vector": server_vs_vector.value,
         "server_vs_vector_ci95": [server_vs_vector.low, server_vs_vector.high],
         "server_vs_separate": ratio(steps_per_s["server"], steps_per_s["separate"]),
-        "server_engine_call_s": median(engine_s),
+        "server_engine_call_s": median(rounds["server"].engine_s),
+        "server_engine_call_vs_vector_round": engine.value,
+        "server_engine_call_vs_vector_round_ci95": [engine.low, engine.high],
         "batch_sizes": {str(k): sizes.count(k) for k in sorted(set(sizes))},
-        "round_s": {name: median(times) for name, times in rounds.items()},
-        "cpu_s_per_round": cpu, "cores": os.cpu_count(),
+        "round_s": {name: median(t) for name, t in times.items()},
+        "cpu_s_per_round": {name: r.cpu_medians() for name, r in rounds.items()}, "cores": os.cpu_count(),
         "overhead": overhead, "cycles": memory,
         "targets": {"server_vs_vector": TARGET_SERVER_VS_VECTOR, "overhead": TARGET_OVERHEAD},
     }
@@ -127,104 +140,138 @@ def _ratio_estimate(numerator: list[float], denominator: list[float]) -> Estimat
     return bootstrap(lambda idx: ratio(float(np.median(a[idx])), float(np.median(b[idx]))), len(a))
 
 
-def _aggregate(world, server, settings: ServeSettings,
-               progress: Progress) -> tuple[dict[str, list[float]], dict[str, dict[str, float]], list[float]]:
-    """Round times per alternative, the CPU seconds a round took in this process (the envs, or the server's
-    threads) and, for the server, in its client processes, and the wall time of each measured round's engine call
-    in the server: where a round's time goes."""
-    blocks = {"vector_env": _vector_block, "server": _server_block, "separate": _separate_block}
-    order = [*blocks, *reversed(blocks)] * settings.repeats
-    times: dict[str, list[float]] = {name: [] for name in blocks}
-    cpu: dict[str, dict[str, list[float]]] = {name: {} for name in blocks}
-    engine_s: list[float] = []
-    for i, name in enumerate(order):
-        seen = server.loop.batches
-        progress(f"block {i + 1}/{len(order)}: {name}, {settings.clients} envs, {settings.warmup} + "
-                 f"{settings.rounds} steps")
-        block_times, bench_cpu, clients_cpu = blocks[name](world, server, settings)
-        times[name] += block_times
-        cpu[name].setdefault("bench_process", []).append(bench_cpu)
-        if clients_cpu is not None:
-            cpu[name].setdefault("clients", []).append(clients_cpu)
-        if name == "server":  # the block's engine calls, one per round once all clients batch (warm-up dropped)
-            recent = list(server.loop.batch_seconds)  # the loop's bounded history: the block's batches are its newest
-            engine_s += recent[max(0, len(recent) - (server.loop.batches - seen)):][settings.warmup:]
-    cpu_s = {name: {k: median(v) for k, v in c.items()} for name, c in cpu.items()}
-    return times, cpu_s, engine_s
+@dataclass
+class _Rounds:
+    """One alternative's measured rounds: wall seconds, this process's CPU seconds (the envs, or the server's
+    threads), the client processes' CPU seconds together, and (the server) its engine calls and batch sizes."""
+
+    seconds: list[float]
+    bench_cpu_s: list[float]
+    clients_cpu_s: list[float]
+    engine_s: list[float]
+    batch_sizes: list[int]
+
+    def cpu_medians(self) -> dict[str, float]:
+        cpu = {"bench_process": median(self.bench_cpu_s)}
+        return {**cpu, "clients": median(self.clients_cpu_s)} if self.clients_cpu_s else cpu
 
 
-def _vector_block(world, server, s: ServeSettings) -> list[float]:
+def _aggregate(world, server, s: ServeSettings, progress: Progress) -> dict[str, _Rounds]:
+    """Every alternative's rounds, interleaved round by round in mirrored order over `episodes` episodes."""
+    from worldstep import make_env
     from worldstep.world import make_vec_env
 
-    vec = make_vec_env(world, s.clients, max_windows=s.warmup + s.rounds + 1)
-    try:
-        vec.reset(seed=list(range(s.clients)))
-        shape = vec.single_action_space.shape
-        out, cpu = [], []
-        for k in range(s.warmup + s.rounds):
-            batch = np.stack([actions(shape, k, seed) for seed in range(s.clients)])
+    windows = s.warmup + s.rounds + 1
+    vec = make_vec_env(world, s.clients, max_windows=windows)
+    separate = [make_env(world, max_windows=windows) for _ in range(s.clients)]
+    clients = _Clients(server.url, s.clients, windows)
+    shape = vec.single_action_space.shape
+    out = {name: _Rounds([], [], [], [], []) for name in ("vector_env", "server", "separate")}
+
+    def vector_round(k: int) -> None:
+        vec.step(np.stack([actions(shape, k, seed) for seed in range(s.clients)]))
+
+    def separate_round(k: int) -> None:
+        for seed, env in enumerate(separate):
+            env.step(actions(shape, k, seed))
+
+    def local(name: str, step) -> None:
+        def run(k: int, measured: bool) -> None:
             start, started_cpu = time.perf_counter(), time.process_time()
-            vec.step(batch)
-            out.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - started_cpu)
-        return out[s.warmup:], median(cpu[s.warmup:]), None
+            step(k)
+            if measured:
+                out[name].seconds.append(time.perf_counter() - start)
+                out[name].bench_cpu_s.append(time.process_time() - started_cpu)
+        return run
+
+    def server_round(k: int, measured: bool) -> None:
+        seen = server.loop.batches
+        start, started_cpu = time.time(), time.process_time()
+        replies = clients.tell(f"step {k}")
+        bench_cpu = time.process_time() - started_cpu
+        if measured:
+            r = out["server"]
+            r.seconds.append(max(reply["end"] for reply in replies) - start)
+            r.bench_cpu_s.append(bench_cpu)
+            r.clients_cpu_s.append(sum(reply["cpu_s"] for reply in replies))
+            made = server.loop.batches - seen  # this round's engine calls, the newest of the loop's history
+            r.engine_s.append(sum(list(server.loop.batch_seconds)[-made:]) if made else 0.0)
+            r.batch_sizes += list(server.loop.batch_sizes)[-made:] if made else []
+
+    alternatives = {"vector_env": local("vector_env", vector_round), "server": server_round,
+                    "separate": local("separate", separate_round)}
+    try:
+        for episode in range(s.episodes):
+            progress(f"episode {episode + 1}/{s.episodes}: {s.clients} envs each, {s.warmup} + {s.rounds} rounds, "
+                     "the alternatives taking turns")
+            vec.reset(seed=list(range(s.clients)))
+            for seed, env in enumerate(separate):
+                env.reset(seed=seed)
+            clients.tell("reset")
+            for k in range(s.warmup + s.rounds):
+                order = list(alternatives) if k % 2 == 0 else list(reversed(alternatives))
+                for name in order:
+                    alternatives[name](k, k >= s.warmup)
     finally:
+        clients.close()
         vec.close()
-
-
-def _separate_block(world, server, s: ServeSettings) -> list[float]:
-    from worldstep import make_env
-
-    envs = [make_env(world, max_windows=s.warmup + s.rounds + 1) for _ in range(s.clients)]
-    try:
-        for seed, env in enumerate(envs):
-            env.reset(seed=seed)
-        out, cpu = [], []
-        for k in range(s.warmup + s.rounds):
-            start, started_cpu = time.perf_counter(), time.process_time()
-            for seed, env in enumerate(envs):
-                env.step(actions(env.action_space.shape, k, seed))
-            out.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - started_cpu)
-        return out[s.warmup:], median(cpu[s.warmup:]), None
-    finally:
-        for env in envs:
+        for env in separate:
             env.close()
+    return out
 
 
-def _server_block(world, server, s: ServeSettings) -> tuple[list[float], float, float]:
-    """Round times of `clients` processes (round r ends when the last client's r-th step has come back), the bench
-    process's CPU seconds per round (the server's threads, over all rounds) and all clients' together in a
-    measured round (median over rounds)."""
-    steps = s.warmup + s.rounds
-    with tempfile.TemporaryDirectory() as folder:
-        go, outs = Path(folder) / "go", [Path(folder) / f"client{i}.json" for i in range(s.clients)]
-        code = "import sys; from worldstep.bench.serve import client_main as m; m(*sys.argv[1:2], " \
-               "int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:6])"
-        procs = [subprocess.Popen([sys.executable, "-c", code, server.url, str(i), str(steps), str(go), str(out)])
-                 for i, out in enumerate(outs)]
+class _Clients:
+    """`n` client processes (`client_main`) that live through the comparison and act together when told."""
+
+    def __init__(self, url: str, n: int, windows: int) -> None:
+        code = "import sys; from worldstep.bench.serve import client_main as m; m(sys.argv[1], int(sys.argv[2]), " \
+               "int(sys.argv[3]))"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code, url, str(i), str(windows)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE) for i in range(n)]
+        self._buffers = [b"" for _ in self.procs]
         try:
-            deadline = time.monotonic() + 600
-            while not all(Path(f"{o}.ready").exists() for o in outs):
-                if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                    raise RuntimeError("bench serve: a client process failed to start")
-                time.sleep(0.01)
-            start, started_cpu = time.time(), time.process_time()
-            go.touch()
-            for proc in procs:
-                if proc.wait(timeout=600) != 0:
-                    raise RuntimeError(f"bench serve: a client process exited with {proc.returncode}")
-            bench_cpu = (time.process_time() - started_cpu) / steps
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
+            self._replies()  # each says it is connected
+        except BaseException:
+            self.close()
+            raise
+
+    def tell(self, command: str) -> list[dict[str, Any]]:
+        """Send `command` to every client at once; each client's reply."""
+        for proc in self.procs:
+            proc.stdin.write(command.encode() + b"\n")
+            proc.stdin.flush()
+        return self._replies()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.write(b"close\n")
+                proc.stdin.close()
+            except OSError:  # a client that already died
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
                 proc.wait()
-        records = [json.loads(o.read_text()) for o in outs]
-    ends = np.array([r["ends"] for r in records])  # [clients, steps]
-    clients_cpu = np.array([r["cpu_s"] for r in records]).sum(axis=0)[s.warmup:]  # [rounds]
-    round_ends = np.concatenate([[start], ends.max(axis=0)])
-    return list(np.diff(round_ends)[s.warmup:]), bench_cpu, float(np.median(clients_cpu))
+
+    def _replies(self) -> list[dict[str, Any]]:
+        return [json.loads(self._line(i)) for i in range(len(self.procs))]
+
+    def _line(self, i: int) -> bytes:
+        """Client i's next line, read straight from its pipe (no buffered reader between select and read)."""
+        proc, deadline = self.procs[i], time.monotonic() + CLIENT_TIMEOUT_S
+        while b"\n" not in self._buffers[i]:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([proc.stdout], [], [], max(left, 0))
+            chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
+            if not chunk:
+                raise RuntimeError(f"bench serve: client process {i} " + (
+                    f"exited with {proc.poll()}" if ready else f"answered nothing in {CLIENT_TIMEOUT_S:g} s"))
+            self._buffers[i] += chunk
+        line, self._buffers[i] = self._buffers[i].split(b"\n", 1)
+        return line
 
 
 # --- 2. one client's overhead ------------------------------------------------------------------------
@@ -286,9 +333,11 @@ def _tables(s: ServeSettings, r: dict[str, Any]) -> list[Table]:
     agg = Table(title=f"Aggregate env steps/s, {s.config}, {s.clients} envs", columns=[
         f"{s.clients} local envs one by one", f"local vector env N={s.clients}", f"{s.clients} clients via server",
         "server / vector env [95% interval]", "server / one by one"],
-        note=(f"Medians of {r['rounds_per_alternative']} rounds per alternative in mirrored blocks; the server runs "
-              f"in the bench process on loopback (--max-wait-ms {s.max_wait_ms:g}), each client is its own process. "
-              "The interval is a bootstrap over the paired rounds."))
+        note=(f"Medians of {r['rounds_per_alternative']} rounds per alternative ({s.episodes} episodes of "
+              f"{s.warmup} + {s.rounds} steps), the alternatives taking turns round by round in mirrored order; the "
+              f"server runs in the bench process on loopback (--max-wait-ms {s.max_wait_ms:g}), each client is its "
+              "own process, told to step by one line on its stdin. The interval is a bootstrap over the paired "
+              "rounds."))
     sps = r["steps_per_s"]
     agg.add(sps["separate"], sps["vector_env"], sps["server"], _with_interval(r["server_vs_vector"],
             r["server_vs_vector_ci95"]), r["server_vs_separate"])
@@ -298,7 +347,10 @@ def _tables(s: ServeSettings, r: dict[str, Any]) -> list[Table]:
         note=f"{r['cores']} cores. The bench process runs the envs, or the server's threads; each client is its "
              "own process (its decode of the frames, msgpack, websockets). A share near 1 means the round waits "
              f"for CPU, not for the model. The server's engine call takes {r['server_engine_call_s']:.3f} s of its "
-             "round (median); the rest is serving: replies out, the clients' next steps in, the batch filling.")
+             "round (median), "
+             f"{_with_interval(r['server_engine_call_vs_vector_round'], r['server_engine_call_vs_vector_round_ci95'])}"
+             "x the vector env's whole round; the rest of the server's round is serving: the word to the clients, "
+             "their steps in, the batch filling, the replies out.")
     for name in ("vector_env", "server", "separate"):
         total = cpu[name]["bench_process"] + cpu[name].get("clients", 0.0)
         where.add(name, r["round_s"][name], cpu[name]["bench_process"], cpu[name].get("clients"),
