@@ -19,7 +19,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["add_flags", "comma_list", "flag", "flag_name", "from_namespace", "parse_flags", "positive_int"]
+__all__ = ["add_flags", "comma_list", "flag", "flag_name", "from_namespace", "int_at_least", "non_negative_int",
+           "parse_flags", "positive_int"]
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
@@ -55,15 +56,23 @@ def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list]:
     return parse
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is invalid; allowed: an int >= 1")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``minimum``, refused with the value and what is allowed."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an int >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is invalid; allowed: an int >= {minimum}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)  # counts: clients, rounds, episodes
+non_negative_int = int_at_least(0)  # warm-up rounds, which may be none
 
 
 def field_docs(cls: type) -> dict[str, str]:

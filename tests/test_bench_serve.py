@@ -8,7 +8,7 @@ import math
 import socket
 
 import pytest
-from tiny_world import cache_dir  # noqa: F401 - fixture (a private WORLDSTEP_CACHE)
+from tiny_world import cache_dir, world  # noqa: F401 - fixtures (a private WORLDSTEP_CACHE, a tiny world)
 from worldstep.bench import main
 
 
@@ -37,11 +37,35 @@ def test_bench_serve_writes_its_figures(tmp_path, cache_dir):  # noqa: F811
     assert r["overhead"]["ratio_ci95"][0] <= r["overhead"]["ratio"] <= r["overhead"]["ratio_ci95"][1]
 
 
-@pytest.mark.parametrize("flag", ["--clients", "--rounds", "--episodes", "--overhead-rounds", "--cycles"])
-def test_a_count_below_one_is_refused_before_any_work(flag, capsys):
+@pytest.mark.parametrize(("flag", "value", "minimum"), [(f, "0", 1) for f in (
+    "--clients", "--rounds", "--episodes", "--overhead-rounds", "--cycles")] + [("--warmup", "-1", 0)])
+def test_a_count_below_its_minimum_is_refused_before_any_work(flag, value, minimum, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["serve", "--quiet", "--config", "no-such-model", flag, "0"])  # loading the model would fail too
-    assert exit_.value.code == 2 and f"argument {flag}: 0 is invalid; allowed: an int >= 1" in capsys.readouterr().err
+        main(["serve", "--quiet", "--config", "no-such-model", flag, value])  # loading the model would fail too
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: {value} is invalid; allowed: an int >= {minimum}" in err
+
+
+def test_a_failure_mid_comparison_gives_back_every_page_and_client(world, monkeypatch):  # noqa: F811
+    from worldstep.bench import serve as bench
+    from worldstep.serve.server import WorldModelServer
+
+    told, started = bench._Clients.tell, []
+
+    def tell(self, command):
+        started[:] = self.procs
+        if command.startswith("step"):  # every env has reset (pages held), then the comparison fails
+            raise RuntimeError("injected failure")
+        return told(self, command)
+
+    monkeypatch.setattr(bench._Clients, "tell", tell)
+    settings = bench.ServeSettings(config="tiny", clients=2, rounds=1, episodes=1, warmup=0)
+    with WorldModelServer(world, max_batch=2, max_wait_ms=10) as server:
+        with pytest.raises(RuntimeError, match="injected failure"):
+            bench._aggregate(world, server, settings, progress=lambda message: None)
+        assert len(started) == 2 and all(proc.returncode == 0 for proc in started)  # each closed its session
+        assert server.open_sessions() == 0
+    assert world.model.kv.num_used_pages == 0 and world.model.decoder.live_warm_sessions == 0
 
 
 def test_a_client_process_that_fails_is_named_not_waited_for():

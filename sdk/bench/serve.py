@@ -16,21 +16,23 @@ counts as met only when the whole interval meets it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..fidelity.stats import Estimate, bootstrap
-from ..flags import flag, positive_int
+from ..flags import flag, non_negative_int, positive_int
 from .machine import describe_machine
-from .measure import interleave, median, ratio, rss_bytes
+from .measure import Stopwatch, interleave, median, ratio, rss_bytes
 from .progress import Progress
 from .results import BenchResult, Table
 
@@ -46,7 +48,7 @@ class ServeSettings:
     rounds: int = flag("measured steps per env in each episode", default=8, type=positive_int)
     episodes: int = flag("episodes every alternative runs, reset together; their rounds interleave",
                          default=12, type=positive_int)
-    warmup: int = flag("steps per env run first in each episode and discarded", default=1)
+    warmup: int = flag("steps per env run first in each episode and discarded", default=1, type=non_negative_int)
     overhead_rounds: int = flag("measured steps of the one-client overhead comparison", default=256, type=positive_int)
     cycles: int = flag("connect/reset/step/disconnect cycles of the memory check", default=1000, type=positive_int)
     max_wait_ms: float = flag("the server's batching window (a loaded 2-core box schedules 8 client processes "
@@ -145,11 +147,11 @@ class _Rounds:
     """One alternative's measured rounds: wall seconds, this process's CPU seconds (the envs, or the server's
     threads), the client processes' CPU seconds together, and (the server) its engine calls and batch sizes."""
 
-    seconds: list[float]
-    bench_cpu_s: list[float]
-    clients_cpu_s: list[float]
-    engine_s: list[float]
-    batch_sizes: list[int]
+    seconds: list[float] = field(default_factory=list)
+    bench_cpu_s: list[float] = field(default_factory=list)
+    clients_cpu_s: list[float] = field(default_factory=list)
+    engine_s: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
 
     def cpu_medians(self) -> dict[str, float]:
         cpu = {"bench_process": median(self.bench_cpu_s)}
@@ -162,45 +164,46 @@ def _aggregate(world, server, s: ServeSettings, progress: Progress) -> dict[str,
     from worldstep.world import make_vec_env
 
     windows = s.warmup + s.rounds + 1
-    vec = make_vec_env(world, s.clients, max_windows=windows)
-    separate = [make_env(world, max_windows=windows) for _ in range(s.clients)]
-    clients = _Clients(server.url, s.clients, windows)
-    shape = vec.single_action_space.shape
-    out = {name: _Rounds([], [], [], [], []) for name in ("vector_env", "server", "separate")}
+    out = {name: _Rounds() for name in ("vector_env", "server", "separate")}
+    with contextlib.ExitStack() as stack:  # a failure anywhere gives every env's pages and every client back
+        vec = make_vec_env(world, s.clients, max_windows=windows)
+        stack.callback(vec.close)
+        separate = []
+        for _ in range(s.clients):
+            separate.append(make_env(world, max_windows=windows))
+            stack.callback(separate[-1].close)
+        clients = _Clients(server.url, s.clients, windows)
+        stack.callback(clients.close)
+        shape = vec.single_action_space.shape
 
-    def vector_round(k: int) -> None:
-        vec.step(np.stack([actions(shape, k, seed) for seed in range(s.clients)]))
+        def local(name: str, step: Callable[[int], object]) -> Callable[[int, bool], None]:
+            def run(k: int, measured: bool) -> None:
+                watch = Stopwatch()
+                step(k)
+                if measured:
+                    wall, cpu = watch.elapsed()
+                    out[name].seconds.append(wall)
+                    out[name].bench_cpu_s.append(cpu)
+            return run
 
-    def separate_round(k: int) -> None:
-        for seed, env in enumerate(separate):
-            env.step(actions(shape, k, seed))
-
-    def local(name: str, step) -> None:
-        def run(k: int, measured: bool) -> None:
-            start, started_cpu = time.perf_counter(), time.process_time()
-            step(k)
+        def server_round(k: int, measured: bool) -> None:
+            seen, start, watch = server.loop.batches, time.time(), Stopwatch()
+            replies = clients.tell(f"step {k}")  # the round ends with the last client's reply (its own clock)
             if measured:
-                out[name].seconds.append(time.perf_counter() - start)
-                out[name].bench_cpu_s.append(time.process_time() - started_cpu)
-        return run
+                r, made = out["server"], server.loop.batches - seen  # this round's engine calls: the newest
+                r.seconds.append(max(reply["end"] for reply in replies) - start)
+                r.bench_cpu_s.append(watch.elapsed()[1])
+                r.clients_cpu_s.append(sum(reply["cpu_s"] for reply in replies))
+                r.engine_s.append(sum(list(server.loop.batch_seconds)[-made:]) if made else 0.0)
+                r.batch_sizes += list(server.loop.batch_sizes)[-made:] if made else []
 
-    def server_round(k: int, measured: bool) -> None:
-        seen = server.loop.batches
-        start, started_cpu = time.time(), time.process_time()
-        replies = clients.tell(f"step {k}")
-        bench_cpu = time.process_time() - started_cpu
-        if measured:
-            r = out["server"]
-            r.seconds.append(max(reply["end"] for reply in replies) - start)
-            r.bench_cpu_s.append(bench_cpu)
-            r.clients_cpu_s.append(sum(reply["cpu_s"] for reply in replies))
-            made = server.loop.batches - seen  # this round's engine calls, the newest of the loop's history
-            r.engine_s.append(sum(list(server.loop.batch_seconds)[-made:]) if made else 0.0)
-            r.batch_sizes += list(server.loop.batch_sizes)[-made:] if made else []
-
-    alternatives = {"vector_env": local("vector_env", vector_round), "server": server_round,
-                    "separate": local("separate", separate_round)}
-    try:
+        alternatives = {
+            "vector_env": local("vector_env", lambda k: vec.step(
+                np.stack([actions(shape, k, seed) for seed in range(s.clients)]))),
+            "server": server_round,
+            "separate": local("separate", lambda k: [env.step(actions(shape, k, seed))
+                                                     for seed, env in enumerate(separate)]),
+        }
         for episode in range(s.episodes):
             progress(f"episode {episode + 1}/{s.episodes}: {s.clients} envs each, {s.warmup} + {s.rounds} rounds, "
                      "the alternatives taking turns")
@@ -209,14 +212,8 @@ def _aggregate(world, server, s: ServeSettings, progress: Progress) -> dict[str,
                 env.reset(seed=seed)
             clients.tell("reset")
             for k in range(s.warmup + s.rounds):
-                order = list(alternatives) if k % 2 == 0 else list(reversed(alternatives))
-                for name in order:
+                for name in (alternatives if k % 2 == 0 else reversed(alternatives)):
                     alternatives[name](k, k >= s.warmup)
-    finally:
-        clients.close()
-        vec.close()
-        for env in separate:
-            env.close()
     return out
 
 
@@ -237,24 +234,27 @@ class _Clients:
 
     def tell(self, command: str) -> list[dict[str, Any]]:
         """Send `command` to every client at once; each client's reply."""
-        for proc in self.procs:
-            proc.stdin.write(command.encode() + b"\n")
-            proc.stdin.flush()
+        for i, proc in enumerate(self.procs):
+            try:
+                proc.stdin.write(command.encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:  # its end of the pipe is gone
+                raise RuntimeError(f"bench serve: client process {i} exited with {proc.wait(timeout=60)}") from None
         return self._replies()
 
     def close(self) -> None:
         for proc in self.procs:
-            try:
+            with contextlib.suppress(OSError):  # a client that already died
                 proc.stdin.write(b"close\n")
+            with contextlib.suppress(OSError):
                 proc.stdin.close()
-            except OSError:  # a client that already died
-                pass
         for proc in self.procs:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            proc.stdout.close()
 
     def _replies(self) -> list[dict[str, Any]]:
         return [json.loads(self._line(i)) for i in range(len(self.procs))]

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..flags import flag
+from ..flags import flag, non_negative_int
 
 
 @dataclass
 class RolloutSettings:
     archs: list[str] = flag("architectures of the per-step comparison", default_factory=lambda: ["tiny", "small"])
     rounds: int = flag("measured env steps per alternative", default=6)
-    warmup: int = flag("env steps run first and discarded", default=2)
+    warmup: int = flag("env steps run first and discarded", default=2, type=non_negative_int)
     num_steps: int = flag("denoise steps per window", default=4)
     context_frames: int = flag("committed latent frames kept in context (bounded context)", default=4)
     compare_size: int = flag("frame side of the per-step comparison (a pipeline canvas: 256)", default=256)
@@ -43,7 +43,7 @@ class VectorSettings:
     arch: str = flag("architecture: tiny, small or pusher (the shipped trained 64x64 model)", default="tiny")
     sizes: list[int] = flag("numbers of parallel sessions", default_factory=lambda: [1, 2, 4, 8])
     rounds: int = flag("measured steps per alternative and size", default=4)
-    warmup: int = flag("steps run first and discarded", default=1)
+    warmup: int = flag("steps run first and discarded", default=1, type=non_negative_int)
     num_steps: int = flag("denoise steps per window", default=4)
     context_frames: int = flag("committed latent frames kept in context", default=4)
     vector_env: bool = flag("also step worldstep.envs.WorldModelVectorEnv", default=True)
@@ -101,6 +101,6 @@ class ProfileSettings:
 class ViewSettings:
     env: str = flag("gymnasium id of the env whose steps are logged", default="worldstep/Pusher-v0")
     windows: int = flag("measured windows (one episode)", default=12)
-    warmup: int = flag("windows run first and not measured", default=2)
+    warmup: int = flag("windows run first and not measured", default=2, type=non_negative_int)
     seed: int = flag("reset seed", default=0)
     image_format: str = flag("jpeg or png", default="jpeg")
