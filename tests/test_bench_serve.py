@@ -78,6 +78,24 @@ def test_a_client_process_that_fails_is_named_not_waited_for():
         _Clients(url, n=1, windows=2)
 
 
+def test_a_client_whose_pipe_closes_before_it_exits_is_named_with_its_status():
+    """The race CI met: the pipe reads EOF while the process is not yet reaped, so `poll()` said None."""
+    import subprocess
+    import sys
+
+    from worldstep.bench.serve import _Clients
+
+    code = "import os, sys, time; os.close(1); time.sleep(0.5); sys.exit(3)"  # EOF first, the exit 0.5 s later
+    clients = object.__new__(_Clients)
+    clients.procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)]
+    clients._buffers = [b""]
+    try:
+        with pytest.raises(RuntimeError, match="client process 0 exited with 3$"):
+            clients._line(0)
+    finally:
+        clients.close()
+
+
 def test_a_target_counts_as_met_only_on_its_interval():
     from worldstep.bench.results import BenchResult
     from worldstep.bench.serve import _notes, _ratio_estimate

@@ -39,6 +39,7 @@ from .results import BenchResult, Table
 TARGET_SERVER_VS_VECTOR = 0.9
 TARGET_OVERHEAD = 1.05
 CLIENT_TIMEOUT_S = 600.0  # a client that answers nothing this long has failed
+CLIENT_EXIT_WAIT_S = 30.0  # a client whose pipe closed is reaped within this
 
 
 @dataclass
@@ -239,7 +240,7 @@ class _Clients:
                 proc.stdin.write(command.encode() + b"\n")
                 proc.stdin.flush()
             except OSError:  # its end of the pipe is gone
-                raise RuntimeError(f"bench serve: client process {i} exited with {proc.wait(timeout=60)}") from None
+                raise RuntimeError(f"bench serve: client process {i} exited with {_exit_code(proc)}") from None
         return self._replies()
 
     def close(self) -> None:
@@ -268,10 +269,19 @@ class _Clients:
             chunk = os.read(proc.stdout.fileno(), 65536) if ready else b""
             if not chunk:
                 raise RuntimeError(f"bench serve: client process {i} " + (
-                    f"exited with {proc.poll()}" if ready else f"answered nothing in {CLIENT_TIMEOUT_S:g} s"))
+                    f"exited with {_exit_code(proc)}" if ready else f"answered nothing in {CLIENT_TIMEOUT_S:g} s"))
             self._buffers[i] += chunk
         line, self._buffers[i] = self._buffers[i].split(b"\n", 1)
         return line
+
+
+def _exit_code(proc: subprocess.Popen) -> int | str:
+    """The exit status of a client whose pipe closed: its end of the pipe closes before the process is reaped,
+    so `poll()` right then can still read None; wait for it, bounded."""
+    try:
+        return proc.wait(timeout=CLIENT_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return f"nothing yet (its pipe closed {CLIENT_EXIT_WAIT_S:g} s ago and it still runs)"
 
 
 # --- 2. one client's overhead ------------------------------------------------------------------------
