@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ...attention import PagedAttentionBatch, paged_attention, prime
+from .fused import gen_weights
 from .layout import text_positions
 
 
@@ -100,31 +101,60 @@ def gen_layers(
 ) -> GenOutput:
     """Every generation layer over `[..., N, hidden]` tokens; differentiable (training calls it directly).
 
+    A layer runs on fused views of the diffusers weights (`fused.gen_weights`) and launches 13 torch ops outside
+    attention (relu2; tests/test_layer_ops.py keeps it at most 24, and counted 44 on the unfused layer): the input
+    norm, one QKV projection, the q and k norms together (one norm, one weight), rotary on q and k together
+    (three ops), the output projection with the residual add folded in, the post norm, the MLP (relu and square
+    apart) and its down projection with the residual folded in.
+
     Args:
         hidden: `[N, hidden]` packed window tokens, or `[B, N, hidden]` clips of one layout.
         cos, sin: `[N, head_dim]` rotary tables of those tokens.
         attend: what the queries see besides the fresh tokens (paged committed context, or a masked text+clip).
         collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
     """
+    config = transformer.config
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    cos, signed_sin = rotary_tables(cos, sin)
     keys, values = [], []
-    for index, layer in enumerate(transformer.layers):
-        attn = layer.self_attn
-        x = layer.input_layernorm_moe_gen(hidden)
-        # q: [.., N, H, D]; k: [.., N, Hkv, D]
-        q = attn.norm_added_q(attn.add_q_proj(x).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
-        k = attn.norm_added_k(attn.add_k_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
-        v = attn.add_v_proj(x).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))  # [.., N, Hkv, D]
-        q, k = apply_rotary(cos, sin, q, k)
+    for index, w in enumerate(gen_weights(transformer)):
+        x = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm.weight, w.input_norm.eps)
+        qkv = F.linear(x, w.qkv, w.qkv_bias).unflatten(-1, (heads + 2 * kv_heads, dim))  # [.., N, H + 2Hkv, D]
+        qk = F.rms_norm(qkv[..., : heads + kv_heads, :], (dim,), None, w.qk_eps)  # [.., N, H + Hkv, D]
+        if w.qk_norm is not None:
+            qk = qk * w.qk_norm
+        # rotary: x cos + rotate_half(x) sin, rotate_half(x) being roll(x, D/2) with the sign in signed_sin
+        qk = torch.addcmul(qk * cos, qk.roll(dim // 2, dims=-1), signed_sin)
+        q, k, v = qk[..., :heads, :], qk[..., heads:, :], qkv[..., heads + kv_heads :, :]  # [.., N, H|Hkv, D]
         if collect_kv:
             keys.append(k)
             values.append(v)
         out = attend(q, k, v, layer=index)  # [.., N, H, D]
-        hidden = hidden + attn.to_add_out(out.flatten(-2))
-        hidden = hidden + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(hidden))
+        # residual adds folded into the output projections: hidden + out @ W.T
+        width = hidden.shape[-1]
+        hidden = torch.addmm(hidden.reshape(-1, width), out.flatten(-2).reshape(-1, w.out.shape[1]),
+                             w.out.t()).view(hidden.shape)  # [.., N, hidden]
+        if w.out_bias is not None:
+            hidden = hidden + w.out_bias
+        x = F.linear(F.rms_norm(hidden, (width,), w.post_norm.weight, w.post_norm.eps), w.up)  # [.., N, (2) I]
+        if w.swiglu:
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
+        else:
+            x = torch.relu(x).square()  # relu2
+        hidden = torch.addmm(hidden.reshape(-1, width), x.reshape(-1, x.shape[-1]),
+                             w.down.t()).view(hidden.shape)  # [.., N, hidden]
     hidden = transformer.norm_moe_gen(hidden)
     if not collect_kv:
         return GenOutput(hidden)
     return GenOutput(hidden, torch.stack(keys), torch.stack(values))
+
+
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[N, D]` as a layer takes them, `[N, 1, D]`: sin with its first half negated, so rotate_half
+    becomes a roll (made once per forward, not per layer)."""
+    half = sin.shape[-1] // 2
+    return cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
 
 
 def gen_forward(
