@@ -2,7 +2,8 @@
 
 A config file has five sections (see ``configs/tiny.yaml``)::
 
-    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend, cuda_graphs
+    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend, cuda_graphs,
+             decode_after_denoise
     rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt,
              view_point, decode                                  (the engine's ``RolloutKnobs``)
     cache:   page_size, num_pages, cpu_offload_pages
@@ -75,7 +76,10 @@ class ModelConfig(StrictModel):
     attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
     """``sdpa`` runs anywhere, ``flashinfer`` uses paged kernels on CUDA, ``auto`` picks"""
     cuda_graphs: bool = False
-    """replay denoise steps from CUDA graphs captured once per (window geometry, batch) (CUDA with ``sdpa`` only)"""
+    """replay each window's denoise steps and commit from CUDA graphs captured once per (window geometry, batch)
+    (CUDA with ``sdpa`` only)"""
+    decode_after_denoise: bool = True
+    """queue a window's decode as soon as it is denoised, its commit beside it (False: decode after the commit)"""
 
     @field_validator("name", "checkpoint")
     @classmethod

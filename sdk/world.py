@@ -168,7 +168,7 @@ def _load_model(config: WorldstepConfig, share: bool):
         num_pages=config.cache.num_pages, page_size=config.cache.page_size,
         cpu_offload_pages=config.cache.cpu_offload_pages, attention_backend=m.attention_backend,
         decoder_options=config.decoder, height=m.height, width=m.width, fps=m.fps, name=m.name,
-        cuda_graphs=m.cuda_graphs,
+        cuda_graphs=m.cuda_graphs, decode_after_denoise=m.decode_after_denoise,
     )
     if share:
         _SHARED[key] = model

@@ -32,7 +32,7 @@ def checkpoint(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", arch, seed=2)
 
 
-def _rollout(model, windows: int, sessions: int = 2, decode: bool = True, **knobs):
+def _rollout(model, windows: int, sessions: int = 2, decode: bool = True, close: bool = True, **knobs):
     knobs = RolloutKnobs(**{"num_steps": 3, "context_frames": 2, "decode": decode, **knobs})
     opened = [model.open_session(IMAGE, "push", 1, knobs=knobs, generator=torch.Generator().manual_seed(i),
                                  action_width=5) for i in range(sessions)]
@@ -40,7 +40,7 @@ def _rollout(model, windows: int, sessions: int = 2, decode: bool = True, **knob
     out = []
     for _ in range(windows):
         out.append(model.step(opened, [rng.uniform(-1, 1, (4, 5)).astype(np.float32) for _ in opened]))
-    for s in opened:
+    for s in opened if close else ():
         model.close(s)
     return out
 
@@ -124,9 +124,8 @@ def test_overlap_splits_a_group_of_8_only_when_it_decodes(checkpoint, monkeypatc
     knobs = RolloutKnobs(num_steps=1, decode=decoding_sessions)
     sessions = [model.open_session(IMAGE, "go", 0, knobs=knobs) for _ in range(8)]
     sizes = []
-    real = stepping.run_window
-    monkeypatch.setattr(stepping, "run_window", lambda ctx, group, clock: sizes.append(len(group))
-                        or real(ctx, group, clock))
+    real = stepping.denoise_window
+    monkeypatch.setattr(stepping, "denoise_window", lambda ctx, group: sizes.append(len(group)) or real(ctx, group))
     model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 8, decode=step_decodes)
     assert sizes == ([8] if groups == 1 else [4, 4])
     model.close_all()
@@ -137,8 +136,15 @@ def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_bac
 
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
     sessions = [model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=1)) for _ in range(2)]
-    real = stepping.run_window
-    monkeypatch.setattr(stepping, "run_window", lambda *a, **k: [z * float("nan") for z in real(*a, **k)])
+    real = stepping.denoise_window
+
+    def nan_window(*args):
+        window = real(*args)
+        for job in window.jobs:
+            job.latents = job.latents * float("nan")
+        return window
+
+    monkeypatch.setattr(stepping, "denoise_window", nan_window)
     with pytest.raises(FloatingPointError, match="NaN"):
         model.step(sessions, [np.zeros((4, model.spec.action_dim), np.float32)] * 2)
     assert all(s.closed for s in sessions)
@@ -236,9 +242,16 @@ def _emulated_graphs(model, monkeypatch):
 
     from worldstep.engine.models.cosmos3 import graphs
 
-    def capture(steps):
-        out = steps.forward()
-        return mock.Mock(replay=lambda: out.copy_(steps.forward())), out
+    def capture(steps, collect_kv):
+        out = steps.forward(collect_kv)
+
+        def replay():
+            again = steps.forward(collect_kv)
+            for mine, fresh in ((out.hidden, again.hidden), (out.keys, again.keys), (out.values, again.values)):
+                if mine is not None:
+                    mine.copy_(fresh)
+
+        return mock.Mock(replay=replay, pool=lambda: None), out
 
     monkeypatch.setattr(graphs.GraphedSteps, "_capture", capture)
     cache = graphs.GraphCache()
@@ -260,30 +273,74 @@ mask, a longer key row and a KV head's query heads folded into its query length,
 
 @pytest.mark.exactness
 def test_graphs_are_captured_once_per_geometry_and_batch_and_replayed_after(checkpoint, monkeypatch):
-    """Capture mocked, 12 windows of 2 sessions at a page size (3) that does not divide a window's 5 tokens: the
+    """Capture mocked, 20 windows of 2 sessions at a page size (3) that does not divide a window's 5 tokens: the
     committed length shifts within a page from window to window, yet every window after the first (whose frame 0
-    makes it longer) replays ONE graph, its context padded to the retention bound and masked; the latents equal
-    eager, and close_all frees the graphs."""
+    makes it longer) replays ONE pair of graphs (denoise step, commit), its context padded to the retention bound
+    and masked: at most 2 captures in the rollout; the latents and the committed K/V equal eager, and close_all
+    frees the graphs."""
     from worldstep.engine.models.cosmos3 import graphs
 
     kwargs = dict(device="cpu", height=32, width=32, page_size=3)
-    eager = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs), windows=12, decode=False)
+    eager_model = Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs)
+    eager = _rollout(eager_model, windows=20, decode=False, close=False)
     model = Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs)
     cache = _emulated_graphs(model, monkeypatch)
     keys = []
     real_key = graphs.graph_key
     monkeypatch.setattr(graphs, "graph_key", lambda *a: keys.append(real_key(*a)) or keys[-1])
-    replayed = _rollout(model, windows=12, decode=False)
+    replayed = _rollout(model, windows=20, decode=False, close=False)
     for a, b in zip(eager, replayed):
         for x, y in zip(a, b):
             torch.testing.assert_close(y.latents, x.latents, atol=GRAPH_LATENTS_ATOL, rtol=0)
     committed = [step[0].kv.seq_len for step in replayed]
     assert len(set(committed[3:])) > 1  # full context, yet the committed length moves within a page
-    assert len(keys) == 12 and len(set(keys[1:])) == 1
+    assert len(keys) == 20 and len(set(keys[1:])) == 1
     assert cache.captures == len(cache) == 2  # the first window's geometry, then one for every later window
-    assert sum(g.replays for g in cache._graphs.values()) == 12 * 3  # every denoise step of every window
+    assert sum(g.replays for g in cache._graphs.values()) == 20 * 3  # every denoise step of every window
+    assert sum(g.commits for g in cache._graphs.values()) == 20  # every window's commit pass
+    for a, b in zip(_committed_kv(eager_model), _committed_kv(model), strict=True):  # what the commits appended
+        torch.testing.assert_close(b, a, atol=GRAPH_LATENTS_ATOL, rtol=0)
+    assert len(cache) == 0  # close_all freed the graphs
+
+
+def _committed_kv(model) -> list[torch.Tensor]:
+    """Every open stream's committed K and V (then closes the model's sessions)."""
+    out = []
+    for key in model.kv.stream_keys():  # in the order they were made
+        table = model.kv.page_table(key)
+        for layer in range(model.kv.num_layers):
+            out.extend(model.kv.gather_table(table, layer))
     model.close_all()
-    assert len(cache) == 0
+    return out
+
+
+def test_new_weights_drop_the_graphs_and_capture_anew(checkpoint, monkeypatch):
+    """A captured graph reads the fused weights of its capture: an in-place weight update (a fine-tune step, a
+    loaded state dict) makes the next window capture again instead of replaying stale weights."""
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
+    cache = _emulated_graphs(model, monkeypatch)
+    _rollout(model, windows=3, decode=False)
+    assert cache.captures == 2
+    with torch.no_grad():
+        model.transformer.layers[0].self_attn.add_q_proj.weight.mul_(0.5)
+    _rollout(model, windows=1, decode=False)
+    assert cache.captures == 3 and len(cache) == 1
+
+
+def test_a_graph_refuses_a_context_longer_than_its_room(checkpoint):
+    """A row's static buffers hold its padded length: binding a table that outgrew it is refused, not truncated."""
+    from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
+    from worldstep.engine.models.cosmos3.graphs import PaddedContext
+
+    cache = PagedKVCache(num_layers=1, num_pages=8, page_size=4, num_kv_heads=1, head_dim=4, dtype=torch.float32)
+    key = StreamKey("s", StreamLabel.MAIN)
+    cache.create_stream(key)
+    context = PaddedContext(cache, q_lens=[2], padded=[8])
+    cache.append(key, torch.ones(1, 8, 1, 4), torch.ones(1, 8, 1, 4))
+    context.fill([cache.page_table(key)])  # 8 committed + 2 fresh: exactly its room
+    cache.append(key, torch.ones(1, 1, 1, 4), torch.ones(1, 1, 1, 4))
+    with pytest.raises(ValueError, match="row 0 holds 9 committed tokens; this graph has room for 8"):
+        context.fill([cache.page_table(key)])
 
 
 def test_graph_replays_count_per_group_when_decodes_overlap(checkpoint, monkeypatch):

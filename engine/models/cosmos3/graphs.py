@@ -1,4 +1,5 @@
-"""A window's denoise steps as a CUDA graph: captured once per (window geometry, batch), replayed ever after.
+"""A window's denoise steps and its commit as CUDA graphs: captured once per (window geometry, batch), replayed
+ever after.
 
 Every denoise step of a window runs the same generation layers on the same shapes; only the input hidden states
 change. What else a step reads (the rotary tables and each row's committed K/V) changes from window to window, and
@@ -10,7 +11,10 @@ window before its loop, that hides the padding. Its key (`graph_key`) is then th
 per row its fresh tokens and padded length. A `GraphCache` keeps one `GraphedSteps` per key, captured before the
 first window's loop, and each later window of that key refills the static buffers and replays. Capturing syncs
 the device, so it happens once per key: one graph for a rollout's first window (frame 0 leads it, so it has more
-tokens) and one for every later window. The eager path attends without padding or masks; masked keys get exact
+tokens) and one for every later window. Each key holds two graphs in one memory pool: a denoise step, and the
+commit pass (the same layers keeping their K/V), which runs against the same bound context right after the loop.
+The graphs read the layers' fused weights (`fused.gen_weights`); when the modules' weights change, the cache
+drops every graph and captures anew. The eager path attends without padding or masks; masked keys get exact
 zero weight, so the two differ only in the order of floating-point sums (tests/test_gpu_regime.py measures it).
 The cache holds at most `MAX_GRAPHS` (least recently used out) and is freed by the model's `close_all`. CUDA
 only, with the sdpa backend (flashinfer's wrappers re-plan outside any graph); off by default.
@@ -28,7 +32,8 @@ from torch import nn
 from ...attention import AttentionBackendName, PagedAttentionBatch
 from ...kv import PagedKVCache, PageTable
 from ...windowing import RetentionPolicy
-from .layers import gen_layers
+from .fused import gen_weights
+from .layers import GenOutput, gen_layers
 
 MAX_GRAPHS = 4
 
@@ -126,8 +131,9 @@ def masked_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 
 class GraphedSteps:
-    """`gen_layers` over one window geometry through a `PaddedContext`: captured at construction, `bind` a window,
-    then call per step."""
+    """`gen_layers` over one window geometry through a `PaddedContext`: a denoise-step graph and a commit graph
+    (the same layers keeping each layer's K/V), captured at construction into one memory pool; `bind` a window,
+    then call per step and `commit` once."""
 
     def __init__(self, transformer: nn.Module, cos: torch.Tensor, sin: torch.Tensor,
                  batch: PagedAttentionBatch, padded: Sequence[int]) -> None:
@@ -136,8 +142,16 @@ class GraphedSteps:
         self.cos, self.sin = cos.clone(), sin.clone()  # [N, head_dim] static
         self.static_in = cos.new_zeros((batch.num_tokens, transformer.config.hidden_size))  # [N, hidden]
         self.context.fill(batch.tables)
-        self.graph, self.static_out = self._capture()
+        self.weights = gen_weights(transformer)  # what the graphs read; `current` compares it
+        self.graph, self.static_out = self._capture(collect_kv=False)
+        self.commit_graph, self.commit_out = self._capture(collect_kv=True)
         self.replays = 0
+        self.commits = 0
+
+    def current(self) -> bool:
+        """Whether the weights the graphs read are still the modules' (a load or an in-place update makes new
+        fused weights, which a captured graph would never see)."""
+        return gen_weights(self.transformer) is self.weights
 
     def bind(self, cos: torch.Tensor, sin: torch.Tensor, batch: PagedAttentionBatch) -> GraphedSteps:
         """Serve ``batch``'s window (same `graph_key`): its rotary tables, context and masks into the static buffers."""
@@ -147,25 +161,34 @@ class GraphedSteps:
         return self
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Args: hidden ``[N, hidden]``. Returns the final generation hidden states ``[N, hidden]``."""
+        """A denoise step. Args: hidden ``[N, hidden]``. Returns the final generation hidden states ``[N, hidden]``."""
         self.static_in.copy_(hidden)
         self.graph.replay()
         self.replays += 1
-        return self.static_out.clone()  # the next replay overwrites the static output
+        return self.static_out.hidden.clone()  # the next replay overwrites the static output
 
-    def forward(self) -> torch.Tensor:
-        """What the graph records: every generation layer over the static buffers, ``[N, hidden]``."""
-        return gen_layers(self.transformer, self.static_in, self.cos, self.sin, self.context.attend).hidden
+    def commit(self, hidden: torch.Tensor) -> GenOutput:
+        """The commit pass over the clean window ``[N, hidden]``: each layer's K/V ``[layers, N, Hkv, D]`` (static
+        buffers, valid until the next replay of this geometry: the cache copies them into its pages at once)."""
+        self.static_in.copy_(hidden)
+        self.commit_graph.replay()
+        self.commits += 1
+        return self.commit_out
 
-    def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def forward(self, collect_kv: bool = False) -> GenOutput:
+        """What a graph records: every generation layer over the static buffers."""
+        return gen_layers(self.transformer, self.static_in, self.cos, self.sin, self.context.attend, collect_kv)
+
+    def _capture(self, collect_kv: bool) -> tuple[torch.cuda.CUDAGraph, GenOutput]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
-            self.forward()
+            self.forward(collect_kv)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self.forward()
+        pool = None if not collect_kv else self.graph.pool()  # replayed in capture order, never at once: one pool
+        with torch.cuda.graph(graph, pool=pool):
+            out = self.forward(collect_kv)
         return graph, out
 
 
@@ -190,6 +213,9 @@ class GraphCache:
         padded = [padded_length(t, page_size, p) for t, p in zip(batch.tables, policies, strict=True)]
         key = graph_key(batch.q_lens, padded, transformer.config.hidden_size)
         graphed = self._graphs.get(key)
+        if graphed is not None and not graphed.current():  # new weights: every graph reads the old ones
+            self.clear()
+            graphed = None
         if graphed is None:
             graphed = self._graphs[key] = GraphedSteps(transformer, cos, sin, batch, padded)
             self.captures += 1

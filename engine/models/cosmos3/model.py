@@ -41,11 +41,15 @@ class Cosmos3WorldModel:
                  page_size: int = 16, cpu_offload_pages: int = 0, attention_backend: str = "auto",
                  decoder_options: DecoderOptions | None = None, height: int | None = None,
                  width: int | None = None, fps: float | None = None, name: str | None = None,
-                 overlap_decode: bool | None = None, cuda_graphs: bool = False) -> None:
+                 overlap_decode: bool | None = None, cuda_graphs: bool = False,
+                 decode_after_denoise: bool = True) -> None:
         """``overlap_decode``: split a group of sessions that all decode in halves so one half's decode (on its own
         CUDA stream) overlaps the other's denoise; a step that does not decode always runs ONE forward per group.
         None: on for CUDA, off on a CPU (where nothing can overlap).
-        ``cuda_graphs``: replay denoise steps from CUDA graphs, one per (window geometry, batch) (CUDA, sdpa)."""
+        ``cuda_graphs``: replay denoise steps and commits from CUDA graphs, one pair per (window geometry, batch)
+        (CUDA, sdpa).
+        ``decode_after_denoise``: queue a window's decode right after its denoise, its commit beside it on the other
+        lane (False: after the commit)."""
         self.components = components
         self.device = device = canonical_device(device)
         self.transformer, self.vae = components.transformer, components.vae
@@ -64,7 +68,9 @@ class Cosmos3WorldModel:
         graphs = GraphCache() if check_cuda_graphs(cuda_graphs, device, backend) else None
         ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.unipc_config,
                             components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
-        self.runner = StepRunner(ctx, self.decoder, DecodeLane(device))
+        if not isinstance(decode_after_denoise, bool):
+            raise ValueError(f"decode_after_denoise={decode_after_denoise!r} is invalid; allowed: True or False")
+        self.runner = StepRunner(ctx, self.decoder, DecodeLane(device), decode_after_denoise)
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike, *, device: str | torch.device = "auto",

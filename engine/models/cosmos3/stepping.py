@@ -1,7 +1,9 @@
 """The runner: the second of a step's three calls. It runs a scheduled `StepBatch` on typed records.
 
-Each group of the batch is one batched window (`window.run_window`: denoise, then commit), its decode queued
-on the decode lane (its own CUDA stream, so the decode of one group overlaps the denoise of the next). Nothing
+Each group of the batch is one batched window (`window.denoise_window`, then `window.commit_window`), its decode
+queued on the decode lane (its own CUDA stream) right after the denoise, so the commit runs beside the decode and
+the decode of one group overlaps the denoise of the next (``decode_after_denoise=False``: after the commit, the
+order before issue 47). Nothing
 waits for the device until every group is queued: then the frames come to the host, with the finiteness of
 every group's latents checked in the same wait. The runner changes no session: `postprocess` advances them.
 A session closed from another thread before anything was committed leaves every session as it was (its RNG
@@ -20,7 +22,7 @@ from ...scheduler import ScheduledWindow, StepBatch
 from ...vae import WarmWanDecoder
 from .session import RolloutSession, SessionClosedError
 from .spec import PhaseTimings
-from .window import WindowContext, run_window
+from .window import DenoisedWindow, WindowContext, commit_window, denoise_window
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,13 @@ class _GroupRun:
 @dataclass(frozen=True)
 class StepRunner:
     """What a window needs of the loaded model (``ctx``: modules, cache, backend, resolved once at load), the
-    warm decoder and the decode lane; `run` runs a step's windows."""
+    warm decoder and the decode lane; `run` runs a step's windows. ``decode_after_denoise``: queue a group's decode
+    as soon as its latents are denoised (the commit beside it), else after its commit."""
 
     ctx: WindowContext
     decoder: WarmWanDecoder
     lane: DecodeLane
+    decode_after_denoise: bool = True
 
     def run(self, batch: StepBatch[RolloutSession], decode: bool) -> list[WindowOutput]:
         """Every group of ``batch``; one output per window, in the order the sessions were given."""
@@ -67,9 +71,15 @@ class StepRunner:
             for group in batch.groups:
                 clock = PhaseClock(self.ctx.device)
                 clock.mark("start")
-                out = run_window(self.ctx, group, clock)
-                committed = True
-                done.append(self._decode_group(group, out, clock, decode))
+                window = denoise_window(self.ctx, group)
+                clock.mark("denoise_end")
+                if self.decode_after_denoise:
+                    run = self._decode_group(group, window.latents, clock, decode)
+                    committed = self._commit(window, clock)
+                else:
+                    committed = self._commit(window, clock)
+                    run = self._decode_group(group, window.latents, clock, decode)
+                done.append(run)
             self.lane.join()
             return self._fetch(done)
         except SessionClosedError as e:
@@ -79,9 +89,17 @@ class StepRunner:
                 raise
             raise SessionClosedError(str(e), committed=True) from e
 
+    def _commit(self, window: DenoisedWindow, clock: PhaseClock) -> bool:
+        """Commit the group's window, timed from ``commit_start`` (on a CPU a decode queued before it ran in place)."""
+        clock.mark("commit_start")
+        commit_window(self.ctx, window)
+        clock.mark("commit_end")
+        return True
+
     def _decode_group(self, group: tuple[ScheduledWindow[RolloutSession], ...], out: list[torch.Tensor],
                       clock: PhaseClock, decode: bool) -> _GroupRun:
-        """Queue the group's decode on the lane, after its denoise and commit."""
+        """Queue the group's decode on the lane, after the work queued so far (its denoise, and its commit when
+        the decode waits for it)."""
         frames: list[torch.Tensor | None] = [None] * len(group)
         todo = [i for i, w in enumerate(group) if decode and w.session.decoder_session is not None]
         with self.lane.after_current_work() as stream:
@@ -105,7 +123,7 @@ class StepRunner:
         for r, (frames, latents) in zip(runs, host):
             n = len(r.windows)  # one batched call per phase: each window is charged its share
             timings = PhaseTimings(r.clock.seconds("start", "denoise_end") / n,
-                                   r.clock.seconds("denoise_end", "commit_end") / n,
+                                   r.clock.seconds("commit_start", "commit_end") / n,
                                    r.clock.seconds("decode_start", "decode_end") / n, shared_by=n)
             for w, z, zh, f in zip(r.windows, r.latents, latents, frames):
                 outputs[w.index] = WindowOutput(z, zh, f, timings)

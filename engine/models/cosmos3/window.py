@@ -21,7 +21,6 @@ from torch import nn
 from ...attention import AttentionBackendName, PagedAttentionBatch, prime
 from ...flashinfer_kernels import FlashinferKernels
 from ...kv import PagedKVCache, StreamLabel
-from ...lanes import PhaseClock
 from ...scheduler import ScheduledWindow
 from ...windowing import WindowPlan
 from .graphs import GraphCache, GraphedSteps
@@ -49,7 +48,7 @@ class WindowContext:
     device: torch.device
     dtype: torch.dtype
     kernels: FlashinferKernels | None = None  # the model's, when its backend is flashinfer
-    graphs: GraphCache | None = None  # the model's captured denoise steps, when `cuda_graphs` is on (graphs.py)
+    graphs: GraphCache | None = None  # the model's captured denoise steps and commits, with `cuda_graphs` (graphs.py)
 
 
 @dataclass
@@ -64,17 +63,28 @@ class _Job:
     num_tokens: int  # vision + action tokens of one row
 
 
-def run_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSession]],
-               clock: PhaseClock) -> list[torch.Tensor]:
-    """Denoise (and in kv mode commit) one scheduled group's windows as one batched window.
+@dataclass
+class DenoisedWindow:
+    """A group's window after its denoise loop, before its commit: what the commit pass needs."""
+
+    jobs: list[_Job]
+    batch: PagedAttentionBatch
+    cos: torch.Tensor  # [N, head_dim]
+    sin: torch.Tensor
+    graphed: GraphedSteps | None  # the graph the denoise replayed (its commit graph commits), or None
+
+    @property
+    def latents(self) -> list[torch.Tensor]:
+        """Per window its new latents ``[C, n, h, w]``, float32, on the device (the commit leaves them as they are)."""
+        return [job.latents[:, job.clean:].float() for job in self.jobs]
+
+
+def denoise_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSession]]) -> DenoisedWindow:
+    """Denoise one scheduled group's windows as one batched window (no wait for the device).
 
     Args:
         group: windows of open sessions with equal `RolloutSession.group_key` (the scheduler grouped them by it),
-            admitted into the page pool;
-            their ``actions`` are ``[chunk, width]`` float32, already checked.
-        clock: marked ``denoise_end`` and ``commit_end`` (no wait for the device).
-    Returns:
-        per window its new latents ``[C, n, h, w]``, float32, on the device.
+            admitted into the page pool; their ``actions`` are ``[chunk, width]`` float32, already checked.
     """
     jobs = [_prepare(ctx, w.session, w.plan, w.actions) for w in group]
     rows = [(job, label) for job in jobs for label in job.session.labels]
@@ -82,13 +92,15 @@ def run_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSessio
     batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend, ctx.kernels)
     rotaries = [_row_rotary(ctx, job, label) for job, label in rows]
     cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
+    graphed = _denoise(ctx, jobs, batch, cos, sin)
+    return DenoisedWindow(jobs, batch, cos, sin, graphed)
 
-    _denoise(ctx, jobs, batch, cos, sin)
-    clock.mark("denoise_end")
-    if jobs[0].session.knobs.window_mode == "kv":
-        _commit(ctx, jobs, batch, cos, sin)
-    clock.mark("commit_end")
-    return [job.latents[:, job.clean:].float() for job in jobs]
+
+def commit_window(ctx: WindowContext, window: DenoisedWindow) -> None:
+    """In kv mode, append each row's clean-window K/V to its streams and release beyond the horizon (see `_commit`);
+    chained windows commit nothing."""
+    if window.jobs[0].session.knobs.window_mode == "kv":
+        _commit(ctx, window)
 
 
 def _prepare(ctx: WindowContext, session: RolloutSession, plan: WindowPlan, actions: np.ndarray) -> _Job:
@@ -145,7 +157,8 @@ def _velocity(ctx: WindowContext, job: _Job, out: torch.Tensor) -> torch.Tensor:
     return velocity
 
 
-def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
+def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos,
+             sin) -> GraphedSteps | None:
     knobs = jobs[0].session.knobs  # the UniPC schedule: computed once per (steps, shift), on the host
     plan = unipc_plan(ctx.unipc_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
     stepper = UniPCStepper(plan)
@@ -158,6 +171,7 @@ def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, c
     with denoise_loop_guard():
         for step in plan.timesteps:  # host floats
             _denoise_step(ctx, jobs, batch, cos, sin, graphed, stepper, step)
+    return graphed
 
 
 def _denoise_step(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin,
@@ -182,9 +196,11 @@ def _denoise_step(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBat
         raise SessionClosedError(f"session(s) {', '.join(closed)} closed while a window was running")
 
 
-def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin) -> None:
+def _commit(ctx: WindowContext, window: DenoisedWindow) -> None:
     """Append each row's clean-window K/V (no timestep embedding; with the ``context_noise`` knob, the window
-    noised at that level and given it as its timestep), then release beyond the horizon."""
+    noised at that level and given it as its timestep), then release beyond the horizon. The commit pass replays
+    the commit graph of the denoise's geometry when the denoise replayed one (its context is still bound)."""
+    jobs = window.jobs
     for job in jobs:
         if job.plan.index == 0:  # the conditioning frame is known exactly
             job.latents[:, :1] = job.session.first_latent.to(job.latents.device)
@@ -194,7 +210,10 @@ def _commit(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, co
         hidden = _hidden(ctx, jobs, timestep, [_noised(job, level) for job in jobs])
     else:
         hidden = _hidden(ctx, jobs, None)
-    out = gen_forward(ctx.transformer, hidden, cos, sin, batch, collect_kv=True)
+    if window.graphed is not None:
+        out = window.graphed.commit(hidden)
+    else:
+        out = gen_forward(ctx.transformer, hidden, window.cos, window.sin, window.batch, collect_kv=True)
     offset = 0
     for job in jobs:
         session = job.session
