@@ -412,3 +412,30 @@ def test_cuda_graph_replay_equals_eager_steps(checkpoint):
     assert graphs.captures == 2 and sum(g.replays for g in graphs._graphs.values()) == graph_replays(graphed, 6)
     model.close_all()
     assert len(graphs) == 0
+
+
+@pytest.mark.parametrize("after_denoise", [True, False])
+def test_the_decode_is_queued_after_the_denoise_or_the_commit_with_the_same_frames(checkpoint, monkeypatch,
+                                                                                   after_denoise):
+    """`decode_after_denoise` (the default) queues a window's decode before its commit, so on CUDA the commit runs
+    beside it on the other lane; off, the old order. Either way the frames, latents and committed K/V are the
+    same bits (the two touch disjoint tensors), and the phases are timed apart: the commit from its own start."""
+    from worldstep.engine.models.cosmos3 import stepping
+
+    model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
+                                              decode_after_denoise=after_denoise)
+    order = []
+    real_commit, real_decode = stepping.commit_window, model.decoder.decode_checked
+    monkeypatch.setattr(stepping, "commit_window", lambda *a: order.append("commit") or real_commit(*a))
+    monkeypatch.setattr(model.decoder, "decode_checked", lambda *a, **k: order.append("decode") or real_decode(*a, **k))
+    steps = _rollout(model, windows=3, close=False)
+    stepped = order[order.index("commit") - (1 if after_denoise else 0):]  # the sessions' frame 0 decoded first
+    assert stepped == (["decode", "commit"] if after_denoise else ["commit", "decode"]) * 3
+    reference = _rollout(Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
+                                                           decode_after_denoise=not after_denoise), windows=3)
+    for a, b in zip(steps, reference):
+        for x, y in zip(a, b):
+            assert np.array_equal(x.frames, y.frames) and torch.equal(x.latents, y.latents)
+            assert x.timings.commit_s > 0 and x.timings.decode_s > 0
+    with pytest.raises(ValueError, match="decode_after_denoise='yes' is invalid; allowed: True or False"):
+        Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", decode_after_denoise="yes")
