@@ -46,10 +46,7 @@ class Cosmos3WorldModel:
         """``overlap_decode``: split a group of sessions that all decode in halves so one half's decode (on its own
         CUDA stream) overlaps the other's denoise; a step that does not decode always runs ONE forward per group.
         None: on for CUDA, off on a CPU (where nothing can overlap).
-        ``cuda_graphs``: replay denoise steps and commits from CUDA graphs, one pair per (window geometry, batch)
-        (CUDA, sdpa).
-        ``decode_after_denoise``: queue a window's decode right after its denoise, its commit beside it on the other
-        lane (False: after the commit)."""
+        ``cuda_graphs``: CUDA graphs (graphs.py). ``decode_after_denoise``: decode before the commit (`StepRunner`)."""
         self.components = components
         self.device = device = canonical_device(device)
         self.transformer, self.vae = components.transformer, components.vae
@@ -68,8 +65,6 @@ class Cosmos3WorldModel:
         graphs = GraphCache() if check_cuda_graphs(cuda_graphs, device, backend) else None
         ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.unipc_config,
                             components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
-        if not isinstance(decode_after_denoise, bool):
-            raise ValueError(f"decode_after_denoise={decode_after_denoise!r} is invalid; allowed: True or False")
         self.runner = StepRunner(ctx, self.decoder, DecodeLane(device), decode_after_denoise)
 
     @classmethod

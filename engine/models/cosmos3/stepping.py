@@ -61,6 +61,10 @@ class StepRunner:
     lane: DecodeLane
     decode_after_denoise: bool = True
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.decode_after_denoise, bool):
+            raise ValueError(f"decode_after_denoise={self.decode_after_denoise!r} is invalid; allowed: True or False")
+
     def run(self, batch: StepBatch[RolloutSession], decode: bool) -> list[WindowOutput]:
         """Every group of ``batch``; one output per window, in the order the sessions were given."""
         done: list[_GroupRun] = []
