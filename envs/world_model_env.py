@@ -69,14 +69,15 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     With ``observation="latents"`` the dict holds ``latents`` instead, and no step calls the VAE decoder:
 
-    | Key     | Observation                              | Shape                      | Dtype   | Min  | Max |
-    |---------|------------------------------------------|----------------------------|---------|------|-----|
-    | latents | the window's normalised (model-space) latents | (chunk_size // 4, C, h, w) | float32 | -inf | inf |
+    | Key     | Observation                                  | Shape                      | Dtype   | Min   | Max  |
+    |---------|----------------------------------------------|----------------------------|---------|-------|------|
+    | latents | the window's normalised (model-space) latents | (chunk_size // 4, C, h, w) | float32 | -3e38 | 3e38 |
 
     ``C`` is the VAE's latent channels and ``h x w`` the latent grid (the frame size over the VAE's spatial
-    compression). After ``reset`` it holds frame 0's latent, repeated. ``render()`` then decodes the windows no
-    one has looked at, oldest first, through the model's warm decoder, and returns the frame the frames env shows
-    at that step (same seed, same actions); its cost grows with the windows skipped (docs/observations.md).
+    compression); the bounds are float32's finite range (the engine refuses NaN and inf). After ``reset`` it holds
+    frame 0's latent, repeated. ``render()`` then decodes the windows no one has looked at, oldest first, through
+    the model's warm decoder, and returns the frame the frames env shows at that step (same seed, same actions);
+    its cost grows with the windows skipped (docs/observations.md).
 
     ``H x W`` is the model's frame size, or with ``resolution_tier`` the first frame's content on the pipeline's
     canvas (``content // 16 * 16``; the padding is cropped).
@@ -355,7 +356,8 @@ def observation_space(knobs: RolloutKnobs, spec: ModelSpec, observation: str) ->
     """The env's observation space: the window's uint8 frames, or its float32 latents ``(t, C, h, w)``."""
     if observation == "latents":
         shape = (knobs.latents_per_window, spec.latent_channels, spec.latent_height, spec.latent_width)
-        return spaces.Dict({"latents": spaces.Box(-np.inf, np.inf, shape, np.float32)})
+        finite = float(np.finfo(np.float32).max)  # any finite value: the engine refuses NaN and inf latents
+        return spaces.Dict({"latents": spaces.Box(-finite, finite, shape, np.float32)})
     return spaces.Dict({"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
 
 
