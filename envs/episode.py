@@ -25,10 +25,12 @@ from worldstep.engine.models.cosmos3 import (
     plan_first_frame,
 )
 
+from .latent_frames import LatentFrames
 from .scene import SimulatorScene, draw_tabletop
 
 RESET_OPTION_KEYS = ("image", "prompt", "domain_id")
 ACTION_BOUNDS = (-1.0, 1.0)  # the env's Box: normalised actions
+OBSERVATIONS = ("frames", "latents")  # what a step returns: decoded frames, or the window's latents (no decode)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class EpisodeRules:
     embodiment: str | None = None  # the embodiment's name
     fps: float | None = None  # an explicit fps (None: the embodiment's, else the model's)
     frame: SessionFrame | None = None  # the env's fixed canvas (None: the model's frame size, cover-cropped)
+    observation: str = "frames"  # one of OBSERVATIONS; "latents": the knobs say decode=False
+
+    @property
+    def latent_mode(self) -> bool:
+        return self.observation == "latents"
 
     @property
     def tier(self) -> int | None:
@@ -113,13 +120,24 @@ def first_frame(request: ResetRequest, scene: SimulatorScene | None, seed: int |
 
 
 class Episode:
-    """The live rollout of one env between two resets."""
+    """The live rollout of one env between two resets.
 
-    def __init__(self, rules: EpisodeRules, session: RolloutSession, first_image: np.ndarray) -> None:
+    With ``rules.observation == "latents"`` the engine session decodes nothing: each window's latents are the
+    observation, and ``LatentFrames`` decodes them when a frame is asked for (``latest_frames``). Its decoder session
+    outlives a truncation by the page pool (the frames stay viewable) and goes back at ``close``.
+    """
+
+    def __init__(self, rules: EpisodeRules, session: RolloutSession, first_image: np.ndarray,
+                 lazy: LatentFrames | None = None) -> None:
         self.rules = rules
         self.session = session
         self.first_image = first_image  # the image the episode started from (the simulator judge's goal)
-        self.frames = np.repeat(session.first_frame[None], rules.knobs.chunk_size, axis=0)
+        self.lazy = lazy  # latent mode: the frames decoded on demand; None: every window is decoded at its step
+        if lazy is None:
+            self.frames = np.repeat(session.first_frame[None], rules.knobs.chunk_size, axis=0)
+        else:  # reset's latents: frame 0's latent repeated, as reset's frames repeat frame 0
+            first = latents_observation(session.first_latent)
+            self.latents = np.repeat(first, rules.knobs.latents_per_window, axis=0)
         self.windows = 0
 
     @classmethod
@@ -132,7 +150,13 @@ class Episode:
                                            generator=generator, embodiment=rules.embodiment,
                                            action_width=rules.action_width, fps=rules.fps,
                                            action_bounds=action_bounds, tier=rules.tier)
-        return cls(rules, session, image)
+        if not rules.latent_mode:
+            return cls(rules, session, image)
+        try:
+            return cls(rules, session, image, LatentFrames(rules.model.decoder, session.first_latent))
+        except BaseException:
+            rules.model.close(session)
+            raise
 
     @property
     def live(self) -> bool:
@@ -149,28 +173,59 @@ class Episode:
         """``(obs, 0.0, False, False, info)`` of a window the model has stepped: a world model predicts frames;
         rewards, success and the window limit are the wrappers'."""
         self.windows += 1
-        self.frames = result.frames
+        if self.lazy is None:
+            self.frames = result.frames
+        else:
+            self.latents = latents_observation(result.latents)
+            self.lazy.add(result.latents)
         info = {"window_index": result.window_index, "frame_start": result.frame_start,
                 "frame_end": result.frame_end, "timings": result.timings, "kv": result.kv, "kv_exhausted": False}
         return self.observation(), 0.0, False, False, info
 
     def exhausted(self) -> tuple:
-        """The pool could not hold the window: the episode ends by truncation, its pages returned."""
-        self.close()
+        """The pool could not hold the window: the episode ends by truncation, its pages returned (a latent episode's
+        decoder session stays until ``close``, so its frames can still be rendered)."""
+        self.rules.model.close(self.session)
         info = {"window_index": self.windows, "kv_exhausted": True}
         return self.observation(), 0.0, False, True, info
 
     def observation(self) -> dict[str, np.ndarray]:
-        return {"frames": self.frames.copy()}
+        if self.lazy is None:
+            return {"frames": self.frames.copy()}
+        return {"latents": self.latents.copy()}
+
+    def latest_frames(self) -> np.ndarray:
+        """The latest window's frames (frame 0 after a reset); a latent episode decodes the windows it skipped."""
+        return self.frames if self.lazy is None else self.lazy.frames()
 
     def fork(self, generator: torch.Generator | None) -> Episode:
         """An episode continuing from this one (committed KV pages shared; the same RNG unless given one)."""
-        fork = Episode(self.rules, self.rules.model.fork(self.session, generator=generator), self.first_image)
-        fork.frames, fork.windows = self.frames.copy(), self.windows
+        session = self.rules.model.fork(self.session, generator=generator)
+        try:
+            lazy = None if self.lazy is None else self.lazy.fork()
+        except BaseException:
+            self.rules.model.close(session)
+            raise
+        fork = Episode(self.rules, session, self.first_image, lazy)
+        if lazy is None:
+            fork.frames = self.frames.copy()
+        else:
+            fork.latents = self.latents.copy()
+        fork.windows = self.windows
         return fork
 
     def close(self) -> None:
-        self.rules.model.close(self.session)
+        """Every KV page of the session and, in latent mode, the decoder session go back (safe to call twice)."""
+        try:
+            self.rules.model.close(self.session)
+        finally:
+            if self.lazy is not None:
+                self.lazy.close()
+
+
+def latents_observation(latents: torch.Tensor) -> np.ndarray:
+    """``[C, t, h, w]`` latents as the observation's ``(t, C, h, w)`` float32 array (a copy on the CPU)."""
+    return np.ascontiguousarray(latents.detach().to("cpu", torch.float32).permute(1, 0, 2, 3).numpy())
 
 
 def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field: str,

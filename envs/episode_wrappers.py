@@ -107,19 +107,27 @@ class JudgeSuccess(SplitStep):
     terminates the episode and sets ``info["is_success"]``. The reward is ``reward_fn(frames, actions)`` (the
     actions this wrapper was given) when one is given, else 1.0 for a successful window and 0.0 else. A window
     the KV pool could not hold (``info["kv_exhausted"]``) is not judged: 0.0, not successful.
+
+    An env with ``observation="latents"`` has no frames per step: ``success_fn`` and ``reward_fn`` get the window's
+    ``latents`` instead, ``"sim"`` (a pixel judge) is refused and None means ``"none"``.
     """
 
     def __init__(self, env: gym.Env, success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
                  reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None) -> None:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env={env!r} is invalid; allowed: a gymnasium.Env")
+        self.key = "latents" if getattr(env.unwrapped, "observation_mode", "frames") == "latents" else "frames"
         judge = getattr(env.unwrapped, "simulator_judge", None)
-        judge = judge() if callable(judge) else None
+        judge = judge() if callable(judge) and self.key == "frames" else None
         if success_fn is None:
             success_fn = "sim" if judge is not None else "none"
         if isinstance(success_fn, str):
             if success_fn not in SUCCESS_MODES:
-                raise ValueError(f"success_fn={success_fn!r} is invalid; allowed: a callable frames -> bool, 'sim' "
+                raise ValueError(f"success_fn={success_fn!r} is invalid; allowed: a callable {self.key} -> bool, "
+                                 "'sim' or 'none'")
+            if success_fn == "sim" and self.key == "latents":
+                raise ValueError("success_fn='sim' is invalid with observation='latents': the simulator judges "
+                                 "pixels, which a latent step does not decode; allowed: a callable latents -> bool "
                                  "or 'none'")
             if success_fn == "sim" and judge is None:
                 simulator = getattr(env.unwrapped, "simulator", None)
@@ -146,7 +154,7 @@ class JudgeSuccess(SplitStep):
         obs, reward, terminated, truncated, info = outcome
         if info.get("kv_exhausted", False):
             return obs, 0.0, False, truncated, {**info, "is_success": False}
-        frames = obs["frames"]
+        frames = obs[self.key]  # the window's latents in latent mode
         is_success = self.is_success(frames)
         if self.reward_fn is not None:
             reward = float(self.reward_fn(frames, np.asarray(action, dtype=np.float32)))

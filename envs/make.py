@@ -32,18 +32,21 @@ def make_world_model_env(
     reward_fn: Callable[[np.ndarray, np.ndarray], float] | None = None,
     success_fn: Callable[[np.ndarray], bool] | Literal["sim", "none"] | None = None,
     render_mode: str | None = None,
+    observation: str = "frames",
 ) -> gym.Env:
     """``WindowLimit(JudgeSuccess(NormalizeActions(WorldModelEnv(...))))`` (``NormalizeActions`` only with an
     ``action_normalizer``; no ``WindowLimit`` with ``max_windows=None``: an outer ``TimeLimit`` counts the windows).
     ``embodiment``, ``domain_id``, ``action_width`` and ``fps`` are resolved by the engine into the env's
-    conditioning (errors name the argument given); the rest are the env's and the wrappers'."""
-    knobs = check_model_and_knobs(model, knobs)
+    conditioning (errors name the argument given); the rest are the env's and the wrappers' (``observation``:
+    ``"frames"`` or ``"latents"``, see ``WorldModelEnv``)."""
+    knobs = check_model_and_knobs(model, knobs, observation)
     if max_windows is not None:
         check_int("max_windows", max_windows, 1)
     cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
                               action_width=action_width, fps=fps)
     env: Any = WorldModelEnv(model, knobs, embodiment=cond, prompt=prompt, image=image,
-                             resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode)
+                             resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode,
+                             observation=observation)
     try:
         if action_normalizer is not None:
             env = NormalizeActions(env, action_normalizer)

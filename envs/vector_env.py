@@ -49,6 +49,10 @@ class WorldModelVectorEnv(VectorEnv):
     arrays ``pages_in_use``, ... (the fields of a single env's ``PhaseTimings`` and ``KVStats``). Each env's
     timings are its share of the one batched engine call (the call's phases divided by the envs that shared
     it), so summed over the envs they give the call's phases and its wall time.
+
+    With ``observation="latents"`` (an env keyword) every sub-environment observes its window's latents and the
+    batched call decodes nothing; ``render()`` decodes each sub-environment's skipped windows on demand (each alone:
+    within ``BATCHED_DECODE_ATOL`` of the frames a frames vector env with ``decoder.batch_sessions`` shows).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24,
@@ -73,7 +77,8 @@ class WorldModelVectorEnv(VectorEnv):
         self._autoreset = np.zeros(self.num_envs, dtype=np.bool_)  # ended: the next step resets (or refuses)
         self._options: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._observations: list[dict[str, np.ndarray]] = [  # the last observation of each, for a masked reset
-            {"frames": np.zeros(self.single_observation_space["frames"].shape, np.uint8)} for _ in range(self.num_envs)]
+            {key: np.zeros(box.shape, box.dtype) for key, box in self.single_observation_space.spaces.items()}
+            for _ in range(self.num_envs)]
 
     @property
     def autoreset_mode(self) -> AutoresetMode:

@@ -15,11 +15,20 @@ from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import (
     Conditioning,
     Cosmos3WorldModel,
+    ModelSpec,
     RolloutKnobs,
     SessionClosedError,
     frame_for_size,
 )
-from worldstep.envs.episode import ACTION_BOUNDS, Episode, EpisodeRules, check_pool, first_frame, reset_request
+from worldstep.envs.episode import (
+    ACTION_BOUNDS,
+    OBSERVATIONS,
+    Episode,
+    EpisodeRules,
+    check_pool,
+    first_frame,
+    reset_request,
+)
 from worldstep.envs.scene import SimulatorScene
 
 DEFAULT_PROMPT = "A robot arm pushes a block across a table."
@@ -35,7 +44,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     generates one window of ``chunk_size`` frames conditioned on ``chunk_size`` actions: the window is
     denoised against the paged KV cache of the prompt and the committed past windows, committed into the
     cache (windows older than ``context_frames`` slide out), and decoded by a warm streaming VAE decoder into
-    the frames returned as the observation.
+    the frames returned as the observation. With ``observation="latents"`` the step skips the decode and returns
+    the window's latents; ``render()`` decodes on demand.
 
     The env does what only the world model can do. What gymnasium puts in wrappers is in wrappers
     (``worldstep.envs.episode_wrappers``), applied by ``worldstep.make_env`` and ``gym.make`` from the config:
@@ -56,6 +66,18 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | Key    | Observation                      | Shape                      | Dtype | Min | Max |
     |--------|----------------------------------|----------------------------|-------|-----|-----|
     | frames | the window's decoded RGB frames  | (chunk_size, H, W, 3)      | uint8 | 0   | 255 |
+
+    With ``observation="latents"`` the dict holds ``latents`` instead, and no step calls the VAE decoder:
+
+    | Key     | Observation                                  | Shape                      | Dtype   | Min   | Max  |
+    |---------|----------------------------------------------|----------------------------|---------|-------|------|
+    | latents | the window's normalised (model-space) latents | (chunk_size // 4, C, h, w) | float32 | -3e38 | 3e38 |
+
+    ``C`` is the VAE's latent channels and ``h x w`` the latent grid (the frame size over the VAE's spatial
+    compression); the bounds are float32's finite range (the engine refuses NaN and inf). After ``reset`` it holds
+    frame 0's latent, repeated. ``render()`` then decodes the windows no one has looked at, oldest first, through
+    the model's warm decoder, and returns the frame the frames env shows at that step (same seed, same actions);
+    its cost grows with the windows skipped (docs/observations.md).
 
     ``H x W`` is the model's frame size, or with ``resolution_tier`` the first frame's content on the pipeline's
     canvas (``content // 16 * 16``; the padding is cropped).
@@ -109,6 +131,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
       ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed, and its
       pixel judge is ``JudgeSuccess``'s ``"sim"``.
     - ``render_mode``: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
+    - ``observation``: ``"frames"`` (the default: decoded frames) or ``"latents"`` (the window's latents, no decode
+      per step; ``knobs.decode`` may then be False, and the engine session is opened with ``decode=False``).
 
     ```python
     >>> import gymnasium as gym, worldstep
@@ -119,7 +143,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     ## Version History
 
-    * v0: Initial version: windowed KV rollout of Cosmos3 forward dynamics.
+    * v0: Initial version: windowed KV rollout of Cosmos3 forward dynamics. ``observation="latents"`` added
+      (the default observation is unchanged).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 6, "frame_fps": 24}
@@ -135,11 +160,15 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         resolution_tier: int | str | None = None,
         simulator: str | None = None,
         render_mode: str | None = None,
+        observation: str = "frames",
     ) -> None:
-        knobs = check_model_and_knobs(model, knobs)
+        knobs = check_model_and_knobs(model, knobs, observation)
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
+        if observation == "latents":
+            knobs = knobs.model_copy(update={"decode": False})  # the engine decodes nothing; render() does
+        self.observation_mode = observation
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
         cond = env_conditioning(model, knobs, embodiment)
@@ -149,15 +178,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
         self.rules = EpisodeRules(model, knobs, cond.action_width, embodiment=cond.embodiment.name, fps=cond.fps,
-                                  frame=frame)
+                                  frame=frame, observation=observation)
         check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
         # the frames play at the session's fps (the embodiment's); render() returns one frame per window
         self.metadata = {**type(self).metadata, "render_fps": cond.fps / knobs.chunk_size, "frame_fps": cond.fps}
         self.action_space = spaces.Box(*ACTION_BOUNDS, (knobs.chunk_size, cond.action_width), np.float32)
         self._action_bounds: tuple[float, float] | None = ACTION_BOUNDS  # see set_action_bounds
-        self.observation_space = spaces.Dict(
-            {"frames": spaces.Box(0, 255, (knobs.chunk_size, frame.spec.height, frame.spec.width, 3), np.uint8)})
+        self.observation_space = observation_space(knobs, frame.spec, observation)
         self.episode: Episode | None = None  # the live rollout between two resets
         self._closed = False  # close() was called and no reset since
 
@@ -220,9 +248,14 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                 'e.g. gym.make("worldstep/Tiny-v0", render_mode="rgb_array")'
             )
             return None
+        return self.last_frame()
+
+    def last_frame(self) -> np.ndarray | None:
+        """What ``render()`` returns, whatever the ``render_mode``: the latest frame (None before a reset). In latent
+        mode it decodes the windows skipped since the last look, oldest first."""
         if self.episode is None:
             return None
-        return self.episode.frames[-1].copy()
+        return self.episode.latest_frames()[-1].copy()
 
     def close(self) -> None:
         """Close the episode: every KV page and decoder cache it held goes back. Safe to call twice."""
@@ -305,14 +338,27 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             episode.close()
 
 
-def check_model_and_knobs(model: Any, knobs: Any) -> RolloutKnobs:
-    """The knobs (None: the defaults) of an env of ``model``; TypeError or ValueError naming the argument."""
+def check_model_and_knobs(model: Any, knobs: Any, observation: Any = "frames") -> RolloutKnobs:
+    """The knobs (None: the defaults) of an env of ``model`` observing ``observation``; TypeError or ValueError
+    naming the argument."""
     if not isinstance(model, Cosmos3WorldModel):
         raise TypeError(f"model={model!r} is invalid; allowed: a loaded Cosmos3WorldModel")
+    if not isinstance(observation, str) or observation not in OBSERVATIONS:
+        raise ValueError(f"observation={observation!r} is invalid; allowed: {', '.join(map(repr, OBSERVATIONS))}")
     knobs = RolloutKnobs() if knobs is None else knobs
-    if not isinstance(knobs, RolloutKnobs) or not knobs.decode:
-        raise ValueError(f"knobs={knobs!r} is invalid; allowed: RolloutKnobs with decode=True")
+    if not isinstance(knobs, RolloutKnobs) or not (knobs.decode or observation == "latents"):
+        raise ValueError(f"knobs={knobs!r} is invalid; allowed: RolloutKnobs with decode=True, or "
+                         "observation='latents' (which decodes only in render())")
     return knobs
+
+
+def observation_space(knobs: RolloutKnobs, spec: ModelSpec, observation: str) -> spaces.Dict:
+    """The env's observation space: the window's uint8 frames, or its float32 latents ``(t, C, h, w)``."""
+    if observation == "latents":
+        shape = (knobs.latents_per_window, spec.latent_channels, spec.latent_height, spec.latent_width)
+        finite = float(np.finfo(np.float32).max)  # any finite value: the engine refuses NaN and inf latents
+        return spaces.Dict({"latents": spaces.Box(-finite, finite, shape, np.float32)})
+    return spaces.Dict({"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
 
 
 def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any) -> Conditioning:

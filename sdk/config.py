@@ -9,7 +9,8 @@ A config file has five sections (see ``configs/tiny.yaml``)::
     cache:   page_size, num_pages, cpu_offload_pages
     decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, onednn_conv, max_warm_sessions,
              context_latents, dtype                              (the engine's ``DecoderOptions``)
-    env:     max_windows, prompt, domain_id, embodiment, resolution_tier, image, action_width, simulator
+    env:     max_windows, prompt, domain_id, embodiment, resolution_tier, image, action_width, simulator,
+             observation
 
 Every model is frozen, rejects unknown keys and uses strict types: an integer knob refuses ``true`` and
 ``2.0``, a switch refuses the string ``"true"``. Every failure raises :class:`ConfigError` (a
@@ -142,6 +143,9 @@ class EnvConfig(StrictModel):
     simulator: str | None = None
     """gymnasium id of the simulator the model was trained on: resets without an image start from its first
     frame for the same seed, and ``worldstep rollout --truth`` steps it beside the model"""
+    observation: Literal["frames", "latents"] = "frames"
+    """what a step returns: the window's decoded ``frames``, or its ``latents`` with no decode (``render()`` decodes
+    on demand; docs/observations.md)"""
 
     @field_validator("prompt")
     @classmethod

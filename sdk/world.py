@@ -205,7 +205,7 @@ def _env_kwargs(world: World, runtime: dict[str, Any]) -> dict[str, Any]:
         image = read_image(env.image)
     return dict(max_windows=env.max_windows, prompt=env.prompt, domain_id=env.domain_id, image=image,
                 action_width=env.action_width, embodiment=env.embodiment, resolution_tier=env.resolution_tier,
-                simulator=env.simulator, **runtime)
+                simulator=env.simulator, observation=env.observation, **runtime)
 
 
 def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwargs: Any):

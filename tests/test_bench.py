@@ -94,6 +94,11 @@ def test_vector(tmp_path, cache):
             assert 0 <= r["overhead_fraction"][f"batched_{mode}"] < 1
         if "vector_env" in r["steps_per_s"]:
             assert _positive(r["speedup_vector_env"])
+        # latent mode in the same rounds, its own rows (that it makes no decoder call: tests/test_env_latents.py)
+        assert _positive(r["latent_speedup"]) and _positive(r["steps_per_s"]["latent_separate"])
+        assert _positive(r["latent_over_frames"]) and _positive(r["latent_speedup_vector_env"])
+        assert set(r["phases_ms"]["latent_batched"]) == {"denoise_ms", "commit_ms", "decode_ms", "other_ms"}
+    assert any(t["title"].startswith("Latent mode") for t in doc["tables"])
 
 
 def test_vector_on_the_shipped_pusher_weights(tmp_path):
@@ -101,6 +106,7 @@ def test_vector_on_the_shipped_pusher_weights(tmp_path):
                "--num-steps", "1", "--no-vector-env")
     assert doc["results"]["arch"] == "pusher" and (doc["results"]["height"], doc["results"]["width"]) == (64, 64)
     assert _positive(doc["results"]["by_n"][0]["speedup"])
+    assert _positive(doc["results"]["by_n"][0]["latent_speedup"]) and doc["results"]["target_latent_speedup_at_8"]
 
 
 def test_rollout_defaults_skip_the_long_scans():

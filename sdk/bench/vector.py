@@ -4,7 +4,11 @@ sessions stepped one after another, for both decode modes side by side: each ses
 calls (`decoder.batch_sessions: false`, the exact per-session path) and the group's sessions stacked into one
 set of calls (`batch_sessions: true`). The phase split of one call (denoise / commit / decode / other, the sum
 of its windows' `PhaseTimings` shares, which adds up to the call's wall time) says where batching pays; `other`
-is the call's time outside denoise, commit and decode (Python overhead)."""
+is the call's time outside denoise, commit and decode (Python overhead).
+
+Latent mode (`observation="latents"`: sessions opened with `decode=False`, what a latent env's step runs) has rows
+of its own in the same interleaved rounds: its N sessions batched vs one by one, and, with `--vector-env`, the
+latent vector env."""
 
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from .settings import VectorSettings
 
 # Issue 23's targets at N = 8 (batched / one by one, the better decode mode), and Python overhead per round.
 TARGET_SPEEDUP_AT_8 = {"pusher": 2.5, "tiny": 2.0}
+# Issue 47's target for latent mode at N = 8 (batched / one by one), on the pusher.
+TARGET_LATENT_SPEEDUP_AT_8 = {"pusher": 2.5}
 TARGET_OVERHEAD_AT_8 = 0.10
 MODES = {"per_stream": False, "stacked": True}  # decode mode -> DecoderOptions.batch_sessions
 PHASES = ("denoise", "commit", "decode", "other")
@@ -66,7 +72,8 @@ def _alternatives(models: dict[str, Any], arch: BenchArch, n: int, knobs, settin
         parts = [_phases(model.step([s], [c[w]])) for s, c in zip(separate, chunks)]
         phases["separate"].append({k: sum(p[k] for p in parts) for k in parts[0]})
 
-    alternatives = {"separate": step_separate, **{f"batched_{mode}": batched(mode) for mode in MODES}}
+    alternatives = {"separate": step_separate, **{f"batched_{mode}": batched(mode) for mode in MODES},
+                    **_latent_alternatives(models["per_stream"], arch, n, knobs, image, chunks, phases)}
     closers = [m.close_all for m in models.values()]
     if settings.vector_env:
         from worldstep.envs import WorldModelVectorEnv
@@ -84,21 +91,54 @@ def _alternatives(models: dict[str, Any], arch: BenchArch, n: int, knobs, settin
             taken[0] += 1
 
         alternatives["vector_env"] = step_env
+        latent_env = WorldModelVectorEnv(shipped, n, knobs, max_windows=steps + 1, prompt=PROMPT,
+                                         domain_id=arch.domain_id, image=image, action_width=arch.action_width,
+                                         observation="latents")
+        closers.insert(0, latent_env.close)
+        latent_env.reset(seed=0)
+        latent_taken = [0]
+
+        def step_latent_env() -> None:
+            latent_env.step(env_chunks[latent_taken[0]])
+            latent_taken[0] += 1
+
+        alternatives["latent_vector_env"] = step_latent_env
     return alternatives, closers
+
+
+def _latent_alternatives(model, arch: BenchArch, n: int, knobs, image: np.ndarray, chunks: list,
+                         phases: dict[str, list[dict[str, float]]]) -> dict[str, Callable[[], None]]:
+    """Latent mode's two rows: N sessions that decode nothing (``decode=False``, a latent env's engine session)
+    batched in one call, and the same stepped one after another."""
+    latent_knobs = knobs.model_copy(update={"decode": False})
+    batched = [open_session(model, arch, latent_knobs, seed=i, image=image) for i in range(n)]
+    separate = [open_session(model, arch, latent_knobs, seed=i, image=image) for i in range(n)]
+
+    def step_batched() -> None:
+        w = batched[0].window_index
+        phases["latent_batched"].append(_phases(model.step(batched, [c[w] for c in chunks])))
+
+    def step_separate() -> None:
+        w = separate[0].window_index
+        parts = [_phases(model.step([s], [c[w]])) for s, c in zip(separate, chunks)]
+        phases["latent_separate"].append({k: sum(p[k] for p in parts) for k in parts[0]})
+
+    return {"latent_separate": step_separate, "latent_batched": step_batched}
 
 
 def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
     arch = bench_arch(settings.arch)
     result = BenchResult("vector", describe_machine(), settings=vars(settings).copy())
     max_n = max(settings.sizes)
-    models = {mode: load_model(arch, num_pages=max(512, 3 * max_n * 64), cache_dir=settings.cache_dir,
+    models = {mode: load_model(arch, num_pages=max(512, 5 * max_n * 64), cache_dir=settings.cache_dir,
                                decoder={"batch_sessions": on}) for mode, on in MODES.items()}
     knobs = rollout_knobs(arch, settings.num_steps, settings.context_frames)
     image = first_frame(arch.height, arch.width)
     rows = []
     for n in settings.sizes:
         progress(f"N={n}: {settings.warmup} warm-up + {settings.rounds} measured steps per alternative")
-        phases: dict[str, list[dict[str, float]]] = {"separate": [], **{f"batched_{m}": [] for m in MODES}}
+        phases: dict[str, list[dict[str, float]]] = {"separate": [], **{f"batched_{m}": [] for m in MODES},
+                                                     "latent_separate": [], "latent_batched": []}
         alternatives, closers = _alternatives(models, arch, n, knobs, settings, image, phases)
         try:
             samples = interleave(alternatives, rounds=settings.rounds, warmup=settings.warmup)
@@ -110,8 +150,9 @@ def run_vector(settings: VectorSettings, progress: Progress) -> BenchResult:
                       "width": arch.width, "by_n": rows,
                       "shipped_batch_streams": bool(arch.decoder.get("batch_sessions")),
                       "target_speedup_at_8": TARGET_SPEEDUP_AT_8.get(settings.arch),
-                      "target_overhead_at_8": TARGET_OVERHEAD_AT_8}
-    result.tables += [_table(settings, arch, rows), _phase_table(rows)]
+                      "target_overhead_at_8": TARGET_OVERHEAD_AT_8,
+                      "target_latent_speedup_at_8": TARGET_LATENT_SPEEDUP_AT_8.get(settings.arch)}
+    result.tables += [_table(settings, arch, rows), _phase_table(rows), _latent_table(settings, arch, rows)]
     _note_targets(result, settings.arch, rows)
     return result
 
@@ -131,7 +172,30 @@ def _row(n: int, samples, phases, warmup: int) -> dict[str, Any]:
         "speedup_vector_env": ratio(steps_per_s.get("vector_env", float("nan")), steps_per_s["separate"]),
         "phases_ms": split,
         "overhead_fraction": {name: ratio(p["other_ms"], sum(p.values())) for name, p in split.items()},
+        "latent_speedup": ratio(steps_per_s["latent_batched"], steps_per_s["latent_separate"]),
+        "latent_cpu_speedup": ratio(samples["latent_separate"].median_cpu_ms, samples["latent_batched"].median_cpu_ms),
+        "latent_speedup_vector_env": ratio(steps_per_s.get("latent_vector_env", float("nan")),
+                                           steps_per_s["latent_separate"]),
+        "latent_over_frames": ratio(steps_per_s["latent_batched"], steps_per_s[f"batched_{best}"]),
     }
+
+
+def _latent_table(settings: VectorSettings, arch, rows: list[dict[str, Any]]) -> Table:
+    table = Table(
+        title=(f"Latent mode (observation='latents', no decode per step), {settings.arch} model "
+               f"{arch.height}x{arch.width}: aggregate env steps/s, in the same interleaved rounds as frames mode"),
+        columns=["N", "one by one", "batched", "vector env", "batched / one by one (CPU)",
+                 "latent batched / frames batched", "batched call: denoise, commit, decode, other (ms)"],
+        note=("Steps/s, medians of interleaved rounds. Frames batched: the better decode mode of the table above. "
+              "A latent step calls no decoder (its decode column is the empty decode lane's marks): render() "
+              "decodes on demand."),
+    )
+    for r in rows:
+        s, p = r["steps_per_s"], r["phases_ms"]["latent_batched"]
+        table.add(r["n"], s["latent_separate"], s["latent_batched"], s.get("latent_vector_env"),
+                  f"{r['latent_speedup']:.2f}x ({r['latent_cpu_speedup']:.2f}x)", f"{r['latent_over_frames']:.2f}x",
+                  ", ".join(f"{p[k]:.1f}" for k in ("denoise_ms", "commit_ms", "decode_ms", "other_ms")))
+    return table
 
 
 def _table(settings: VectorSettings, arch, rows: list[dict[str, Any]]) -> Table:
@@ -181,3 +245,8 @@ def _note_targets(result: BenchResult, arch: str, rows: list[dict[str, Any]]) ->
         + ", ".join(f"{100 * v:.0f}% {k[:-3]}" for k, v in share.items())
         + f"; Python overhead {100 * at8['overhead_fraction'][f'batched_{best}']:.1f}% (target <= "
         f"{100 * TARGET_OVERHEAD_AT_8:.0f}%).")
+    latent = TARGET_LATENT_SPEEDUP_AT_8.get(arch)
+    result.notes.append(
+        f"N=8, {arch}, latent mode: batched / one by one {at8['latent_speedup']:.2f}x (target "
+        f"{'none' if latent is None else f'>= {latent}x'}); latent batched / frames batched "
+        f"{at8['latent_over_frames']:.2f}x.")

@@ -291,9 +291,12 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         reconnect_s: how long to keep reconnecting (bounded exponential backoff) when the connection drops; the
             session resumes and the request in flight is resent, applied at most once. 0: never reconnect.
         tls_ca: a PEM file of the certificate authority to trust (a self-signed server's certificate).
-        render_mode: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
+        render_mode: ``"rgb_array"`` (``render()`` returns the latest frame) or None. With
+            ``observation="latents"`` no frames travel with a step: ``render()`` asks the server, which decodes the
+            windows skipped since the last look.
         **env_kwargs: the served env's keywords (``max_windows``, ``prompt``, ``domain_id``, ``embodiment``,
-            ``action_width``, ``image``, ``success_fn`` as ``"sim"``/``"none"``, ``resolution_tier``, ``fps``),
+            ``action_width``, ``image``, ``success_fn`` as ``"sim"``/``"none"``, ``resolution_tier``, ``fps``,
+            ``observation``),
             checked by the server with the local env's errors.
 
     The session lives as long as the env: ``close()`` ends it (a later ``reset()`` opens a new one, as the local
@@ -347,12 +350,12 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             self._open_session()
         super().reset(seed=seed)
         reply = self._request("reset", seed=seed, options=options)
-        self._frames = reply["obs"]["frames"]
+        self._frames = reply["obs"].get("frames")  # None in latent mode: render() asks the server
         return _writable(reply["obs"]), decode_info(reply["info"])
 
     def step(self, actions: np.ndarray):
         reply = self._request("step", actions=np.asarray(actions))
-        self._frames = reply["obs"]["frames"]
+        self._frames = reply["obs"].get("frames")
         return (_writable(reply["obs"]), float(reply["reward"]), reply["terminated"], reply["truncated"],
                 decode_info(reply["info"]))
 
@@ -360,6 +363,11 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self.render_mode is None:
             gym.logger.warn("You are calling render method without specifying any render mode.")
             return None
+        if "latents" in self.observation_space.spaces:  # decoded on the server, on demand
+            if self.session not in self.connection.sessions and self.session not in self.connection.lost:
+                raise gym.error.ClosedEnvironmentError("Cannot call env.render() after env.close()")
+            frame = self.connection.request("render", session=self.session)["frame"]
+            return None if frame is None else np.array(frame)
         return None if self._frames is None else self._frames[-1].copy()
 
     def fork(self, seed: int | None = None) -> RemoteWorldModelEnv:

@@ -37,7 +37,7 @@ PROTOCOL_VERSION = 2  # 2: resumable sessions, sequence numbers, status
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 2**20  # a reset image of 1080p is 6 MiB
 MAX_ACTION_VALUES = 2**16  # a chunk of 64 actions of width 64 is 4096
 OPEN_KEYS = ("max_windows", "prompt", "domain_id", "embodiment", "action_width", "image", "success_fn",
-             "resolution_tier", "fps")
+             "resolution_tier", "fps", "observation")
 
 
 class Op(str, Enum):
@@ -52,6 +52,7 @@ class Op(str, Enum):
     STATS = "stats"  # sessions and KV pages in use
     RESUME = "resume"  # a session of a lost connection, by its id and resume key, onto this connection
     STATUS = "status"  # this connection's sessions: pages, bytes, context, committed step, idle time
+    RENDER = "render"  # the session's latest frame (a latent session decodes its skipped windows first)
 
 
 class ErrorKind(str, Enum):
@@ -89,6 +90,7 @@ SCHEMA: dict[Op, dict[str, tuple[type, ...]]] = {
     Op.STATS: {},
     Op.RESUME: {"session": (str,), "key": (str,)},
     Op.STATUS: {},
+    Op.RENDER: {"session": (str,)},
 }
 _OPTIONAL = {"seed", "options"}
 _SCALARS = (str, int, float, bool, _NONE)

@@ -296,6 +296,9 @@ class WorldModelServer:
             if self.sessions.pop(session.id) is session:
                 self._close([session])
             return {}
+        if request.op is Op.RENDER:  # changes no episode: not sequenced, never recorded
+            with session.lock:
+                return {"frame": self.loop.call(session.env.unwrapped.last_frame)}
         with session.lock:  # a retry on a new connection waits here for the same request still running
             recorded = session.admit(request.op, f["seq"])
             if recorded is not None:
