@@ -83,7 +83,7 @@ $(LEROBOT_VENV)/.eval: $(LEROBOT_VENV)/.installed pyproject.toml
 	$(LEROBOT_VENV)/bin/python -m pip install -q --no-deps "torchcodec==0.13.0"
 	$(LEROBOT_VENV)/bin/python -m pip install -q "einops>=0.8,<0.9" "draccus==0.10.0" "gymnasium>=1.1.1,<2" \
 		"termcolor>=2.4,<4" "imageio[ffmpeg]>=2.34,<3" "deepdiff>=7.0.1,<9" "diffusers>=0.27.2,<0.36" \
-		"jsonlines>=4,<5" "websockets>=15" "msgpack>=1.0" "pydantic>=2.6" "pyyaml>=6"
+		"jsonlines>=4,<5" "pyserial>=3.5,<4" "websockets>=15" "msgpack>=1.0" "pydantic>=2.6" "pyyaml>=6"
 	$(LEROBOT_VENV)/bin/python -m pip install -q --no-deps -e .
 	@libs=$$($(LEROBOT_VENV)/bin/python -c "import av, pathlib; print(pathlib.Path(av.__file__).parent.parent / 'av.libs')") && \
 	test -d "$$libs" || { echo "no av.libs next to the av wheel in $(LEROBOT_VENV): torchcodec has no FFmpeg to load"; exit 1; }; \
