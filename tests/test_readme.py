@@ -25,7 +25,7 @@ NOT_RUN = {  # a substring of a block -> why it does not run here
     "needs the Cosmos3-Edge weights": "needs the real Cosmos3-Edge weights",
     "huggingface-cli download": "downloads the real Cosmos3-Edge weights",
     "make demo": "make: installs the venv and runs the suite that runs this test",
-    "lerobot-eval --policy.path": "runs in LeRobot's own venv: tests/test_lerobot_eval.py runs serve and lerobot-eval so",
+    "lerobot-eval --policy.path": "LeRobot's own venv: tests/test_lerobot_eval.py runs it",
 }
 LEAVES = {  # a substring of a CLI block -> the files it must leave behind
     "worldstep eval episodes.yaml": ["rollout.mp4", "pusher.mp4", "runs/eval/report.json"],
@@ -64,8 +64,7 @@ def test_the_blocks_that_do_not_run_are_the_expected_ones():
     assert skipped == sorted([("README.md", "needs the real Cosmos3-Edge weights"),
                               ("README.md", "downloads the real Cosmos3-Edge weights"),
                               ("README.md", "make: installs the venv and runs the suite that runs this test"),
-                              ("docs/lerobot.md", "runs in LeRobot's own venv: tests/test_lerobot_eval.py runs serve and "
-                                                  "lerobot-eval so")])
+                              ("docs/lerobot.md", "LeRobot's own venv: tests/test_lerobot_eval.py runs it")])
     assert sum(page == "README.md" for page, _, _ in RUN) >= 5  # three ways, serving, watch it live
     cli = [code for _, lang, code in RUN if lang == "bash"]
     assert all(any(key in code for key in LEAVES) for code in cli)  # every CLI block says what it leaves
