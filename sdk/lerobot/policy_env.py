@@ -11,7 +11,7 @@ runs in LeRobot's own venv (``worldstep.lerobot_plugin`` registers it with LeRob
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ class PolicyEnvOptions:
         normalization: the embodiment's normalisation with ``stats``: ``quantile``, ``meanstd`` or ``none``.
         max_windows, task, embodiment: the served env's (None: the server's config); ``task`` is its prompt.
         timeout_s, reconnect_s: the client's (``RemoteWorldModelEnv``).
-        record: a folder that gets one ``seed_<seed>.npz`` per finished episode (frames, actions, judgements).
+        record: a folder that gets one ``seed_<seed>.npz`` per finished seeded episode (its first frame and scene
+            seed, every window's frames, the actions as given and as sent, the judge's verdict per window).
     """
 
     cameras: tuple[str, ...] = ("top",)
@@ -55,7 +56,6 @@ class PolicyEnvOptions:
     timeout_s: float = 120.0
     reconnect_s: float = 30.0
     record: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # other keywords of the served env (docs/serving.md)
 
     def __post_init__(self) -> None:
         if self.robot_state not in ROBOT_STATES:
@@ -75,7 +75,7 @@ class PolicyEnvOptions:
     def served(self) -> dict[str, Any]:
         """The served env's keywords."""
         given = {"max_windows": self.max_windows, "prompt": self.task, "embodiment": self.embodiment}
-        return {**{k: v for k, v in given.items() if v is not None}, **self.extra}
+        return {k: v for k, v in given.items() if v is not None}
 
 
 def served_actions(raw: np.ndarray, normalizer: ActionNormalizer | None) -> tuple[np.ndarray, int]:
