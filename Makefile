@@ -69,8 +69,8 @@ $(LEROBOT_V21_VENV)/.installed:
 		"av>=15,<16" "accelerate>=1.10,<2" "packaging>=24.2,<26" "jsonlines>=4" pillow
 	touch $@
 
-
-# LeRobot 0.4.4's video reader and `lerobot-eval` in its venv (tests/test_lerobot_pixels.py, tests/test_lerobot_eval.py).
+# LeRobot 0.4.4's video reader and `lerobot-eval` in its venv (tests/test_lerobot_pixels.py,
+# tests/test_lerobot_eval.py).
 # torchcodec 0.13.0 is the newest CPU build on PyPI (0.14 on needs CUDA's libraries) and loads FFmpeg's shared
 # libraries. They come from pip, not apt: the `av` wheel already in this venv bundles FFmpeg 7.1 in `av.libs/` under
 # renamed files, so `ffmpeg-libs/` links every file of it and adds the sonames torchcodec looks for; the tests put
