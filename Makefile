@@ -69,14 +69,40 @@ $(LEROBOT_V21_VENV)/.installed:
 		"av>=15,<16" "accelerate>=1.10,<2" "packaging>=24.2,<26" "jsonlines>=4" pillow
 	touch $@
 
-install: $(VENV)/.installed $(OPENPI_VENV)/.installed $(LEROBOT_VENV)/.installed $(LEROBOT_V21_VENV)/.installed
+# LeRobot 0.4.4's video reader and `lerobot-eval` in its venv (tests/test_lerobot_pixels.py,
+# tests/test_lerobot_eval.py).
+# torchcodec 0.13.0 is the newest CPU build on PyPI (0.14 on needs CUDA's libraries) and loads FFmpeg's shared
+# libraries. They come from pip, not apt: the `av` wheel already in this venv bundles FFmpeg 7.1 in `av.libs/` under
+# renamed files, so `ffmpeg-libs/` links every file of it and adds the sonames torchcodec looks for; the tests put
+# that folder on LeRobot's LD_LIBRARY_PATH. This keeps `make test` self-contained (Debian's `ffmpeg` package works
+# too but changes the system). Then what ACT, Diffusion Policy and lerobot-eval import (the pins lerobot 0.4.4
+# declares), and worldstep's remote env client without its dependencies (no torch or diffusers of worldstep's).
+LEROBOT_FFMPEG_SONAMES = avutil.so.59 avcodec.so.61 avformat.so.61 avdevice.so.61 avfilter.so.10 swscale.so.8 \
+	swresample.so.5
+$(LEROBOT_VENV)/.eval: $(LEROBOT_VENV)/.installed pyproject.toml
+	$(LEROBOT_VENV)/bin/python -m pip install -q --no-deps "torchcodec==0.13.0"
+	$(LEROBOT_VENV)/bin/python -m pip install -q "einops>=0.8,<0.9" "draccus==0.10.0" "gymnasium>=1.1.1,<2" \
+		"termcolor>=2.4,<4" "imageio[ffmpeg]>=2.34,<3" "deepdiff>=7.0.1,<9" "diffusers>=0.27.2,<0.36" \
+		"jsonlines>=4,<5" "pyserial>=3.5,<4" "websockets>=15" "msgpack>=1.0" "pydantic>=2.6" "pyyaml>=6"
+	$(LEROBOT_VENV)/bin/python -m pip install -q --no-deps -e .
+	@libs=$$($(LEROBOT_VENV)/bin/python -c "import av, pathlib; print(pathlib.Path(av.__file__).parent.parent / 'av.libs')") && \
+	test -d "$$libs" || { echo "no av.libs next to the av wheel in $(LEROBOT_VENV): torchcodec has no FFmpeg to load"; exit 1; }; \
+	rm -rf $(LEROBOT_VENV)/ffmpeg-libs && mkdir $(LEROBOT_VENV)/ffmpeg-libs && ln -s "$$libs"/* $(LEROBOT_VENV)/ffmpeg-libs/ && \
+	for soname in $(LEROBOT_FFMPEG_SONAMES); do \
+		found=$$(ls "$$libs"/lib$${soname%%.so.*}-*.so.$${soname##*.so.}.* 2>/dev/null | head -n1); \
+		test -n "$$found" || { echo "av.libs in $(LEROBOT_VENV) has no lib$$soname (FFmpeg 7.1's): torchcodec 0.13 cannot load"; exit 1; }; \
+		ln -s "$$found" $(LEROBOT_VENV)/ffmpeg-libs/lib$$soname; \
+	done
+	touch $@
+
+install: $(VENV)/.installed $(OPENPI_VENV)/.installed $(LEROBOT_VENV)/.eval $(LEROBOT_V21_VENV)/.installed
 
 # the shipped pusher world model in closed loop with PushSim's pixel expert, next to the simulator's truth
 demo: $(VENV)/.core
 	$(VENV)/bin/worldstep rollout --env worldstep/Pusher-v0 --policy push --windows 16 --seed 20000000 --truth --out rollout.mp4
 	@echo "Watch it live: $(PY) -m pip install -e '.[view]', then add --rerun-serve to the command above and open the URL it prints (a browser; over SSH, forward its two ports), or --rerun for the native viewer; --rerun-save run.rrd keeps a recording."
 
-test: $(VENV)/.installed $(OPENPI_VENV)/.installed $(LEROBOT_VENV)/.installed $(LEROBOT_V21_VENV)/.installed
+test: $(VENV)/.installed $(OPENPI_VENV)/.installed $(LEROBOT_VENV)/.eval $(LEROBOT_V21_VENV)/.installed
 	WORLDSTEP_OPENPI_PYTHON=$(abspath $(OPENPI_VENV))/bin/python \
 	WORLDSTEP_LEROBOT_PYTHON=$(abspath $(LEROBOT_VENV))/bin/python \
 	WORLDSTEP_LEROBOT_V21_PYTHON=$(abspath $(LEROBOT_V21_VENV))/bin/python $(PY) -m pytest -q tests

@@ -147,8 +147,27 @@ def lerobot_python(version: str) -> Path:
     return python
 
 
+def ffmpeg_libs(python: Path) -> Path:
+    """The folder of FFmpeg libraries LeRobot's torchcodec loads: the Makefile links the av wheel's bundled
+    FFmpeg there (``<venv>/ffmpeg-libs``). Missing is a failure, never a skip."""
+    libs = python.parent.parent / "ffmpeg-libs"
+    if not (libs / "libavcodec.so.61").exists():
+        pytest.fail(f"{libs} holds no FFmpeg 7 libraries for torchcodec: run `make install` (its "
+                    f"{libs.parent.name}/.eval step links the av wheel's bundled FFmpeg there)")
+    return libs
+
+
+def lerobot_env(python: Path) -> dict[str, str]:
+    """The environment LeRobot's processes run in: offline, one thread, torchcodec's FFmpeg on the loader path."""
+    loader = ":".join(p for p in (str(ffmpeg_libs(python)), os.environ.get("LD_LIBRARY_PATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "LD_LIBRARY_PATH": loader}
+
+
 def run_lerobot(version: str, *args) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if args[0] == "decode":
+        env = lerobot_env(lerobot_python(version))
     done = subprocess.run([str(lerobot_python(version)), str(HELPER), *map(str, args)], capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -2,11 +2,14 @@
 
     python lerobot_io.py write ROOT CODEC SPEC.npz   # SPEC.npz's episodes (lerobot 0.4 writes v3.0, 0.3 v2.1)
     python lerobot_io.py read ROOT OUT.npz           # what LeRobotDataset returns, for worldstep to compare
+    python lerobot_io.py decode ROOT OUT.npz         # every frame LeRobotDataset decodes with torchcodec
 
 PyPI's torchvision wheels are CUDA builds whose compiled ops cannot load over the CPU torch; torchvision's
 import registers fake kernels for two of those ops (nms, qnms) unconditionally, so their schemas are
 declared here first. No torchvision op runs: LeRobot's dataset code imports torchvision for image
 transforms and its (removed) video backend, and decodes here through torchcodec when present, else PyAV.
+``decode`` insists on torchcodec, LeRobot's default backend, which loads FFmpeg's shared libraries from
+LD_LIBRARY_PATH (tests/lerobot_data.py puts the venv's ``ffmpeg-libs`` there; the Makefile says why).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -79,8 +83,22 @@ def read(root: Path, out: Path) -> None:
     np.savez(out, **arrays)
 
 
+def decode(root: Path, out: Path) -> None:
+    try:
+        import torchcodec.decoders  # noqa: F401  (LeRobot would fall back to PyAV without saying so)
+    except Exception as err:  # torchcodec raises RuntimeError/OSError naming every FFmpeg it tried
+        sys.exit(f"torchcodec cannot load FFmpeg's libraries (LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH')!r}): "
+                 f"{str(err)[-1500:]}")
+    ds = LeRobotDataset("local/test", root=root, video_backend="torchcodec")
+    assert ds.video_backend == "torchcodec", ds.video_backend
+    rows = [ds[i] for i in range(len(ds))]  # each row's frames, found by timestamp as LeRobot's training does
+    arrays = {"episode_index": np.array([int(r["episode_index"]) for r in rows])}
+    for key in ds.meta.video_keys:  # float [3, H, W] in [0, 1], decoded uint8 / 255: back to uint8 exactly
+        arrays[key] = np.stack([(r[key].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for r in rows])
+    np.savez(out, **arrays)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "write":
-        write(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
-    else:
-        read(Path(sys.argv[2]), Path(sys.argv[3]))
+    {"write": lambda: write(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])),
+     "read": lambda: read(Path(sys.argv[2]), Path(sys.argv[3])),
+     "decode": lambda: decode(Path(sys.argv[2]), Path(sys.argv[3]))}[sys.argv[1]]()

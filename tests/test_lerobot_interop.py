@@ -3,10 +3,9 @@ lerobot 0.3.3: format v2.1) -> worldstep's reader, and worldstep's writer -> LeR
 
 lerobot pins torch<2.11, so it runs in venvs of its own that ``make test`` builds (``WORLDSTEP_LEROBOT_PYTHON``,
 ``WORLDSTEP_LEROBOT_V21_PYTHON``; default the repository's ``.venv-lerobot`` and ``.venv-lerobot-v21``), through
-tests/lerobot_io.py. LeRobot decodes video with torchcodec, which needs a system FFmpeg, or torchvision's video
-reader, gone from torchvision's builds since 0.24; neither is here, so LeRobot's side of the second direction checks
-what its reader loads without decoding (fps, cameras, every row, tasks, success) and worldstep's decoded frames are
-checked against the source.
+tests/lerobot_io.py. LeRobot's side of the second direction checks what its reader loads without decoding (fps,
+cameras, every row, tasks, success) and worldstep's decoded frames are checked against the source; LeRobot's own
+decode of the same videos (torchcodec) is tests/test_lerobot_pixels.py.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ NOT_RUN = {  # a substring of a block -> why it does not run here
     "needs the Cosmos3-Edge weights": "needs the real Cosmos3-Edge weights",
     "huggingface-cli download": "downloads the real Cosmos3-Edge weights",
     "make demo": "make: installs the venv and runs the suite that runs this test",
+    "lerobot-eval --policy.path": "LeRobot's own venv: tests/test_lerobot_eval.py runs it",
 }
 LEAVES = {  # a substring of a CLI block -> the files it must leave behind
     "worldstep eval episodes.yaml": ["rollout.mp4", "pusher.mp4", "runs/eval/report.json"],
@@ -62,7 +63,8 @@ def test_the_blocks_that_do_not_run_are_the_expected_ones():
     skipped = sorted((page, reason) for page, _, _, reason in BLOCKS if reason is not None)
     assert skipped == sorted([("README.md", "needs the real Cosmos3-Edge weights"),
                               ("README.md", "downloads the real Cosmos3-Edge weights"),
-                              ("README.md", "make: installs the venv and runs the suite that runs this test")])
+                              ("README.md", "make: installs the venv and runs the suite that runs this test"),
+                              ("docs/lerobot.md", "LeRobot's own venv: tests/test_lerobot_eval.py runs it")])
     assert sum(page == "README.md" for page, _, _ in RUN) >= 5  # three ways, serving, watch it live
     cli = [code for _, lang, code in RUN if lang == "bash"]
     assert all(any(key in code for key in LEAVES) for code in cli)  # every CLI block says what it leaves
