@@ -97,8 +97,8 @@ def test_a_client_whose_pipe_closes_before_it_exits_is_named_with_its_status():
 
 
 def test_a_target_counts_as_met_only_on_its_interval():
-    from worldstep.bench.results import BenchResult
     from worldstep.bench.measure import ratio_estimate
+    from worldstep.bench.results import BenchResult
     from worldstep.bench.serve import _notes
 
     fast, slow = [0.10, 0.08, 0.10, 0.07, 0.10, 0.09], [0.10] * 6  # vector rounds, server rounds
