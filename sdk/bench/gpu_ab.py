@@ -94,7 +94,8 @@ def compare(models: dict[str, Any], arch, settings: GpuSettings, mode: str, coun
             "ms_per_step": s.median_ms, "samples_ms": [round(1e3 * x, 3) for x in s.seconds],
             "env_steps_per_s": ratio(count, s.median_s), "video_s_per_s": ratio(count * video_s, s.median_s),
             "ms_per_denoise_step": 1e3 * step_s, "ms_per_commit": 1e3 * median([p["commit_s"] for p in kept]),
-            "ms_per_decode": 1e3 * median([p["decode_s"] for p in kept]), "achieved_tflops": achieved,
+            "ms_per_decode": 1e3 * median([p["decode_s"] for p in kept]) if knobs.decode else None,
+            "achieved_tflops": achieved,
             "mfu": ratio(achieved, peak) if peak else None,
         }
     row["speedup"] = ratio_estimate(samples["today"].seconds, samples["new"].seconds).to_dict()
