@@ -65,8 +65,9 @@ def device_sync(device) -> Callable[[], None]:
     """What a host stopwatch must call to wait for ``device`` (a `torch.device` or its name): a CUDA
     synchronize of that device, nothing on a CPU (its work has finished when the call returns)."""
     import torch
+    from worldstep.engine.devices import canonical_device
 
-    device = torch.device(device)
+    device = canonical_device(device)
     if device.type != "cuda":
         return lambda: None
     return lambda: torch.cuda.synchronize(device)
