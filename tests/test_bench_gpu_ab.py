@@ -208,3 +208,10 @@ def test_the_steps_fit_one_device_call_with_margin_over_the_h200_step_times():
     # the two that ran out on the H200 now share one Edge build with the backends, with more time than both had
     assert "bench_cadence" not in limits and "bench_overlap" not in limits
     assert limits["bench_more"] >= 45 + 30 + 27
+
+
+@pytest.mark.parametrize("field, value", [("ab_rounds", 0), ("ab_warmup", -1), ("ab_sessions", [0])])
+def test_bad_ab_settings_are_refused_before_any_work(field, value):
+    settings = GpuSettings(arch="tiny", allow_cpu=True, sections=["ab"], **{field: value})
+    with pytest.raises(ValueError, match=f"{field}="):
+        run_gpu(settings, QUIET)
