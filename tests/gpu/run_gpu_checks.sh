@@ -66,7 +66,8 @@ declare -A LIMIT=([setup]=45 [smoke]=28 [kit]=20 [flashinfer_ready]=10 [attentio
                   [bench_headline]=55 [parity_diffusers]=25 [gpu_tests]=40 [cosmos3_backends]=25 [bench_more]=120)
 # Each step's device memory plan in GiB (reasoned: Edge bf16 weights ~8, the KV pool ~1, a decoding 480p
 # session ~4-6; measured: 8 decoding sessions 29.6 GiB beyond weights and pool): checked against the device's
-# free memory before the step starts; H100 80 GB fits them all
+# free memory before the step starts; H100 80 GB fits them all (inside bench_ab, the ab section's own plan for
+# both paths' 8 decoding sessions, ~80 GB reasoned, skips it there with the reason; the H200 runs it)
 declare -A PLAN_GIB=([smoke]=2 [flashinfer_ready]=2 [attention]=4 [bench_ab]=70 [bench_headline]=30
                      [parity_diffusers]=40 [gpu_tests]=8 [cosmos3_backends]=30 [bench_more]=60)
 T0=$(date +%s)
@@ -155,7 +156,8 @@ run attention "$PY" tests/gpu/check_attention.py "${CHECK[@]}"
 run bench_ab "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections ab,profile,decoder "${AB[@]}" \
   --json "$OUT/bench_gpu_ab.json" --partial-json "$OUT/bench_gpu_ab.json"
 run bench_headline "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections windows,official \
-  --steps "$HEADLINE_STEPS" --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_headline.json" --partial-json "$OUT/bench_gpu_headline.json"
+  --steps "$HEADLINE_STEPS" --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_headline.json" \
+  --partial-json "$OUT/bench_gpu_headline.json"
 run parity_diffusers "$PY" tests/gpu/check_parity_diffusers.py "${CHECK[@]}"
 run gpu_tests "$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_gpu_regime.py \
   tests/test_stream_handover.py --junitxml "$OUT/gpu_tests.xml"
