@@ -97,11 +97,12 @@ def test_a_client_whose_pipe_closes_before_it_exits_is_named_with_its_status():
 
 
 def test_a_target_counts_as_met_only_on_its_interval():
+    from worldstep.bench.measure import ratio_estimate
     from worldstep.bench.results import BenchResult
-    from worldstep.bench.serve import _notes, _ratio_estimate
+    from worldstep.bench.serve import _notes
 
     fast, slow = [0.10, 0.08, 0.10, 0.07, 0.10, 0.09], [0.10] * 6  # vector rounds, server rounds
-    estimate = _ratio_estimate(fast, slow)  # a median ratio near 1 whose interval reaches below 0.9
+    estimate = ratio_estimate(fast, slow)  # a median ratio near 1 whose interval reaches below 0.9
     assert 0.9 <= estimate.value <= estimate.high and estimate.low < 0.9
 
     def notes(vector: list[float], overhead: list[float]) -> list[str]:

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("smoke", "kit", "flashinfer_ready", "attention", "cosmos3_backends", "parity_diffusers",
-           "bench_gpu_headline", "bench_gpu_cadence", "bench_gpu_backends", "bench_gpu_overlap")
-STEPS = ["setup", "smoke", "kit", "flashinfer_ready", "attention", "bench_headline", "bench_cadence",
-         "parity_diffusers", "gpu_tests", "cosmos3_backends", "bench_backends", "bench_overlap"]
+BENCHES = ("bench_gpu_ab", "bench_gpu_headline", "bench_gpu_more")
+FIGURES = ("smoke", "kit", "flashinfer_ready", "attention", "cosmos3_backends", "parity_diffusers", *BENCHES)
+STEPS = ["setup", "smoke", "kit", "flashinfer_ready", "attention", "bench_ab", "bench_headline",
+         "parity_diffusers", "gpu_tests", "cosmos3_backends", "bench_more"]
 
 
 @pytest.mark.slow
@@ -49,13 +49,20 @@ def test_gpu_kit_dry_run():
     assert {load["name"] for load in prebuilt["loads"]} == set(docs["kit"]["kit_prebuilt"])
     assert all(load["ok"] and load["ldd_problems"] == [] for load in prebuilt["loads"])
     assert docs["flashinfer_ready"]["sources"]["checked"] is True  # nvcc found every header in the trimmed tree
-    for bench in ("bench_gpu_headline", "bench_gpu_cadence", "bench_gpu_backends", "bench_gpu_overlap"):
+    for bench in BENCHES:
         assert docs[bench]["results"]["skipped"] is False and docs[bench]["results"]["section_s"]
         assert not docs[bench]["results"].get("errors")
     assert docs["bench_gpu_headline"]["results"]["official"]["skipped"] is False  # 256x256: a pipeline canvas
     head = summary["headline"]
-    assert head["parity"]["ok"] is True and head["bench"]["sections_done"] == ["windows", "sessions", "official"]
+    assert head["parity"]["ok"] is True and head["bench"]["sections_done"] == ["windows", "official"]
     assert all(w["timed_windows"] == 2 for w in head["bench"]["windows"])
-    assert all(s["one_forward_of_n"] for s in head["bench"]["sessions"])
+    ab = docs["bench_gpu_ab"]["results"]  # the A/B, the profiler table and the decoder alone, in the dry run too
+    assert list(ab["section_s"]) == ["ab", "profile", "decoder"]
+    assert [(r["mode"], r["sessions"]) for r in head["ab"]["rows"]] == [
+        ("frames", 1), ("frames", 2), ("latents", 1), ("latents", 2)]
+    assert all(r["speedup"]["value"] > 0 and len(r["speedup"]["ci95"]) == 2 for r in head["ab"]["rows"])
+    assert all(p["top"] and p["markdown"].startswith("| event |") for p in ab["profile"]["paths"].values())
+    assert all(p["tflop_per_window"] > 0 for p in ab["decoder"]["paths"].values())
+    assert list(docs["bench_gpu_more"]["results"]["section_s"]) == ["backends", "cadence", "overlap"]
     assert head["cadence"]["timed_windows"] >= 16 and head["smoke"]["ok"] is True
     assert head["parity_diffusers"]["ok"] is True and summary["device_name"] == "cpu"

@@ -53,7 +53,7 @@ def test_every_step_writes_its_own_file_and_the_smoke_comes_first():
     assert order[:2] == ["setup", "smoke"]
     assert set(order) - {"setup"} == set(summary.STEP_FILES)
     outputs = re.findall(r'--json "\$OUT/(\S+?)"', SCRIPT)
-    assert len(outputs) == len(set(outputs)) == 4
+    assert len(outputs) == len(set(outputs)) == 3
     assert len(set(summary.STEP_FILES.values())) == len(summary.STEP_FILES)
     assert "tests/test_attention.py" not in SCRIPT  # it re-ran check_attention.py and overwrote attention.json
     assert "export TVM_FFI_DISABLE_TORCH_C_DLPACK=1" in SCRIPT
@@ -125,8 +125,8 @@ def test_a_bench_sections_errors_are_named_in_the_summary(tmp_path):
     (out / "logs").mkdir(parents=True)
     bench = {"results": {"device_name": "NVIDIA H100 80GB HBM3", "section_s": {"backends": 1.0},
                          "errors": {"backends": "RuntimeError: flashinfer modules missing\nmore"}}}
-    (out / "bench_gpu_backends.json").write_text(json.dumps(bench))
-    (out / "steps.jsonl").write_text(json.dumps({"step": "bench_backends", "rc": 1, "timed_out": False}) + "\n")
+    (out / "bench_gpu_more.json").write_text(json.dumps(bench))
+    (out / "steps.jsonl").write_text(json.dumps({"step": "bench_more", "rc": 1, "timed_out": False}) + "\n")
     doc = summary.summarize(out, "cuda", 5, 1, final=True)
     assert doc["steps"][0]["error"] == "backends: RuntimeError: flashinfer modules missing"
     assert doc["device_name"] == "NVIDIA H100 80GB HBM3"
@@ -161,3 +161,24 @@ def test_the_archive_holds_every_file_under_out_after_each_step(tmp_path):
         names = {Path(n).as_posix().lstrip("./") for n in tar.getnames()}
     assert {"a.json", "b.json", "summary.json", "steps.jsonl", "logs/a.log", "logs/b.log"} <= names
     assert not (tmp_path / "all.tar.gz.tmp").exists()
+
+
+def test_the_device_command_returns_the_summary_and_one_archive_of_everything(tmp_path):
+    """`device_run.sh`, the one command for a lent GPU: the tool's $OUT gets summary.json and the archive only
+    (the H200's first call got back 8 of the run's files); the run's own files stay in the scratch folder."""
+    import tarfile
+
+    kit, back, scratch = tmp_path / "kit", tmp_path / "back", tmp_path / "scratch"
+    kit.mkdir()
+    (kit / "MANIFEST.json").write_text("{}")
+    env = {**os.environ, "OUT": str(back), "GPU_KIT": str(kit), "GPU_CHECK_SCRATCH": str(scratch),
+           "GPU_CHECK_BUDGET_S": "15", "BASE_PY": sys.executable, "WORK": str(tmp_path / "work")}
+    run = subprocess.run([str(GPU / "device_run.sh")], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]  # every step skipped: 15 s < 20 s to start
+    assert sorted(p.name for p in back.iterdir()) == ["gpu_check.tar.gz", "summary.json"]
+    doc = json.loads((back / "summary.json").read_text())
+    assert doc["finished"] is True and [s["step"] for s in doc["steps"]] == _run_order()
+    assert all(s["skipped"] for s in doc["steps"])
+    with tarfile.open(back / "gpu_check.tar.gz") as archive:
+        assert {"./summary.json", "./steps.jsonl"} <= set(archive.getnames())
+    assert (scratch / "steps.jsonl").exists()

@@ -17,6 +17,13 @@ float32 as `load()` builds it today), and run at 832x480 with 16-action windows.
   (`gpu_overlap.py`): whether the engine's decode overlap pays on this GPU.
 - ``cadence``: time to first frames, inter-window p50/p95 at full context, real-time factor at N = 1 and
   aggregate at N = 8, MFU (`gpu_cadence.py`).
+- ``ab``: today's path (fp32 decode, eager, decode after the commit) against the new defaults, interleaved in
+  one call at each N of ``--ab-sessions``, frames and latent mode: each gain a ratio with its interval
+  (`gpu_ab.py`, `gpu_variants.py`).
+- ``profile``: one window at N = 1 of each path under the torch profiler: the top kernels (`gpu_profile.py`).
+- ``decoder``: the warm decoder alone, ms and TFLOP/s per window, each path's decoder options (`gpu_decoder.py`).
+
+Every wall time is taken between two synchronizes of the device (`measure.SyncedStopwatch`).
 
 Each section runs on its own: before it starts, its memory plan (`gpu_memory.py`) is checked against the
 device's free memory, and one that cannot fit is skipped with the reason (``skipped_sections``); one that
@@ -40,12 +47,12 @@ from .gpu_memory import fit_problem, measured_extra, section_plan, start_measuri
 from .gpu_model import MAX_WARM_UP, edge_model, fill_context, open_sessions, rows
 from .inmemory import build_components, parameter_count
 from .machine import describe_machine
-from .measure import median, ratio
+from .measure import SyncedStopwatch, device_sync, median, ratio
 from .progress import Progress
 from .results import BenchResult, Table
 from .settings import GpuSettings
 
-SECTIONS = ("windows", "sessions", "official", "backends", "overlap", "cadence")
+SECTIONS = ("windows", "sessions", "official", "backends", "overlap", "cadence", "ab", "profile", "decoder")
 VAE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -138,6 +145,21 @@ def _run_section(section: str, result: BenchResult, components, model, arch, set
 
         result.results["cadence"] = measure_cadence(model, arch, settings, peak, progress)
         result.tables.append(cadence_table(result.results))
+    elif section == "ab":
+        from .gpu_ab import ab_table, measure_ab
+
+        result.results["ab"] = measure_ab(components, model, arch, settings, peak, progress)
+        result.tables.append(ab_table(result.results))
+    elif section == "profile":
+        from .gpu_profile import measure_profile, profile_table
+
+        result.results["profile"] = measure_profile(components, model, arch, settings, progress)
+        result.tables.append(profile_table(result.results))
+    elif section == "decoder":
+        from .gpu_decoder import decoder_table, measure_decoder
+
+        result.results["decoder"] = measure_decoder(model, settings, progress)
+        result.tables.append(decoder_table(result.results))
     else:
         result.results["backends"] = _measure_backends(components, arch, settings, device, progress)
         result.tables.append(_backends_table(result.results))
@@ -147,6 +169,10 @@ def _check(settings: GpuSettings) -> None:
     unknown = [s for s in settings.sections if s not in SECTIONS]
     if unknown:
         raise ValueError(f"sections={settings.sections} is invalid; allowed: a comma list of {', '.join(SECTIONS)}")
+    if min(settings.ab_sessions, default=0) < 1 or settings.ab_rounds < 1 or settings.ab_warmup < 0:
+        raise ValueError(f"ab_sessions={settings.ab_sessions}, ab_rounds={settings.ab_rounds}, ab_warmup="
+                         f"{settings.ab_warmup} are invalid; allowed: sessions >= 1 (at least one), rounds >= 1, "
+                         "warmup >= 0")
     if settings.vae_dtype not in VAE_DTYPES:
         raise ValueError(f"vae_dtype={settings.vae_dtype!r} is invalid; allowed: {', '.join(VAE_DTYPES)}")
 
@@ -165,15 +191,16 @@ def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, pe
     shape = GenShape.from_config(model.transformer.config)
     session = open_sessions(model, arch, knobs, 1)[0]
     chunks = iter(action_chunks(MAX_WARM_UP + settings.windows, arch))
+    sync = device_sync(model.device)
     windows = []
     try:
         warm_up = fill_context(model, session, chunks)
         for _ in range(settings.windows):
             row = rows(model, [session])
             flops = forward_flops(shape, row).total
-            start = time.perf_counter()
+            watch = SyncedStopwatch(sync)
             r = model.step([session], [next(chunks)])[0]
-            wall = time.perf_counter() - start
+            wall = watch.elapsed()[0]
             windows.append({"wall_s": wall, "denoise_s": r.timings.denoise_s, "commit_s": r.timings.commit_s,
                             "decode_s": r.timings.decode_s, "forward_flops": flops,
                             "context_tokens": row[0][1] - row[0][0], "finite": bool(torch.isfinite(r.latents).all())})

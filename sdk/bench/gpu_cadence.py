@@ -13,7 +13,6 @@ Frames come back to the host inside each step, so every wall time includes the d
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from .archs import action_chunks
 from .flops import GenShape, forward_flops
 from .gpu_model import MAX_WARM_UP, fill_context, open_sessions, rows
-from .measure import median, ratio
+from .measure import SyncedStopwatch, device_sync, median, ratio
 from .progress import Progress
 from .results import Table
 
@@ -38,19 +37,20 @@ def measure_cadence(model, arch, settings, peak: float | None, progress: Progres
     video_s = arch.chunk_size / model.spec.fps
     chunks = iter(action_chunks(1 + MAX_WARM_UP + windows, arch))
     progress(f"cadence: first frames, then {windows} windows at full context ({knobs.num_steps} steps)")
-    start = time.perf_counter()
+    sync = device_sync(model.device)
+    start = SyncedStopwatch(sync)
     session = open_sessions(model, arch, knobs, 1, seed=200)[0]
     try:
-        reset_s = time.perf_counter() - start
+        reset_s = start.elapsed()[0]
         model.step([session], [next(chunks)])
-        first_frames_s = time.perf_counter() - start
+        first_frames_s = start.elapsed()[0]
         warm_up = fill_context(model, session, chunks)
         shape, walls, step_s, flops = GenShape.from_config(model.transformer.config), [], [], []
         for _ in range(windows):
             flops.append(forward_flops(shape, rows(model, [session])).total)
-            begin = time.perf_counter()
+            watch = SyncedStopwatch(sync)
             result = model.step([session], [next(chunks)])[0]
-            walls.append(time.perf_counter() - begin)
+            walls.append(watch.elapsed()[0])
             step_s.append(result.timings.denoise_s / knobs.num_steps)
     finally:
         model.close(session)
@@ -71,13 +71,13 @@ def _aggregate(model, arch, knobs, settings, video_s: float, progress: Progress)
     count = AGGREGATE_SESSIONS
     progress(f"cadence: {count} sessions together, 1 warm-up + {settings.windows} windows")
     sessions = open_sessions(model, arch, knobs, count, seed=300)
-    walls = []
+    walls, sync = [], device_sync(model.device)
     try:
         for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
-            begin = time.perf_counter()
+            watch = SyncedStopwatch(sync)
             model.step(sessions, [actions] * count)
             if w > 0:
-                walls.append(time.perf_counter() - begin)
+                walls.append(watch.elapsed()[0])
     finally:
         for s in sessions:
             model.close(s)

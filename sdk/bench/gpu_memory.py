@@ -52,6 +52,9 @@ def section_load(section: str, settings) -> SectionLoad:
         "backends": SectionLoad(most, decodes=False, extra_pools=1),  # a model per backend, decode off
         "overlap": SectionLoad(most, extra_pools=1),
         "cadence": SectionLoad(max(8, most)),
+        "ab": SectionLoad(2 * max(settings.ab_sessions), extra_pools=2),  # both paths' sessions, a model each
+        "profile": SectionLoad(1, extra_pools=2),  # one path's session at a time, but both models built
+        "decoder": SectionLoad(2),  # a decoding session per path, no transformer
     }[section]
 
 

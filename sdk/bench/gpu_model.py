@@ -18,8 +18,9 @@ from .archs import PROMPT, first_frame
 
 
 def edge_model(components, arch, device: torch.device, backend: str, *, height: int | None = None,
-               width: int | None = None, num_pages: int = 512):
-    """A `Cosmos3WorldModel` over in-memory modules (several may share them, each with its own KV pool).
+               width: int | None = None, num_pages: int = 512, **knobs):
+    """A `Cosmos3WorldModel` over in-memory modules (several may share them, each with its own KV pool);
+    ``knobs``: more constructor keywords (`gpu_variants.model_kwargs`: decoder options, CUDA graphs, ...).
 
     Decode overlap is off: the engine's overlap splits a group of sessions in halves (two forwards per
     denoise step), and every figure here says "N sessions" for ONE forward of N.
@@ -28,7 +29,7 @@ def edge_model(components, arch, device: torch.device, backend: str, *, height: 
 
     return Cosmos3WorldModel(components, device=device, num_pages=num_pages, page_size=arch.page_size,
                              attention_backend=backend, height=height or arch.height,
-                             width=width or arch.width, name=f"bench-{arch.name}", overlap_decode=False)
+                             width=width or arch.width, name=f"bench-{arch.name}", overlap_decode=False, **knobs)
 
 
 @contextmanager

@@ -8,12 +8,11 @@ frame, prompt, actions, step count and no CFG; each discards its first chunk (wa
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from .archs import PROMPT, action_chunks, first_frame
 from .gpu_model import open_sessions
-from .measure import median, ratio
+from .measure import SyncedStopwatch, device_sync, median, ratio
 from .progress import Progress
 from .results import Table
 from .settings import GpuSettings
@@ -32,13 +31,13 @@ def measure_official(components, model, arch, settings: GpuSettings, progress: P
     except ValueError as err:  # a frame size the pipeline would pad: no equal-terms comparison
         return {"skipped": True, "reason": str(err)}
     progress(f"official recipe, {steps} steps: 1 warm-up + {settings.windows} chunks")
-    official, encode, decode = [], [], []
+    official, encode, decode, sync = [], [], [], device_sync(model.device)
     try:
         for i, actions in enumerate(chunks):
-            start = time.perf_counter()
+            watch = SyncedStopwatch(sync)
             _, phases = recipe.step(actions)  # phases: name -> (wall, CPU) seconds of this chunk
             if i > 0:
-                official.append(time.perf_counter() - start)
+                official.append(watch.elapsed()[0])
                 encode.append(phases["encode"][0])
                 decode.append(phases["decode"][0])
     finally:
@@ -49,10 +48,10 @@ def measure_official(components, model, arch, settings: GpuSettings, progress: P
     worldstep = []
     try:
         for i, actions in enumerate(chunks):
-            start = time.perf_counter()
+            watch = SyncedStopwatch(sync)
             model.step([session], [actions])[0]
             if i > 0:
-                worldstep.append(time.perf_counter() - start)
+                worldstep.append(watch.elapsed()[0])
     finally:
         model.close(session)
     return {

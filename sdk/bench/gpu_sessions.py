@@ -11,14 +11,13 @@ peak, and the peak device memory split into weights, the KV pool (allocated whol
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from .archs import action_chunks
 from .gpu_model import counting_forwards, open_sessions
-from .measure import median, ratio
+from .measure import SyncedStopwatch, device_sync, median, ratio
 from .progress import Progress
 from .results import Table
 from .settings import GpuSettings
@@ -57,14 +56,14 @@ def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         sessions = open_sessions(model, arch, knobs, count, seed=100)
-        walls, forwards, peak_pages = [], [], model.kv.num_used_pages
+        walls, forwards, peak_pages, sync = [], [], model.kv.num_used_pages, device_sync(model.device)
         try:
             text_tokens = model.kv_stats(sessions[0]).protected_tokens
             for w, actions in enumerate(action_chunks(settings.windows + 1, arch)):
                 with counting_forwards(model) as calls:
-                    start = time.perf_counter()
+                    watch = SyncedStopwatch(sync)
                     model.step(sessions, [actions] * count)
-                    wall = time.perf_counter() - start
+                    wall = watch.elapsed()[0]
                 if w > 0:
                     walls.append(wall)
                     forwards.append(calls[0])

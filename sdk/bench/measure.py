@@ -47,6 +47,32 @@ class Stopwatch:
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
+class SyncedStopwatch(Stopwatch):
+    """A `Stopwatch` for work queued on a device: ``sync`` (`device_sync`) runs before it starts and before each
+    reading, so the time is the device's work and not the host's queueing of it (CUDA launches return at once)."""
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self.sync = sync
+        sync()  # work queued before the stopwatch is not charged to it
+        super().__init__()
+
+    def elapsed(self) -> tuple[float, float]:
+        self.sync()
+        return super().elapsed()
+
+
+def device_sync(device) -> Callable[[], None]:
+    """What a host stopwatch must call to wait for ``device`` (a `torch.device` or its name): a CUDA
+    synchronize of that device, nothing on a CPU (its work has finished when the call returns)."""
+    import torch
+    from worldstep.engine.devices import canonical_device
+
+    device = canonical_device(device)
+    if device.type != "cuda":
+        return lambda: None
+    return lambda: torch.cuda.synchronize(device)
+
+
 def interleave(alternatives: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, Samples]:
     """Run every alternative once per round, the starting one rotating; keep rounds after `warmup`.
 
@@ -83,6 +109,19 @@ def interleave_timed(alternatives: dict[str, Callable[[], tuple[float, float]]],
                 samples[name].seconds.append(wall)
                 samples[name].cpu_seconds.append(cpu)
     return samples
+
+
+def ratio_estimate(numerator: Sequence[float], denominator: Sequence[float]):
+    """median(numerator) / median(denominator) with its 95% bootstrap interval over paired rounds (round i of
+    each alternative ran in the same interleaved round): an `Estimate` (`worldstep.fidelity.stats`)."""
+    import numpy as np
+
+    from ..fidelity.stats import bootstrap
+
+    a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    if len(a) != len(b) or len(a) == 0:
+        raise ValueError(f"paired rounds are {len(a)} and {len(b)}; allowed: the same number, at least 1")
+    return bootstrap(lambda idx: ratio(float(np.median(a[idx])), float(np.median(b[idx]))), len(a))
 
 
 def ratio(numerator: float, denominator: float) -> float:

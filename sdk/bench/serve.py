@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..fidelity.stats import Estimate, bootstrap
 from ..flags import flag, non_negative_int, positive_int
 from .machine import describe_machine
-from .measure import Stopwatch, interleave, median, ratio, rss_bytes
+from .measure import Stopwatch, interleave, median, ratio, ratio_estimate, rss_bytes
 from .progress import Progress
 from .results import BenchResult, Table
 
@@ -109,8 +108,8 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
     n = settings.clients
     times = {name: r.seconds for name, r in rounds.items()}
     steps_per_s = {name: ratio(n, median(t)) for name, t in times.items()}
-    server_vs_vector = _ratio_estimate(times["vector_env"], times["server"])
-    engine = _ratio_estimate(rounds["server"].engine_s, times["vector_env"])
+    server_vs_vector = ratio_estimate(times["vector_env"], times["server"])
+    engine = ratio_estimate(rounds["server"].engine_s, times["vector_env"])
     sizes = rounds["server"].batch_sizes
     result.results = {
         "config": settings.config, "clients": n, "steps_per_s": steps_per_s,
@@ -133,14 +132,6 @@ def run_serve(settings: ServeSettings, progress: Progress) -> BenchResult:
 
 
 # --- 1. aggregate steps/s ----------------------------------------------------------------------------
-
-
-def _ratio_estimate(numerator: list[float], denominator: list[float]) -> Estimate:
-    """median(numerator) / median(denominator) with its bootstrap interval over paired rounds (round i of each)."""
-    a, b = np.asarray(numerator), np.asarray(denominator)
-    if len(a) != len(b):
-        raise ValueError(f"paired rounds differ in number: {len(a)} and {len(b)}")
-    return bootstrap(lambda idx: ratio(float(np.median(a[idx])), float(np.median(b[idx]))), len(a))
 
 
 @dataclass
@@ -310,7 +301,7 @@ def _overhead(world, server, s: ServeSettings, progress: Progress) -> dict[str, 
     finally:
         remote.close()
         local.close()
-    estimate = _ratio_estimate(samples["remote"].seconds, samples["local"].seconds)
+    estimate = ratio_estimate(samples["remote"].seconds, samples["local"].seconds)
     return {"remote_ms": samples["remote"].median_ms, "local_ms": samples["local"].median_ms,
             "ratio": estimate.value, "ratio_ci95": [estimate.low, estimate.high]}
 

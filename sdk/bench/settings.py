@@ -63,7 +63,8 @@ class SoakSettings:
 @dataclass
 class GpuSettings:
     arch: str = flag("architecture (edge: Cosmos3-Edge at full size)", default="edge")
-    sections: list[str] = flag("what to measure, in order: windows, sessions, official, backends, overlap, cadence",
+    sections: list[str] = flag("what to measure, in order: windows, sessions, official, backends, overlap, cadence, "
+                                "ab, profile, decoder",
                                 default_factory=lambda: ["windows", "sessions", "official", "backends"])
     attention_backend: str = flag("attention backend of the windows/sessions/official sections: auto, sdpa, "
                                    "flashinfer", default="auto")
@@ -85,6 +86,12 @@ class GpuSettings:
     allow_cpu: bool = flag("run on CPU anyway (tests: --arch tiny --allow-cpu)", default=False)
     partial_json: str | None = flag("also write the figures here after each section (kept if a run is cut)",
                                      default=None)
+    ab_sessions: list[int] = flag("numbers of sessions of the ab section (today's path vs the new defaults)",
+                                  default_factory=lambda: [1, 8])
+    ab_rounds: int = flag("measured rounds per path of the ab and decoder sections", default=5)
+    ab_warmup: int = flag("rounds run first and discarded (ab, decoder): they fill the context", default=2,
+                          type=non_negative_int)
+    profile_top: int = flag("events listed per path by the profile section", default=12)
 
 
 @dataclass

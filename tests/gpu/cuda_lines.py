@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LIST = Path(__file__).with_name("cuda_only_lines.txt")
 SUBSET = ("tests/test_indexed_device.py", "tests/test_attention.py", "tests/test_gpu_regime.py",
           "tests/test_stream_handover.py", "tests/test_kv_cache.py", "tests/test_bench_gpu_figures.py",
+          "tests/test_bench_gpu_ab.py",
           "tests/test_bench.py::test_gpu_sessions_official_backends_on_cpu",
           "tests/test_context_noise.py::test_off_is_the_clean_commit_bit_for_bit_and_a_level_changes_only_later_windows")
 GPU_WORDS = re.compile(r"\bcuda\b|flashinfer|torch\.cuda")

@@ -11,19 +11,22 @@
 #   flashinfer_ready  one Edge-shaped flashinfer batch loads the prebuilt modules; FLASHINFER_DISABLE_JIT=1,
 #                     so a module that does not load fails here in seconds instead of compiling
 #   attention         headline: flashinfer vs sdpa vs fp32 at Edge geometry (check_attention.py)
-#   bench_headline    headline: `bench gpu` windows at full context (>= 5 timed windows at one context
-#                     length: ms per window, MFU, real-time factor), sessions 1/4/8 (one forward of N:
-#                     throughput, memory), the official recipe side by side
-#   bench_cadence     `bench gpu` cadence: time to first frames, inter-window p50/p95 over 16 windows at full
-#                     context, real-time factor at N = 1 and aggregate at N = 8, MFU
+#   bench_ab          headline: `bench gpu` ab, profile, decoder: today's path (fp32 decode, eager, decode after
+#                     the commit) against the new defaults in the same call, interleaved round by round, at
+#                     N = 1 and 8, frames and latent mode (each gain a ratio with its interval); one window of
+#                     each under the torch profiler (top kernels); the warm decoder alone (ms, TFLOP/s a window)
+#   bench_headline    `bench gpu` windows at full context (4 steps, with and without CFG, 5 timed windows at one
+#                     context length: ms per window, MFU, real-time factor), the official recipe side by side
 #   parity_diffusers  check_parity_diffusers.py: one Edge-geometry bf16 window vs diffusers' Cosmos3 forward
 #   gpu_tests         the `gpu`-marked tests: CUDA graphs captured once and replayed equal eager; a window's
 #                     denoise loop under set_sync_debug_mode("error"); 8 sessions with decode overlap equal
 #                     the same decoded in turn, frame for frame
 #   cosmos3_backends  check_cosmos3_backends.py: Edge windows and a rollout, flashinfer vs sdpa
-#   bench_backends    `bench gpu` backends: ms per denoise step, sdpa next to flashinfer (where it loads)
-#   bench_overlap     `bench gpu` overlap: N decoding sessions as one forward of N vs two halves with the
-#                     decode overlapped (does it pay?); its own step, so a backends failure cannot take it
+#   bench_more        `bench gpu` backends (ms per denoise step, sdpa next to flashinfer), cadence (time to
+#                     first frames, inter-window p50/p95 over 16 windows at full context, RTF at N = 1 and
+#                     aggregate at N = 8) and overlap (8 decoding sessions as one forward vs two halves with the
+#                     decode overlapped), one Edge build for the three; a section that fails or is cut keeps
+#                     the figures of those before it (--partial-json)
 # Every step writes its own JSON under $OUT; summary.json (headline figures, then each step's exit code,
 # seconds, limit and error) is rewritten after EVERY step, so a run cut short returns what finished; logs/
 # holds the output. A failed step makes the exit status 1 and the later steps still run; a step that would
@@ -57,18 +60,16 @@ fi
 OUT=$(mkdir -p "${OUT:-runs/gpu}" && realpath "${OUT:-runs/gpu}")
 WORK=$(mkdir -p "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}" && realpath "${WORK:-${TMPDIR:-/tmp}/worldstep-gpu}")
 BUDGET=${GPU_CHECK_BUDGET_S:-520}  # within the device call's 540 s, less the kill grace of the last step
-# Each step's limit in seconds: they add up to the 520 s budget (tests/gpu/README.md's table; a test checks)
-# (measured on the H200, 2026-12-04, docs/bench/gpu/h200-141gb/: setup 32-43 s, smoke 21, kit 18, flashinfer_ready
-# 6-8, attention 10, bench_headline 121, parity_diffusers 18, gpu_tests 35, cosmos3_backends 20, bench_backends 27;
-# building Edge's random weights takes ~10-18 s of every Edge step, and 8 decoding Edge sessions take 5.2 s a
-# window, so cadence and overlap need about a minute each: both timed out at 45 s and 30 s)
-declare -A LIMIT=([setup]=45 [smoke]=30 [kit]=22 [flashinfer_ready]=10 [attention]=14 [bench_headline]=130
-                  [bench_cadence]=75 [parity_diffusers]=25 [gpu_tests]=40 [cosmos3_backends]=25 [bench_backends]=32
-                  [bench_overlap]=72)
+# Each step's limit in seconds: they add up to the 520 s budget (tests/gpu/README.md's table, where each is
+# derived from the H200's step times of 2026-12-04, docs/bench/gpu/h200-141gb/steps.jsonl; a test checks the sum)
+declare -A LIMIT=([setup]=45 [smoke]=28 [kit]=20 [flashinfer_ready]=10 [attention]=12 [bench_ab]=140
+                  [bench_headline]=55 [parity_diffusers]=25 [gpu_tests]=40 [cosmos3_backends]=25 [bench_more]=120)
 # Each step's device memory plan in GiB (reasoned: Edge bf16 weights ~8, the KV pool ~1, a decoding 480p
-# session ~4-6): checked against the device's free memory before the step starts; H100 80 GB fits them all
-declare -A PLAN_GIB=([smoke]=2 [flashinfer_ready]=2 [attention]=4 [bench_headline]=60 [bench_cadence]=60
-                     [parity_diffusers]=40 [gpu_tests]=8 [cosmos3_backends]=30 [bench_backends]=40 [bench_overlap]=60)
+# session ~4-6; measured: 8 decoding sessions 29.6 GiB beyond weights and pool): checked against the device's
+# free memory before the step starts; H100 80 GB fits them all (inside bench_ab, the ab section's own plan for
+# both paths' 8 decoding sessions, ~80 GB reasoned, skips it there with the reason; the H200 runs it)
+declare -A PLAN_GIB=([smoke]=2 [flashinfer_ready]=2 [attention]=4 [bench_ab]=70 [bench_headline]=30
+                     [parity_diffusers]=40 [gpu_tests]=8 [cosmos3_backends]=30 [bench_more]=60)
 T0=$(date +%s)
 STATUS=0
 mkdir -p "$OUT/logs" "$WORK"
@@ -123,12 +124,18 @@ CHECK=(--device "$DEVICE" "${TINY[@]}" --out "$OUT")
 BENCH=("$PY" -m worldstep.bench gpu)
 FLASHINFER_BACKEND=flashinfer
 TIMED_WINDOWS=5  # per setting, all at full context (one context length)
+HEADLINE_STEPS=4  # the targets' step count (30 steps cost 25 s more: left out of the budget)
+AB=(--ab-sessions 1,8 --ab-rounds 4 --ab-warmup 2)  # warm-up rounds fill Edge's 8-frame context (2 windows)
+MORE_WINDOWS=2  # bench_more: 1 warm-up + 2 timed windows of 8 decoding sessions (5.2 s each on the H200 in fp32)
 if [ "$DEVICE" = cpu ]; then
   export FLASHINFER_CUDA_ARCH_LIST=9.0a  # no GPU to ask: name the H200's arch
   BENCH+=(--arch tiny --allow-cpu --height 256 --width 256 --steps 1 --guidance 1,2 --session-steps 1 --context-frames 2
           --official-steps 1)
   SESSIONS=1,2
   TIMED_WINDOWS=2
+  HEADLINE_STEPS=1
+  AB=(--ab-sessions 1,2 --ab-rounds 2 --ab-warmup 0)
+  MORE_WINDOWS=1
   LIMIT[flashinfer_ready]=240  # on a CPU: nvcc's preprocessor over every module source instead
   FLASHINFER_BACKEND=auto  # sdpa on a CPU: the same code path
 fi
@@ -146,19 +153,18 @@ if ((LAST_RC != 0)); then
   HEADLINE_BACKEND=sdpa  # flashinfer did not load: the headline figures on sdpa rather than none
 fi
 run attention "$PY" tests/gpu/check_attention.py "${CHECK[@]}"
-run bench_headline "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" \
-  --sections windows,sessions,official --sessions "${SESSIONS:-1,4,8}" --windows "$TIMED_WINDOWS" \
-  --json "$OUT/bench_gpu_headline.json" --partial-json "$OUT/bench_gpu_headline.json"
-run bench_cadence "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections cadence \
-  --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_cadence.json" --partial-json "$OUT/bench_gpu_cadence.json"
+run bench_ab "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections ab,profile,decoder "${AB[@]}" \
+  --json "$OUT/bench_gpu_ab.json" --partial-json "$OUT/bench_gpu_ab.json"
+run bench_headline "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections windows,official \
+  --steps "$HEADLINE_STEPS" --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_headline.json" \
+  --partial-json "$OUT/bench_gpu_headline.json"
 run parity_diffusers "$PY" tests/gpu/check_parity_diffusers.py "${CHECK[@]}"
 run gpu_tests "$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/test_gpu_regime.py \
   tests/test_stream_handover.py --junitxml "$OUT/gpu_tests.xml"
 run cosmos3_backends "$PY" tests/gpu/check_cosmos3_backends.py "${CHECK[@]}"
-run bench_backends "${BENCH[@]}" --attention-backend sdpa --sections backends --sessions "${SESSIONS:-1,8}" \
-  --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_backends.json" --partial-json "$OUT/bench_gpu_backends.json"
-run bench_overlap "${BENCH[@]}" --attention-backend sdpa --sections overlap --sessions "${SESSIONS:-1,8}" \
-  --windows "$TIMED_WINDOWS" --json "$OUT/bench_gpu_overlap.json" --partial-json "$OUT/bench_gpu_overlap.json"
+run bench_more "${BENCH[@]}" --attention-backend "$HEADLINE_BACKEND" --sections backends,cadence,overlap \
+  --sessions "${SESSIONS:-1,8}" --windows "$MORE_WINDOWS" --json "$OUT/bench_gpu_more.json" \
+  --partial-json "$OUT/bench_gpu_more.json"
 
 summarize --final
 exit $STATUS

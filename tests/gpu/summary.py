@@ -4,9 +4,10 @@
 
 The headline figures come first, gathered from the JSON the steps have written so far (absent until their
 step ran): the tiny smoke per backend (`smoke.json`); flashinfer vs sdpa at Edge geometry (`attention.json`);
-per-window ms at full context, MFU and real-time factor, N = 1/4/8 sessions (one forward of N) with their
-throughput and memory, and the official diffusers recipe side by side (`bench_gpu_headline.json`); then the
-cadence (`bench_gpu_cadence.json`) and the bf16 parity with diffusers (`parity_diffusers.json`); then each
+today's path against the new defaults at N = 1 and 8, frames and latents, each speedup with its interval, and
+issue 47's targets judged on the new path (`bench_gpu_ab.json`); per-window ms at full context, MFU and
+real-time factor, and the official diffusers recipe side by side (`bench_gpu_headline.json`); then the
+cadence (`bench_gpu_more.json`) and the bf16 parity with diffusers (`parity_diffusers.json`); then each
 step's exit code, seconds, limit and, for a failed step, its error (the last error line of its log, and the
 errors a bench recorded per section) (`steps.jsonl`, `logs/`). `device_name` names the device the figures
 came from. Runs on the image's own python (stdlib only): the venv may be what failed.
@@ -23,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 HEADLINE_BENCH = "bench_gpu_headline.json"
-CADENCE_BENCH = "bench_gpu_cadence.json"
+AB_BENCH = "bench_gpu_ab.json"
+MORE_BENCH = "bench_gpu_more.json"  # backends, cadence, overlap
 STEP_FILES = {"smoke": "smoke.json", "kit": "kit.json", "flashinfer_ready": "flashinfer_ready.json",
-              "attention": "attention.json", "bench_headline": HEADLINE_BENCH, "bench_cadence": CADENCE_BENCH,
+              "attention": "attention.json", "bench_ab": AB_BENCH, "bench_headline": HEADLINE_BENCH,
               "parity_diffusers": "parity_diffusers.json", "gpu_tests": "gpu_tests.xml",
-              "cosmos3_backends": "cosmos3_backends.json", "bench_backends": "bench_gpu_backends.json",
-              "bench_overlap": "bench_gpu_overlap.json"}
+              "cosmos3_backends": "cosmos3_backends.json", "bench_more": MORE_BENCH}
 _ERROR = re.compile(r"(Error|Exception|Traceback|FAILED|error:|Killed)")
 
 
@@ -81,8 +82,20 @@ def smoke(out: Path) -> dict | None:
                                               for name, r in doc.get("backends", {}).items()}}
 
 
+def ab(out: Path) -> dict | None:
+    """Each A/B row's speedup with its interval and the new path's figures; the targets judged on them."""
+    a = _results(_read(out / AB_BENCH)).get("ab")
+    if a is None:
+        return None
+    rows = [{"mode": r["mode"], "sessions": r["sessions"], "speedup": r["speedup"],
+             **{f"{name}_ms_per_step": p["ms_per_step"] for name, p in r["paths"].items()},
+             "new_env_steps_per_s": r["paths"]["new"]["env_steps_per_s"]} for r in a.get("rows", [])]
+    refused = {name: sorted(p.get("refused", {})) for name, p in a.get("paths", {}).items() if p.get("refused")}
+    return {"rows": rows, "targets": a.get("targets"), "refused": refused}
+
+
 def cadence(out: Path) -> dict | None:
-    c = _results(_read(out / CADENCE_BENCH)).get("cadence")
+    c = _results(_read(out / MORE_BENCH)).get("cadence")
     if c is None:
         return None
     return {k: c.get(k) for k in ("num_steps", "time_to_first_frames_s", "timed_windows", "inter_window_p50_ms",
@@ -141,7 +154,7 @@ def summarize(out: Path, device: str, seconds: int, status: int, final: bool) ->
             s["error"] = error
     return _finite({"ok": final and status == 0, "finished": final, "device": device,
                     "device_name": device_name(out), "seconds": seconds,
-                    "headline": {"smoke": smoke(out), "parity": parity(out), "bench": bench(out),
+                    "headline": {"smoke": smoke(out), "parity": parity(out), "ab": ab(out), "bench": bench(out),
                                  "cadence": cadence(out), "parity_diffusers": parity_diffusers(out)},
                     "steps": steps})
 
@@ -157,6 +170,9 @@ def write(out: Path, doc: dict) -> Path:
 def print_summary(doc: dict) -> None:
     head = doc["headline"]
     print(f"headline parity (flashinfer vs sdpa, Edge geometry): {head['parity']}")
+    for row in (head["ab"] or {}).get("rows", []):
+        print(f"headline A/B (today / new): {row}")
+    print(f"targets (new path): {(head['ab'] or {}).get('targets')}")
     for part in ("windows", "sessions"):
         for row in (head["bench"] or {}).get(part, []):
             print(f"headline {part}: {row}")
