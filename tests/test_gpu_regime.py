@@ -396,8 +396,8 @@ def test_padded_context_masks_exactly_the_padding(checkpoint):
 
 @pytest.mark.gpu
 def test_cuda_graph_replay_equals_eager_steps(checkpoint):
-    """On a GPU: denoise steps replayed from graphs captured once per window geometry give the eager latents; at a
-    page size that does not divide a window's tokens, every window after the first replays one graph."""
+    """On a GPU: denoise steps and commits replayed from graphs captured once per window geometry give the eager
+    latents; at a page size that does not divide a window's tokens, every window after the first replays one pair."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     kwargs = dict(device="cuda", dtype=torch.bfloat16, height=32, width=32, attention_backend="sdpa", page_size=3)
@@ -410,6 +410,7 @@ def test_cuda_graph_replay_equals_eager_steps(checkpoint):
     graphs = model.runner.ctx.graphs
     # per group: CUDA overlaps decodes, so the two decoding sessions are two groups (12 x 2 x 6 = 144 replays)
     assert graphs.captures == 2 and sum(g.replays for g in graphs._graphs.values()) == graph_replays(graphed, 6)
+    assert sum(g.commits for g in graphs._graphs.values()) == graph_replays(graphed, 6) // 6  # a commit per group
     model.close_all()
     assert len(graphs) == 0
 
