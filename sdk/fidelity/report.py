@@ -28,6 +28,7 @@ import torch
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from ..flags import add_flags, flag, from_namespace
+from .journal import Journal, StretchSpent
 from .lift import lift_summary
 from .openloop import (
     FrameScores,
@@ -111,6 +112,14 @@ class FidelityArgs:
     workers: int = flag("processes for model work (1: inline)", default=1)
     sections: list[str] = flag(f"comma-separated subset of {','.join(SECTIONS)} (development runs; a report runs "
                                "all)", default_factory=lambda: list(SECTIONS))
+    resume: bool = flag("continue the run in --out: tasks its journal holds are not run again (refused if an "
+                        "argument that decides the results changed)", default=False)
+    stop_after_minutes: float = flag("wall time of this stretch: no task starts after it, what finished is kept "
+                                     "for --resume, and no report is written (0: run to the end)", default=0.0)
+    continue_windows: int = flag("trust study: model episodes go on this many windows past their first success "
+                                 "(recorded as `continued`; the outcome stays the stop's)", default=0)
+    agreement_forks: int = flag("trust study: forks of each model episode's session with other noise seeds, "
+                                "stepped every window (0: none)", default=0)
 
 
 def parse_args(argv: list[str] | None) -> FidelityArgs:
@@ -129,6 +138,11 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
                  "plan_horizon", "plan_forks", "confirm_windows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
+    for name, high in (("continue_windows", None), ("agreement_forks", 98), ("stop_after_minutes", None)):
+        value = getattr(args, name)
+        if value < 0 or (high is not None and value > high):
+            p.error(f"--{name.replace('_', '-')}={value} is invalid; allowed: >= 0"
+                    + ("" if high is None else f" and <= {high}"))
     if not 0 <= args.plan_episodes <= args.episodes:
         p.error(f"--plan-episodes={args.plan_episodes} is invalid; allowed: 0..--episodes ({args.episodes}), "
                 "the planner is paired with the policies' episodes")
@@ -177,7 +191,10 @@ def _open_loop_tasks(held: HeldOut, group: int = 16) -> list:
 
 
 def _episode_tasks(args: FidelityArgs, seeds: list[int], num_policies: int) -> list:
-    return [EpisodesTask((p,), tuple(seeds), args.policy_windows) for p in range(num_policies)]
+    """One task per model episode, so each is saved as it finishes (`Journal`); seed by seed, so a stretch
+    cut short has every policy on the same starts."""
+    return [EpisodesTask((p,), (s,), args.policy_windows, args.continue_windows, args.agreement_forks)
+            for s in seeds for p in range(num_policies)]
 
 
 def _planner_runs(args: FidelityArgs) -> list[tuple[str, int | None]]:
@@ -385,8 +402,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     episode_tasks = _episode_tasks(args, episode_seeds, len(graded_policies())) if "policies" in args.sections else []
     plan_seeds = episode_seeds[: args.plan_episodes]
     plan_tasks = _planner_tasks(args, plan_seeds) if "planning" in args.sections and plan_seeds else []
-    outputs = run_tasks(path, args.threads, args.workers, recipe, plan_tasks + episode_tasks + open_tasks,
-                        max_windows=args.policy_windows)
+    journal = Journal(out, _journal_settings(args, path), args.resume)
+    deadline = time.monotonic() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
+    try:
+        outputs = run_tasks(path, args.threads, args.workers, recipe, plan_tasks + episode_tasks + open_tasks,
+                            max_windows=args.policy_windows, journal=journal, deadline=deadline)
+    except StretchSpent as stop:
+        print(f"fidelity: --stop-after-minutes spent, {stop}; continue with the same command and --resume",
+              file=sys.stderr)
+        return {"stopped": str(stop), "journal": str(journal.folder)}
     plan_out = outputs[: len(plan_tasks)]
     episode_out = outputs[len(plan_tasks): len(plan_tasks) + len(episode_tasks)]
     records = Records(clip_seeds=held.seeds if open_tasks else [])
@@ -394,8 +418,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if open_tasks:
         records.scores, videos = _open_loop_scores(outputs[len(plan_tasks) + len(episode_tasks):], held)
     if episode_tasks:
+        by_policy = sorted(zip(episode_tasks, episode_out), key=lambda te: te[0].policy_ids)  # stable: seeds kept
         records.episodes = sim_episodes(graded_policies(chunk), episode_seeds, args.policy_windows, chunk) + [
-            r for part in episode_out for r in part]
+            r for _, part in by_policy for r in part]
         records.plans = [r for part in plan_out for r in part]
     files = write_records(out, records)
     report = {"checkpoint": str(path), "split": args.split, "args": asdict(args), "settings": recipe.to_dict(),
@@ -406,6 +431,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["seconds"] = time.perf_counter() - start
     (out / "report.json").write_text(json.dumps(_finite(report), indent=2))
     return report
+
+
+# Arguments a resumed run may change: they set how this stretch runs or what is drawn, not what is computed.
+STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips")
+
+
+def _journal_settings(args: FidelityArgs, checkpoint: Path) -> dict[str, Any]:
+    from .provenance import tree_sha256
+
+    kept = {k: v for k, v in asdict(args).items() if k not in STRETCH_ARGS}
+    return {**kept, "checkpoint_sha256": tree_sha256([checkpoint], checkpoint)}
 
 
 def _finite(value: Any) -> Any:
