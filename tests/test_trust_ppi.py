@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_world import cache_dir, world  # noqa: F401 - fixtures
 from worldstep.trust import ppi_rate
 
 # (true rate, P(model success | true failure), P(model failure | true success)): a model that over-reports,
 # one that under-reports, and one nearly always right
-WORLDS = ((0.6, 0.3, 0.1), (0.5, 0.0, 0.4), (0.3, 0.05, 0.05), (0.9, 0.5, 0.05))
+SCENARIOS = ((0.6, 0.3, 0.1), (0.5, 0.0, 0.4), (0.3, 0.05, 0.05), (0.9, 0.5, 0.05))
 
 
 def _draw(rng, rate: float, false_success: float, missed: float, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -18,12 +19,12 @@ def _draw(rng, rate: float, false_success: float, missed: float, size: int) -> t
     return model, truth
 
 
-def _coverage(estimate, world, repeats: int = 1500, N: int = 40, n: int = 10, seed: int = 0):
+def _coverage(estimate, scenario, repeats: int = 1500, N: int = 40, n: int = 10, seed: int = 0):
     rng = np.random.default_rng(seed)
-    rate = world[0]
+    rate = scenario[0]
     hits, errors = [], []
     for _ in range(repeats):
-        model, truth = _draw(rng, *world, N + n)
+        model, truth = _draw(rng, *scenario, N + n)
         value, (low, high) = estimate(model[:N], model[N:], truth[N:])
         hits.append(low <= rate <= high)
         errors.append(value - rate)
@@ -35,11 +36,11 @@ def _ppi(model, paired_model, paired_true):
     return r.value, r.ci95
 
 
-@pytest.mark.parametrize("world", WORLDS)
-def test_corrected_rates_are_unbiased_and_their_intervals_cover(world):
-    coverage, bias = _coverage(_ppi, world)
-    assert coverage >= 0.94, (world, coverage)
-    assert abs(bias) < 0.015, (world, bias)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_corrected_rates_are_unbiased_and_their_intervals_cover(scenario):
+    coverage, bias = _coverage(_ppi, scenario)
+    assert coverage >= 0.94, (scenario, coverage)
+    assert abs(bias) < 0.015, (scenario, bias)
 
 
 def test_the_models_own_rate_fails_the_same_check():
@@ -49,7 +50,7 @@ def test_the_models_own_rate_fails_the_same_check():
         half = 1.96 * np.sqrt(p * (1 - p) / 50)
         return p, (p - half, p + half)
 
-    coverage, bias = _coverage(model_only, WORLDS[1])
+    coverage, bias = _coverage(model_only, SCENARIOS[1])
     assert coverage < 0.5 and abs(bias) > 0.1
 
 
@@ -62,3 +63,22 @@ def test_pairs_that_all_agree_still_give_an_interval_and_inputs_are_checked():
         ppi_rate([True], [True, False], [2, 0])
     with pytest.raises(ValueError, match="model="):
         ppi_rate([], [True, False], [True, False])
+
+
+def test_evaluate_reports_the_rate_corrected_by_paired_outcomes(world, tmp_path):  # noqa: F811
+    import json
+
+    import worldstep
+    from worldstep.policies import SinePolicy
+
+    every = lambda frames: True  # noqa: E731 - every window a success in the model
+    pairs = [(True, True), (True, False), (True, False), (True, True)]
+    report = worldstep.evaluate(world, SinePolicy(world.action_shape), 3, out_dir=tmp_path, success_fn=every,
+                                record_video=False, progress=False, paired_outcomes=pairs)
+    saved = json.loads((tmp_path / "report.json").read_text())["corrected_success_rate"]
+    assert report.success_rate == 1.0 and saved["value"] == 0.5 and saved["rectifier"] == 0.5
+    assert (saved["n"], saved["N"]) == (4, 3) and saved["ci95"][0] < 0.5 < saved["ci95"][1]
+    with pytest.raises(ValueError, match="paired_outcomes="):
+        worldstep.evaluate(world, SinePolicy(world.action_shape), 1, out_dir=tmp_path / "bad",
+                           paired_outcomes=[(True, 0.5), (True, True)])
+    assert not (tmp_path / "bad").exists()  # refused before any work

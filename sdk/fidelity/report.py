@@ -28,6 +28,7 @@ import torch
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from ..flags import add_flags, flag, from_namespace
+from .corrected import corrected_section
 from .journal import Journal, StretchSpent
 from .lift import lift_summary
 from .openloop import (
@@ -118,6 +119,8 @@ class FidelityArgs:
                                      "for --resume, and no report is written (0: run to the end)", default=0.0)
     continue_windows: int = flag("trust study: model episodes go on this many windows past their first success "
                                  "(recorded as `continued`; the outcome stays the stop's)", default=0)
+    paired: int = flag("prediction-powered rates: each policy's first n episodes are paired (model and simulator "
+                       "from the same start), the rest model-only (0: none)", default=0)
     agreement_forks: int = flag("trust study: forks of each model episode's session with other noise seeds, "
                                 "stepped every window (0: none)", default=0)
 
@@ -138,6 +141,8 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
                  "plan_horizon", "plan_forks", "confirm_windows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
+    if args.paired and not 2 <= args.paired < args.episodes:
+        p.error(f"--paired={args.paired} is invalid; allowed: 0, or 2 <= n < --episodes ({args.episodes})")
     for name, high in (("continue_windows", None), ("agreement_forks", 98), ("stop_after_minutes", None)):
         value = getattr(args, name)
         if value < 0 or (high is not None and value > high):
@@ -245,6 +250,8 @@ def _policy_section(episodes: list, seeds: list[int], args: FidelityArgs, chunk:
     model = [r for r in episodes if r.replay_success is not None]
     section = policy_report(sim, model, [p.name for p in policies], FLOOR, seeds, max_windows=args.policy_windows)
     section["max_windows"] = args.policy_windows
+    if args.paired:
+        section["corrected"] = corrected_section(sim, model, [p.name for p in policies], FLOOR, seeds, args.paired)
     return section
 
 
@@ -434,7 +441,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 # Arguments a resumed run may change: they set how this stretch runs or what is drawn, not what is computed.
-STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips")
+STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips", "paired")
 
 
 def _journal_settings(args: FidelityArgs, checkpoint: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,3 +66,27 @@ def ppi_rate(model: Sequence, paired_model: Sequence, paired_true: Sequence) -> 
     se = np.sqrt(_floored_variance(f, (0.0, 1.0)) / len(f) + _floored_variance(difference, (-1.0, 1.0)) / len(y))
     low, high = max(0.0, value - Z95 * se), min(1.0, value + Z95 * se)
     return PPIRate(value, (float(low), float(high)), float(f.mean()), float(difference.mean()), len(y), len(f))
+
+
+def check_pairs(name: str, pairs: Sequence) -> list[tuple[bool, bool]]:
+    """`pairs` as (model, truth) bools; ValueError naming `name` before any work when it is not at least two."""
+    try:
+        rows = [tuple(p) for p in pairs]
+    except TypeError:
+        rows = []
+    if len(rows) < 2 or any(len(r) != 2 or not all(v in (0, 1) and not isinstance(v, float) for v in r) for r in rows):
+        raise ValueError(f"{name}={pairs!r} is invalid; allowed: at least two (model_success, true_success) pairs "
+                         "of bools")
+    return [(bool(a), bool(b)) for a, b in rows]
+
+
+def with_corrected_rate(report, pairs: list[tuple[bool, bool]], out_dir: Path | None = None):
+    """`report` (an `EvalReport`) with its rate corrected by `pairs`, rewritten into `out_dir/report.json`."""
+    from ..outputs import write_json
+
+    ok = [e.success for e in report.episodes if e.status == "ok"]
+    if ok:
+        report.corrected_success_rate = ppi_rate(ok, [m for m, _ in pairs], [t for _, t in pairs]).to_dict()
+        if out_dir is not None and (out_dir / "report.json").exists():
+            write_json(out_dir / "report.json", report.to_dict())
+    return report

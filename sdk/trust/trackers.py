@@ -21,14 +21,21 @@ class PushTracker:
     is the block's distance in px; a block that was in view and is lost is `inf`."""
 
     def residual(self, previous_frame: np.ndarray, frames: np.ndarray, actions: np.ndarray) -> float | None:
-        from worldstep.envs.push_sim import PushState, detect_objects, physics_step
+        from worldstep.envs.push_sim import detect_objects
 
         before = detect_objects(previous_frame)
-        if before["effector"] is None or before["block"] is None:
-            return None
-        goal = before["goal"] if before["goal"] is not None else np.zeros(2)
-        state = PushState(np.asarray(before["effector"], float), np.asarray(before["block"], float), goal)
-        for action in np.asarray(actions, dtype=np.float64):
-            state = physics_step(state, action)
-        block = detect_objects(np.asarray(frames)[-1])["block"]
-        return float("inf") if block is None else float(np.linalg.norm(np.asarray(block) - state.block))
+        return block_residual(before["effector"], before["block"], detect_objects(np.asarray(frames)[-1])["block"],
+                              actions)
+
+
+def block_residual(effector, block, block_after, actions: np.ndarray) -> float | None:
+    """px between `block_after` and where PushSim's rules put the block from (`effector`, `block`) through
+    `actions`; None when either was not seen before, inf when the block is not seen after."""
+    from worldstep.envs.push_sim import PushState, physics_step
+
+    if effector is None or block is None:
+        return None
+    state = PushState(np.asarray(effector, float), np.asarray(block, float), np.zeros(2))
+    for action in np.asarray(actions, dtype=np.float64):
+        state = physics_step(state, action)
+    return float("inf") if block_after is None else float(np.linalg.norm(np.asarray(block_after) - state.block))
