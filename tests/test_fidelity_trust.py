@@ -88,3 +88,22 @@ def test_the_harness_corrects_each_policys_rate_with_its_first_n_episodes():
     assert out["without_floor"]["policies"] == 2 and (out["paired"], out["model_only"]) == (5, 15)
     with pytest.raises(ValueError, match="paired=20"):
         corrected_section([], [], names, ("idle",), seeds, 20)
+
+
+def test_a_report_with_a_frozen_rule_records_its_hash_and_refuses_an_edited_rule(tmp_path):
+    import json
+
+    from worldstep.fidelity.report import main
+
+    rule = SelectiveRule(consistency_max=2.0)
+    path = tmp_path / "rule.json"
+    path.write_text(json.dumps({**rule.to_dict(), "sha256": rule.sha256}))
+    report = main(["--budget", "small", "--threads", "1", "--sections", "policies", "--rule", str(path),
+                   "--out", str(tmp_path / "run")])
+    assert report["provenance"]["rule_sha256"] == rule.sha256
+    selective = report["policies"]["selective"]
+    assert selective["at_rule"]["rule_sha256"] == rule.sha256
+    assert selective["at_rule"]["claimed"] <= selective["as_reported"]["claimed"]
+    path.write_text(json.dumps({**rule.to_dict(), "consistency_max": 3.0, "sha256": rule.sha256}))
+    with pytest.raises(SystemExit):
+        main(["--budget", "small", "--sections", "policies", "--rule", str(path), "--out", str(tmp_path / "x")])

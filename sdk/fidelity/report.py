@@ -49,6 +49,7 @@ from .records import Records, write_records
 from .rollouts import RolloutRecipe, sim_episodes
 from .seeds import SPLITS, split_range
 from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run_tasks
+from .trust_study import load_rule, selective_section
 
 _PRESETS = {
     "small": {"clips": 2, "windows": 2, "episodes": 2, "policy_windows": 2, "num_steps": 1, "video_clips": 1,
@@ -119,6 +120,8 @@ class FidelityArgs:
                                      "for --resume, and no report is written (0: run to the end)", default=0.0)
     continue_windows: int = flag("trust study: model episodes go on this many windows past their first success "
                                  "(recorded as `continued`; the outcome stays the stop's)", default=0)
+    rule: str | None = flag("a frozen selective rule (rule.json of `worldstep.fidelity.trust_study`): the policies "
+                             "section adds the rule's claims; its sha256 goes into the provenance", default=None)
     paired: int = flag("prediction-powered rates: each policy's first n episodes are paired (model and simulator "
                        "from the same start), the rest model-only (0: none)", default=0)
     agreement_forks: int = flag("trust study: forks of each model episode's session with other noise seeds, "
@@ -141,6 +144,12 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
                  "plan_horizon", "plan_forks", "confirm_windows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
+    if args.rule is not None:
+        try:
+            load_rule(args.rule)
+        except (OSError, ValueError, TypeError) as err:
+            p.error(f"--rule={args.rule} is invalid ({err}); allowed: a rule.json written by "
+                    "worldstep.fidelity.trust_study")
     if args.paired and not 2 <= args.paired < args.episodes:
         p.error(f"--paired={args.paired} is invalid; allowed: 0, or 2 <= n < --episodes ({args.episodes})")
     for name, high in (("continue_windows", None), ("agreement_forks", 98), ("stop_after_minutes", None)):
@@ -250,6 +259,8 @@ def _policy_section(episodes: list, seeds: list[int], args: FidelityArgs, chunk:
     model = [r for r in episodes if r.replay_success is not None]
     section = policy_report(sim, model, [p.name for p in policies], FLOOR, seeds, max_windows=args.policy_windows)
     section["max_windows"] = args.policy_windows
+    if args.rule is not None:
+        section["selective"] = selective_section(model, load_rule(args.rule), args.policy_windows)
     if args.paired:
         section["corrected"] = corrected_section(sim, model, [p.name for p in policies], FLOOR, seeds, args.paired)
     return section
@@ -432,7 +443,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     files = write_records(out, records)
     report = {"checkpoint": str(path), "split": args.split, "args": asdict(args), "settings": recipe.to_dict(),
               "episode_seeds": [episode_seeds[0], episode_seeds[-1]],
-              "provenance": provenance(path, args.split, argv), **sections(records, args, chunk)}
+              "provenance": {**provenance(path, args.split, argv),
+                             **({"rule_sha256": load_rule(args.rule).sha256} if args.rule else {})},
+              **sections(records, args, chunk)}
     report["files"] = files + write_media(out, report.get("open_loop"), report.get("policies"), videos,
                                           args.video_clips)
     report["seconds"] = time.perf_counter() - start
@@ -441,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 # Arguments a resumed run may change: they set how this stretch runs or what is drawn, not what is computed.
-STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips", "paired")
+STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips", "paired", "rule")
 
 
 def _journal_settings(args: FidelityArgs, checkpoint: Path) -> dict[str, Any]:

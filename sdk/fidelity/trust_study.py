@@ -163,6 +163,23 @@ def frontier(table: list[dict]) -> list[dict]:
     return sorted(out, key=lambda t: t["coverage"] or 0)
 
 
+def load_rule(path: str | Path) -> SelectiveRule:
+    """The rule a `rule.json` holds; ValueError when its recorded sha256 does not match its thresholds."""
+    data = json.loads(Path(path).read_text())
+    recorded = data.pop("sha256", None)
+    rule = SelectiveRule.from_dict(data)
+    if recorded is not None and recorded != rule.sha256:
+        raise ValueError(f"rule sha256 {recorded} does not match its thresholds ({rule.sha256}): the file was edited")
+    return rule
+
+
+def selective_section(model_runs: list[EpisodeOutcome], rule: SelectiveRule, max_windows: int) -> dict[str, Any]:
+    """The frozen rule's figures on a run's model episodes (graded policies), beside the as-reported ones."""
+    episodes = study_episodes(model_runs, TRAINED_HORIZON)
+    return {"at_rule": rule_stats(rule, episodes, max_windows),
+            "as_reported": rule_stats(SelectiveRule(), episodes, max_windows)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.trust_study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
