@@ -163,6 +163,20 @@ def frontier(table: list[dict]) -> list[dict]:
     return sorted(out, key=lambda t: t["coverage"] or 0)
 
 
+def lost_block_counts(outcomes: list[EpisodeOutcome]) -> dict[str, int]:
+    """False and missed successes of the graded policies, and how many of each had a window where the model's
+    frames lost the block while the replay showed it."""
+    graded = [o for o in outcomes if o.replay_success is not None and o.policy not in FLOOR]
+
+    def lost(o: EpisodeOutcome) -> bool:
+        return any(d["model"]["block"] is None and d["sim"]["block"] is not None for d in o.detections)
+
+    false = [o for o in graded if o.episode.success and not o.replay_success]
+    missed = [o for o in graded if not o.episode.success and o.replay_success]
+    return {"episodes": len(graded), "false_successes": len(false), "false_with_lost_block": sum(map(lost, false)),
+            "missed_successes": len(missed), "missed_with_lost_block": sum(map(lost, missed))}
+
+
 def load_rule(path: str | Path) -> SelectiveRule:
     """The rule a `rule.json` holds; ValueError when its recorded sha256 does not match its thresholds."""
     data = json.loads(Path(path).read_text())
@@ -200,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     result = {"run": str(args.run), "episodes": len(episodes), "seeds": sorted({o.episode.seed for o in outcomes}),
               "max_windows": args.max_windows,
-              "trained_horizon": args.trained_horizon, "fit": f"most real claims with precision Wilson low >= "
+              "trained_horizon": args.trained_horizon, "lost_block": lost_block_counts(outcomes),
+              "fit": f"most real claims with precision Wilson low >= "
               f"{MIN_PRECISION_LOW}", "as_reported": as_reported,
               "frozen_rule": None if rule is None else rule_stats(rule, episodes, args.max_windows),
               "frontier": frontier(table), "grid": table}
