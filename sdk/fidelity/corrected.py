@@ -39,3 +39,32 @@ def corrected_section(sim_runs: list, model_runs: list, names: list[str], floor:
                               "policies": len(graded), "spearman": float(spearman(corrected, true)),
                               "model_only_mean_abs_error": float(np.abs(raw - true).mean()),
                               "model_only_spearman": float(spearman(raw, true))}}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """`python -m worldstep.fidelity.corrected RUN --paired n`: the section from a run's records alone."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from .policies import FLOOR, graded_policies
+    from .records import read_records
+    from .seeds import range_of
+
+    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.corrected", description=__doc__)
+    p.add_argument("run", help="a fidelity run folder (report.json and records/)")
+    p.add_argument("--paired", type=int, default=10, help="episodes per policy run in both worlds (the first n)")
+    args = p.parse_args(argv)
+    run = Path(args.run)
+    report = json.loads((run / "report.json").read_text())
+    seeds = range_of(report["episode_seeds"][0]).episode_seeds(report["args"]["episodes"])
+    episodes = read_records(run).episodes
+    section = corrected_section([r for r in episodes if r.replay_success is None],
+                                [r for r in episodes if r.replay_success is not None],
+                                [q.name for q in graded_policies()], FLOOR, seeds, args.paired)
+    print(json.dumps(section, indent=1))
+    return section
+
+
+if __name__ == "__main__":
+    main()
