@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 from worldstep.fidelity import tasks
@@ -84,3 +86,53 @@ def test_a_spent_stretch_writes_no_report_and_the_next_one_finishes(tmp_path, mo
     assert "task(s) left" in stopped["stopped"] and not (tmp_path / "report.json").exists()
     monkeypatch.undo()
     assert "policies" in main([*argv, "--resume"])
+
+
+class SimWorld:
+    """A stand-in world model that is the simulator itself (sessions are PushSim envs; forks copy them)."""
+
+    def __init__(self) -> None:
+        self.open, self.forks = set(), 0
+
+    def open_session(self, frame, prompt, domain_id, knobs=None, generator=None, action_width=2):
+        from worldstep.envs.push_sim import PushSimEnv
+
+        sim = PushSimEnv(chunk_size=4)
+        sim.reset(seed=int(generator.initial_seed()) // 1000)  # noise_seed(seed, p) = 1000 * seed + p
+        self.open.add(id(sim))
+        return sim
+
+    def fork(self, session, generator=None):
+        fork = copy.deepcopy(session)
+        self.open.add(id(fork))
+        self.forks += 1
+        return fork
+
+    def step(self, sessions, chunks):
+        return [SimpleNamespace(frames=s.step(c)[0]["frames"]) for s, c in zip(sessions, chunks)]
+
+    def close(self, session):
+        self.open.discard(id(session))
+
+
+def test_continued_windows_and_forks_are_recorded_beside_unchanged_outcomes():
+    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.fidelity.policies import graded_policies
+    from worldstep.fidelity.rollouts import RolloutRecipe, model_episodes
+
+    recipe = RolloutRecipe("push", 0, RolloutKnobs(num_steps=1))
+    expert = graded_policies(4)[:1]
+    seeds = [20_000_000 + s for s in range(4)]
+    world = SimWorld()
+    plain = model_episodes(world, expert, seeds, 16, recipe)
+    study = model_episodes(world, expert, seeds, 16, recipe, continue_windows=2, agreement_forks=2)
+    assert not world.open and world.forks == 2 * sum(o.episode.windows + len(o.continued) for o in study)
+    stopped = [o for o in study if o.stop == "success"]
+    assert len(stopped) >= 2 and all(len(o.continued) == 2 for o in stopped)
+    for a, b in zip(plain, study):
+        row = b.to_record()
+        row.pop("continued", None)
+        for d in row["detections"]:
+            assert d.pop("forks") == [d["model_success"]] * 2  # the simulator's forks always agree
+        assert row == a.to_record()
+    assert all(c["sim_success"] == c["model_success"] for o in stopped for c in o.continued)
