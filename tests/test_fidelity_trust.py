@@ -62,12 +62,12 @@ def test_the_rule_claims_at_its_first_passing_window_and_the_figures_count_claim
 def test_the_fit_keeps_the_most_coverage_at_the_precision_floor():
     good = [(_ep((True, True, 0.5)), True, True)] * 40
     drift = [(_ep((True, False, 5.0)), False, False)] * 20
-    rule, table = fit(good + drift, 16)
+    rule, table, met = fit(good + drift, 16)
     stats = rule_stats(rule, good + drift, 16)
-    assert stats["real"] == 40 and stats["claimed"] == 40 and rule.consistency_max is not None
+    assert met and stats["real"] == 40 and stats["claimed"] == 40 and rule.consistency_max is not None
     assert len(table) > 100
-    rule, _ = fit(drift, 16)
-    assert rule is None  # nothing to claim with precision: no rule
+    rule, _, met = fit(drift, 16)
+    assert rule is None and not met  # nothing real to claim: no rule
 
 
 def _runs(table: np.ndarray, names: list[str], seeds: list[int], world: str) -> list[EpisodeOutcome]:
