@@ -107,3 +107,19 @@ def test_a_report_with_a_frozen_rule_records_its_hash_and_refuses_an_edited_rule
     path.write_text(json.dumps({**rule.to_dict(), "consistency_max": 3.0, "sha256": rule.sha256}))
     with pytest.raises(SystemExit):
         main(["--budget", "small", "--sections", "policies", "--rule", str(path), "--out", str(tmp_path / "x")])
+
+
+def test_committed_records_are_read_from_their_gzipped_copy(tmp_path):
+    import gzip
+
+    from worldstep.fidelity.records import Records, read_records, write_records
+
+    outcome = EpisodeOutcome(EpisodeResult(index=0, seed=7, windows=1, success=True), "expert", True, [STILL],
+                             "success", [_window([40.0, 40.0], True, True)])
+    write_records(tmp_path, Records(episodes=[outcome]))
+    plain = tmp_path / "records" / "episodes.jsonl"
+    expected = [o.to_record() for o in read_records(tmp_path).episodes]
+    with gzip.open(plain.with_name("episodes.jsonl.gz"), "wt") as f:
+        f.write(plain.read_text())
+    plain.unlink()
+    assert [o.to_record() for o in read_records(tmp_path).episodes] == expected == [outcome.to_record()]

@@ -33,7 +33,8 @@ def _coverage(estimate, scenario, repeats: int = 1500, N: int = 40, n: int = 10,
 
 def _ppi(model, paired_model, paired_true):
     r = ppi_rate(model, paired_model, paired_true)
-    return r.value, r.ci95
+    assert r.ci95[0] <= r.value <= r.ci95[1] and 0 <= r.value <= 1
+    return r.unclipped, r.ci95
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -120,7 +120,7 @@ def model_outcomes(run: Path) -> list[EpisodeOutcome]:
     if run.is_file():
         with gzip.open(run, "rt") as f:
             return [EpisodeOutcome.from_record(json.loads(line), i) for i, line in enumerate(f) if line.strip()]
-    if (run / "records" / "episodes.jsonl").exists():
+    if any((run / "records" / name).exists() for name in ("episodes.jsonl", "episodes.jsonl.gz")):
         return [o for o in read_records(run).episodes if o.replay_success is not None]
     parts = [pickle.loads(f.read_bytes()) for f in sorted((run / "journal").glob("*.pkl"))]
     found = [o for part in parts if isinstance(part, list) for o in part if isinstance(o, EpisodeOutcome)]

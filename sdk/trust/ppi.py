@@ -22,8 +22,9 @@ Z95 = 1.959964
 
 @dataclass(frozen=True)
 class PPIRate:
-    """The corrected rate with its 95% interval (clipped to [0, 1]); `model_rate` (the N episodes alone) and
-    `rectifier` (mean of model minus truth over the pairs) are what it is made of."""
+    """The corrected rate with its 95% interval, both clipped to [0, 1] (`unclipped`: the unbiased estimate, which
+    can leave it); `model_rate` (the N episodes alone) and `rectifier` (mean of model minus truth over the pairs)
+    are what it is made of."""
 
     value: float
     ci95: tuple[float, float]
@@ -31,6 +32,7 @@ class PPIRate:
     rectifier: float
     n: int
     N: int
+    unclipped: float
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ci95": list(self.ci95)}
@@ -65,7 +67,9 @@ def ppi_rate(model: Sequence, paired_model: Sequence, paired_true: Sequence) -> 
     value = float(f.mean() - difference.mean())
     se = np.sqrt(_floored_variance(f, (0.0, 1.0)) / len(f) + _floored_variance(difference, (-1.0, 1.0)) / len(y))
     low, high = max(0.0, value - Z95 * se), min(1.0, value + Z95 * se)
-    return PPIRate(value, (float(low), float(high)), float(f.mean()), float(difference.mean()), len(y), len(f))
+    clipped = min(1.0, max(0.0, value))  # a rate is in [0, 1]; the unclipped estimate is kept beside it
+    return PPIRate(clipped, (float(low), float(high)), float(f.mean()), float(difference.mean()), len(y), len(f),
+                   value)
 
 
 def check_pairs(name: str, pairs: Sequence) -> list[tuple[bool, bool]]:
