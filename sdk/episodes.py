@@ -104,6 +104,8 @@ class EvalReport:
     """windows generated in all, an interrupted episode's included"""
     run: dict[str, Any] = field(default_factory=dict)
     """what the caller records about the run (the CLI: command, policy, seed, prompt, ``--set`` overrides)"""
+    corrected_success_rate: dict[str, Any] | None = None
+    """the success rate corrected by paired outcomes (``evaluate(paired_outcomes=...)``; None: none given)"""
 
     @property
     def success_rate(self) -> float:
@@ -130,6 +132,7 @@ class EvalReport:
             "total_wall_s": self.wall_s,
             "frames_per_second": frames / self.wall_s if self.wall_s > 0 else 0.0,
             "run": self.run,
+            **({} if self.corrected_success_rate is None else {"corrected_success_rate": self.corrected_success_rate}),
             "episodes": [e.to_dict() for e in self.episodes],
         }
 

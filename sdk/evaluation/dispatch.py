@@ -12,6 +12,7 @@ import numpy as np
 from ..distributed import evaluate_ray
 from ..episodes import EpisodeConfig, EvalReport
 from ..policies import Policy
+from ..trust.ppi import check_pairs, with_corrected_rate
 from .local import evaluate_local
 
 __all__ = ["evaluate"]
@@ -23,7 +24,8 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
              seed: int = 0, record_video: bool = True, progress: bool = True,
              backend: Literal["local", "ray"] = "local", ray_address: str | None = None,
              num_workers: int | None = None, run_info: dict[str, Any] | None = None,
-             lerobot_out: str | os.PathLike | None = None) -> EvalReport:
+             lerobot_out: str | os.PathLike | None = None,
+             paired_outcomes: Sequence[tuple[bool, bool]] | None = None) -> EvalReport:
     """Run ``policy`` for ``episodes`` and write ``out_dir/report.json`` plus one mp4 per episode.
 
     An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error``;
@@ -53,7 +55,11 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
         lerobot_out: also write the episodes as a LeRobot v3.0 dataset in this new folder (frames, actions,
             state, prompt as task, success; ``worldstep.lerobot.imagined``), renamed into place when the run
             completes; local runs, batched or not.
+        paired_outcomes: n pairs ``(model_success, true_success)`` of the same episodes run in this model and in
+            the truth (a simulator, a robot): ``report.json`` then also holds ``corrected_success_rate``, this
+            run's rate corrected by them with a valid 95% interval (``worldstep.trust.ppi_rate``).
     """
+    pairs = None if paired_outcomes is None else check_pairs("paired_outcomes", paired_outcomes)
     if backend not in ("local", "ray"):
         raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
     if lerobot_out is not None and backend == "ray":
@@ -61,6 +67,12 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
     if lerobot_out is not None and Path(lerobot_out).exists():
         raise ValueError(f"lerobot_out={str(lerobot_out)!r} is invalid: it exists; allowed: a folder that does not "
                          "exist yet")
+    if pairs is not None:
+        report = evaluate(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir, batched=batched,
+                          batch_size=batch_size, seed=seed, record_video=record_video, progress=progress,
+                          backend=backend, ray_address=ray_address, num_workers=num_workers, run_info=run_info,
+                          lerobot_out=lerobot_out)
+        return with_corrected_rate(report, pairs, Path(out_dir))
     if backend == "ray":
         return evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
                             batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,

@@ -9,6 +9,7 @@ them against `report.json`.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,10 @@ def write_records(out: Path, records: Records) -> list[str]:
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL file, or of its gzipped copy (`NAME.jsonl.gz`, as committed records are kept)."""
+    if not path.exists() and path.with_name(path.name + ".gz").exists():
+        with gzip.open(path.with_name(path.name + ".gz"), "rt") as f:
+            return [json.loads(line) for line in f if line.strip()]
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 

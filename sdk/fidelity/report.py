@@ -28,6 +28,8 @@ import torch
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from ..flags import add_flags, flag, from_namespace
+from .corrected import corrected_section
+from .journal import Journal, StretchSpent
 from .lift import lift_summary
 from .openloop import (
     FrameScores,
@@ -47,6 +49,7 @@ from .records import Records, write_records
 from .rollouts import RolloutRecipe, sim_episodes
 from .seeds import SPLITS, split_range
 from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run_tasks
+from .trust_study import load_rule, selective_section
 
 _PRESETS = {
     "small": {"clips": 2, "windows": 2, "episodes": 2, "policy_windows": 2, "num_steps": 1, "video_clips": 1,
@@ -111,6 +114,18 @@ class FidelityArgs:
     workers: int = flag("processes for model work (1: inline)", default=1)
     sections: list[str] = flag(f"comma-separated subset of {','.join(SECTIONS)} (development runs; a report runs "
                                "all)", default_factory=lambda: list(SECTIONS))
+    resume: bool = flag("continue the run in --out: tasks its journal holds are not run again (refused if an "
+                        "argument that decides the results changed)", default=False)
+    stop_after_minutes: float = flag("wall time of this stretch: no task starts after it, what finished is kept "
+                                     "for --resume, and no report is written (0: run to the end)", default=0.0)
+    continue_windows: int = flag("trust study: model episodes go on this many windows past their first success "
+                                 "(recorded as `continued`; the outcome stays the stop's)", default=0)
+    rule: str | None = flag("a frozen selective rule (rule.json of `worldstep.fidelity.trust_study`): the policies "
+                             "section adds the rule's claims; its sha256 goes into the provenance", default=None)
+    paired: int = flag("prediction-powered rates: each policy's first n episodes are paired (model and simulator "
+                       "from the same start), the rest model-only (0: none)", default=0)
+    agreement_forks: int = flag("trust study: forks of each model episode's session with other noise seeds, "
+                                "stepped every window (0: none)", default=0)
 
 
 def parse_args(argv: list[str] | None) -> FidelityArgs:
@@ -129,6 +144,19 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
                  "plan_horizon", "plan_forks", "confirm_windows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1")
+    if args.rule is not None:
+        try:
+            load_rule(args.rule)
+        except (OSError, ValueError, TypeError) as err:
+            p.error(f"--rule={args.rule} is invalid ({err}); allowed: a rule.json written by "
+                    "worldstep.fidelity.trust_study")
+    if args.paired and not 2 <= args.paired < args.episodes:
+        p.error(f"--paired={args.paired} is invalid; allowed: 0, or 2 <= n < --episodes ({args.episodes})")
+    for name, high in (("continue_windows", None), ("agreement_forks", 98), ("stop_after_minutes", None)):
+        value = getattr(args, name)
+        if value < 0 or (high is not None and value > high):
+            p.error(f"--{name.replace('_', '-')}={value} is invalid; allowed: >= 0"
+                    + ("" if high is None else f" and <= {high}"))
     if not 0 <= args.plan_episodes <= args.episodes:
         p.error(f"--plan-episodes={args.plan_episodes} is invalid; allowed: 0..--episodes ({args.episodes}), "
                 "the planner is paired with the policies' episodes")
@@ -177,7 +205,10 @@ def _open_loop_tasks(held: HeldOut, group: int = 16) -> list:
 
 
 def _episode_tasks(args: FidelityArgs, seeds: list[int], num_policies: int) -> list:
-    return [EpisodesTask((p,), tuple(seeds), args.policy_windows) for p in range(num_policies)]
+    """One task per model episode, so each is saved as it finishes (`Journal`); seed by seed, so a stretch
+    cut short has every policy on the same starts."""
+    return [EpisodesTask((p,), (s,), args.policy_windows, args.continue_windows, args.agreement_forks)
+            for s in seeds for p in range(num_policies)]
 
 
 def _planner_runs(args: FidelityArgs) -> list[tuple[str, int | None]]:
@@ -228,6 +259,10 @@ def _policy_section(episodes: list, seeds: list[int], args: FidelityArgs, chunk:
     model = [r for r in episodes if r.replay_success is not None]
     section = policy_report(sim, model, [p.name for p in policies], FLOOR, seeds, max_windows=args.policy_windows)
     section["max_windows"] = args.policy_windows
+    if args.rule is not None:
+        section["selective"] = selective_section(model, load_rule(args.rule), args.policy_windows)
+    if args.paired:
+        section["corrected"] = corrected_section(sim, model, [p.name for p in policies], FLOOR, seeds, args.paired)
     return section
 
 
@@ -385,8 +420,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     episode_tasks = _episode_tasks(args, episode_seeds, len(graded_policies())) if "policies" in args.sections else []
     plan_seeds = episode_seeds[: args.plan_episodes]
     plan_tasks = _planner_tasks(args, plan_seeds) if "planning" in args.sections and plan_seeds else []
-    outputs = run_tasks(path, args.threads, args.workers, recipe, plan_tasks + episode_tasks + open_tasks,
-                        max_windows=args.policy_windows)
+    journal = Journal(out, _journal_settings(args, path), args.resume)
+    deadline = time.monotonic() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
+    try:
+        outputs = run_tasks(path, args.threads, args.workers, recipe, plan_tasks + episode_tasks + open_tasks,
+                            max_windows=args.policy_windows, journal=journal, deadline=deadline)
+    except StretchSpent as stop:
+        print(f"fidelity: --stop-after-minutes spent, {stop}; continue with the same command and --resume",
+              file=sys.stderr)
+        return {"stopped": str(stop), "journal": str(journal.folder)}
     plan_out = outputs[: len(plan_tasks)]
     episode_out = outputs[len(plan_tasks): len(plan_tasks) + len(episode_tasks)]
     records = Records(clip_seeds=held.seeds if open_tasks else [])
@@ -394,18 +436,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if open_tasks:
         records.scores, videos = _open_loop_scores(outputs[len(plan_tasks) + len(episode_tasks):], held)
     if episode_tasks:
+        by_policy = sorted(zip(episode_tasks, episode_out), key=lambda te: te[0].policy_ids)  # stable: seeds kept
         records.episodes = sim_episodes(graded_policies(chunk), episode_seeds, args.policy_windows, chunk) + [
-            r for part in episode_out for r in part]
+            r for _, part in by_policy for r in part]
         records.plans = [r for part in plan_out for r in part]
     files = write_records(out, records)
     report = {"checkpoint": str(path), "split": args.split, "args": asdict(args), "settings": recipe.to_dict(),
               "episode_seeds": [episode_seeds[0], episode_seeds[-1]],
-              "provenance": provenance(path, args.split, argv), **sections(records, args, chunk)}
+              "provenance": {**provenance(path, args.split, argv),
+                             **({"rule_sha256": load_rule(args.rule).sha256} if args.rule else {})},
+              **sections(records, args, chunk)}
     report["files"] = files + write_media(out, report.get("open_loop"), report.get("policies"), videos,
                                           args.video_clips)
     report["seconds"] = time.perf_counter() - start
     (out / "report.json").write_text(json.dumps(_finite(report), indent=2))
     return report
+
+
+# Arguments a resumed run may change: they set how this stretch runs or what is drawn, not what is computed.
+STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips", "paired", "rule")
+
+
+def _journal_settings(args: FidelityArgs, checkpoint: Path) -> dict[str, Any]:
+    from .provenance import tree_sha256
+
+    kept = {k: v for k, v in asdict(args).items() if k not in STRETCH_ARGS}
+    return {**kept, "checkpoint_sha256": tree_sha256([checkpoint], checkpoint)}
 
 
 def _finite(value: Any) -> Any:

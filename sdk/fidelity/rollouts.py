@@ -62,7 +62,8 @@ class EpisodeOutcome:
     policy saw showed success) and what the report adds. `replay_success`: the model episode's chunks replayed
     in the simulator (None for simulator episodes). `actions` holds the chunks it chose, `stop` why it ended
     (`success` or `max_windows`), and `detections` per window what the detector found in the last frame of each
-    world (`model`, `sim`: effector and block centres or None)."""
+    world (`model`, `sim`: effector and block centres or None). `continued`: the trust study's windows past the
+    stop (`model_episodes`' `continue_windows`), each with its chunk and that window's own replay success."""
 
     episode: EpisodeResult
     policy: str
@@ -70,19 +71,21 @@ class EpisodeOutcome:
     actions: list = field(default_factory=list)
     stop: str = "max_windows"
     detections: list = field(default_factory=list)
+    continued: list = field(default_factory=list)
 
     def to_record(self) -> dict[str, Any]:
         """The episode's row in `episodes.jsonl` (without its `world`)."""
         e = self.episode
         return {"policy": self.policy, "seed": e.seed, "success": e.success, "windows": e.windows,
                 "replay_success": self.replay_success, "actions": self.actions, "stop": self.stop,
-                "detections": self.detections}
+                "detections": self.detections, **({"continued": self.continued} if self.continued else {})}
 
     @classmethod
     def from_record(cls, row: dict[str, Any], index: int = 0) -> EpisodeOutcome:
         """The outcome a `to_record` row describes (episode `index` of its run)."""
         episode = EpisodeResult(index=index, seed=row["seed"], windows=row["windows"], success=row["success"])
-        return cls(episode, row["policy"], row["replay_success"], row["actions"], row["stop"], row["detections"])
+        return cls(episode, row["policy"], row["replay_success"], row["actions"], row["stop"], row["detections"],
+                   row.get("continued", []))
 
 
 def detections_of(frame: np.ndarray) -> dict[str, list[float] | None]:
@@ -118,12 +121,17 @@ def sim_episodes(policies: list, seeds: list[int], max_windows: int, chunk: int)
 
 
 def model_episodes(world, policies: list, seeds: list[int], max_windows: int, recipe: RolloutRecipe,
-                   mode: str = "kv", policy_ids: list[int] | None = None) -> list[EpisodeOutcome]:
+                   mode: str = "kv", policy_ids: list[int] | None = None, continue_windows: int = 0,
+                   agreement_forks: int = 0) -> list[EpisodeOutcome]:
     """The same episodes in the world model (all policies x seeds stepped as one batch per window), every
     chunk also replayed in the simulator (`replay_success`).
 
     `policy_ids` (default 0..P-1) seed each episode's model noise (`noise_seed`), so splitting the
-    policies across workers does not change any episode.
+    policies across workers does not change any episode. For the trust study, an episode can go on
+    `continue_windows` windows past its first model success (`EpisodeOutcome.continued`; its outcome stays
+    the one at the stop), and every window can also be stepped by `agreement_forks` forks of the session
+    with other noise seeds (`fork_seed`), which share its past pages and are closed after the window: each
+    window's detections then hold `forks`, whether each fork's frames show success.
     """
     import copy
 
@@ -141,39 +149,72 @@ def model_episodes(world, policies: list, seeds: list[int], max_windows: int, re
                                          action_width=sim.action_space.shape[1])
             outcome = EpisodeOutcome(EpisodeResult(index=len(jobs), seed=seed), agent.name, replay_success=False)
             jobs.append({"agent": agent, "obs": obs, "goal": _goal(obs), "session": session, "sim": sim,
-                         "done": False, "outcome": outcome})
+                         "done": False, "outcome": outcome, "left": continue_windows, "noise": (seed, p_index)})
     try:
-        for _ in range(max_windows):
+        for _ in range(max_windows + continue_windows):
             live = [j for j in jobs if not j["done"]]
             if not live:
                 break
             chunks = [j["agent"](j["obs"]) for j in live]
-            results = world.step([j["session"] for j in live], chunks)
+            forks = [[world.fork(j["session"], torch.Generator().manual_seed(fork_seed(*j["noise"], k)))
+                      for k in range(agreement_forks)] for j in live]
+            try:
+                results = world.step([j["session"] for j in live] + [f for fs in forks for f in fs],
+                                     chunks + [c for c, fs in zip(chunks, forks) for _ in fs])
+            finally:
+                for f in (f for fs in forks for f in fs):
+                    world.close(f)
+            fork_results = iter(results[len(live):])
             for job, result, actions in zip(live, results, chunks):
-                outcome = job["outcome"]
-                job["obs"] = {"frames": result.frames}
-                outcome.episode.windows += 1
-                outcome.episode.frames += len(result.frames)
-                sim_obs, *_ = job["sim"].step(actions)
-                outcome.replay_success = outcome.replay_success or any(frame_success(f, job["goal"])
-                                                                       for f in sim_obs["frames"])
-                outcome.actions.append(np.asarray(actions, dtype=np.float32).round(5).tolist())
-                model_success = any(frame_success(f, job["goal"]) for f in result.frames)
-                outcome.detections.append({"model": detections_of(result.frames[-1]),
-                                           "sim": detections_of(sim_obs["frames"][-1]),
-                                           "model_success": model_success, "sim_success": outcome.replay_success})
-                if model_success:
-                    outcome.episode.success, outcome.stop, job["done"] = True, "success", True
-                    world.close(job["session"])
+                mine = [next(fork_results) for _ in range(agreement_forks)]
+                _advance(world, job, result, actions, [any(frame_success(f, job["goal"]) for f in r.frames)
+                                                       for r in mine] if agreement_forks else None, max_windows)
     finally:
         for j in jobs:
             world.close(j["session"])
     return [j["outcome"] for j in jobs]
 
 
+def _advance(world, job: dict, result, actions, forks: list[bool] | None, max_windows: int) -> None:
+    """Record one window of a model episode (and its replay); stop it at its first success, or after its
+    continuation windows, or at `max_windows`."""
+    outcome, episode = job["outcome"], job["outcome"].episode
+    job["obs"] = {"frames": result.frames}
+    sim_obs, *_ = job["sim"].step(actions)
+    sim_now = any(frame_success(f, job["goal"]) for f in sim_obs["frames"])
+    model_success = any(frame_success(f, job["goal"]) for f in result.frames)
+    window = {"model": detections_of(result.frames[-1]), "sim": detections_of(sim_obs["frames"][-1]),
+              "model_success": model_success}
+    if forks is not None:
+        window["forks"] = forks
+    if outcome.stop == "success":  # a continuation window: observed, the outcome stays the stop's
+        outcome.continued.append({**window, "sim_success": sim_now,
+                                  "actions": np.asarray(actions, dtype=np.float32).round(5).tolist()})
+        job["left"] -= 1
+    else:
+        episode.windows += 1
+        episode.frames += len(result.frames)
+        outcome.replay_success = outcome.replay_success or sim_now
+        outcome.actions.append(np.asarray(actions, dtype=np.float32).round(5).tolist())
+        outcome.detections.append({**window, "sim_success": outcome.replay_success})
+        if model_success:
+            episode.success, outcome.stop = True, "success"
+    if (outcome.stop == "success" and job["left"] <= 0) or (outcome.stop != "success"
+                                                              and episode.windows >= max_windows):
+        job["done"] = True
+        world.close(job["session"])
+
+
 def noise_seed(seed: int, policy_index: int) -> int:
     """The diffusion-noise seed of policy `policy_index`'s model episode from start `seed` (distinct per pair)."""
     return 1_000 * seed + policy_index
+
+
+def fork_seed(seed: int, policy_index: int, fork: int) -> int:
+    """The noise seed of agreement fork `fork` (0..98) of that episode: distinct from every `noise_seed`."""
+    if not 0 <= fork < 99:
+        raise ValueError(f"fork={fork} is invalid; allowed: 0..98")
+    return 1_000 * seed + 10 * (fork + 1) + policy_index
 
 
 def _goal(obs: dict[str, np.ndarray]):

@@ -10,6 +10,7 @@ separate processes are what scales.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from ..planning import ModelPredictivePlanner, closed_loop
+from .journal import Journal, StretchSpent
 from .policies import graded_policies
 from .rollouts import RolloutRecipe, model_episodes, open_loop
 
@@ -97,16 +99,20 @@ def vae_round_trip(vae: torch.nn.Module, clip: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class EpisodesTask:
-    """Model episodes of the graded policies `policy_ids` from `seeds` (with simulator replay)."""
+    """Model episodes of the graded policies `policy_ids` from `seeds` (with simulator replay), and the trust
+    study's continuation windows and agreement forks (`model_episodes`)."""
 
     policy_ids: tuple[int, ...]
     seeds: tuple[int, ...]
     max_windows: int
+    continue_windows: int = 0
+    agreement_forks: int = 0
 
     def run(self, worker: Worker) -> list:
         policies = [graded_policies(worker.recipe.chunk_size)[i] for i in self.policy_ids]
         return model_episodes(worker.world, policies, list(self.seeds), self.max_windows, worker.recipe,
-                              policy_ids=list(self.policy_ids))
+                              policy_ids=list(self.policy_ids), continue_windows=self.continue_windows,
+                              agreement_forks=self.agreement_forks)
 
 
 @dataclass(frozen=True)
@@ -144,29 +150,62 @@ def _run_in_worker(task) -> Any:
 
 
 def run_tasks(path: Path, threads: int, workers: int, recipe: RolloutRecipe, tasks: list,
-              max_windows: int = 16) -> list[Any]:
-    """Run `tasks` in order inline (`workers` <= 1) or on `workers` spawned processes; results in order."""
+              max_windows: int = 16, journal: Journal | None = None, deadline: float | None = None) -> list[Any]:
+    """Run `tasks` in order inline (`workers` <= 1) or on `workers` spawned processes; results in order.
+
+    With a `journal`, tasks it holds are not run again and each result is saved there as it finishes. Past
+    `deadline` (a `time.monotonic()` value) no task starts: `StretchSpent` once the running ones are saved.
+    """
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(tasks), desc="fidelity: model rollouts", unit="task", mininterval=10)
-    if workers <= 1:
-        worker = Worker(str(path), threads, recipe, max_windows)
-        try:
-            results = []
-            for task in tasks:
-                results.append(task.run(worker))
-                bar.update()
-            return results
-        finally:
-            worker.close()
-            bar.close()
+    todo = [i for i, t in enumerate(tasks) if journal is None or not journal.has(t)]
+    done: dict[int, Any] = {}
+
+    def finish(i: int, result) -> None:
+        done[i] = result
+        if journal is not None:
+            journal.put(tasks[i], result)
+        bar.update()
+
+    bar = tqdm(total=len(todo), desc="fidelity: model rollouts", unit="task", mininterval=10)
+    try:
+        if workers <= 1:
+            _run_inline(path, threads, recipe, tasks, todo, max_windows, finish, deadline)
+        else:
+            _run_pool(path, threads, workers, recipe, tasks, todo, max_windows, finish, deadline)
+    finally:
+        bar.close()
+    return [done[i] if i in done else journal.get(t) for i, t in enumerate(tasks)]
+
+
+def _spent(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _run_inline(path, threads, recipe, tasks, todo, max_windows, finish, deadline) -> None:
+    worker = Worker(str(path), threads, recipe, max_windows)
+    try:
+        for n, i in enumerate(todo):
+            if _spent(deadline):
+                raise StretchSpent(f"{len(todo) - n} task(s) left")
+            finish(i, tasks[i].run(worker))
+    finally:
+        worker.close()
+
+
+def _run_pool(path, threads, workers, recipe, tasks, todo, max_windows, finish, deadline) -> None:
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                              initargs=(str(path), threads, recipe, max_windows)) as pool:
-        futures = [pool.submit(_run_in_worker, task) for task in tasks]
-        for _ in as_completed(futures):
-            bar.update()
-        bar.close()
-        return [f.result() for f in futures]
+        pending = {pool.submit(_run_in_worker, tasks[i]): i for i in todo}
+        while pending:
+            finished, _ = wait(pending, timeout=30, return_when=FIRST_COMPLETED)
+            for future in finished:
+                finish(pending.pop(future), future.result())
+            if _spent(deadline) and pending:
+                cancelled = [f for f in pending if f.cancel()]  # not started; the running ones finish and are saved
+                for future in [f for f in pending if f not in cancelled]:
+                    finish(pending.pop(future), future.result())
+                raise StretchSpent(f"{len(cancelled)} task(s) left")

@@ -1,0 +1,125 @@
+"""The trust study read from fidelity records: signals per recorded window, the rule's claims and their figures, the
+fit, and the harness's prediction-powered rates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from worldstep.episodes import EpisodeResult
+from worldstep.fidelity.corrected import corrected_section
+from worldstep.fidelity.rollouts import EpisodeOutcome
+from worldstep.fidelity.trust_study import Window, claim, episode_windows, fit, rule_stats
+from worldstep.trust import SelectiveRule, TrustSignals, ppi_rate
+
+STILL = [[0.0, 0.0]] * 4
+FIRST = {"effector": [10.0, 10.0], "block": [40.0, 40.0]}
+
+
+def _window(block, model_success, sim_success, forks=None):
+    d = {"model": {"effector": [10.0, 10.0], "block": block}, "sim": {"effector": [10.0, 10.0], "block": [40, 40]},
+         "model_success": model_success, "sim_success": sim_success}
+    return d if forks is None else {**d, "forks": forks}
+
+
+def test_signals_per_recorded_window_with_the_continued_ones():
+    detections = [_window([40.0, 40.0], False, False, [False, False]), _window([43.0, 44.0], True, False,
+                                                                                 [True, False])]
+    continued = [{**_window([43.0, 44.0], True, True, [True, True]), "actions": STILL},
+                 {**_window(None, False, False, [False, True]), "actions": STILL}]
+    outcome = EpisodeOutcome(EpisodeResult(index=0, seed=1, windows=2, success=True), "expert", False,
+                             [STILL, STILL], "success", detections, continued)
+    windows = episode_windows(outcome, FIRST, trained_horizon=2)
+    assert [w.signals.horizon for w in windows] == [0.5, 1.0, 1.5, 2.0]
+    assert [w.signals.consistency for w in windows] == [0.0, 5.0, 0.0, float("inf")]  # still actions: no move
+    assert [w.signals.persistence for w in windows] == [0, 1, 2, 0]
+    assert [w.signals.agreement for w in windows] == [1.0, 0.5, 1.0, 0.5]
+    assert [w.replay_by_now for w in windows] == [False, False, True, True]  # cumulative, as replay_success
+
+
+def _ep(*rows):
+    """Windows from (model_success, replay_by_now, consistency) rows; persistence counted."""
+    out, streak = [], 0
+    for i, (m, r, c) in enumerate(rows, start=1):
+        streak = streak + 1 if m else 0
+        out.append(Window(TrustSignals(window=i, horizon=i / 8, consistency=c, persistence=streak), m, r))
+    return out
+
+
+def test_the_rule_claims_at_its_first_passing_window_and_the_figures_count_claims():
+    real_late = _ep((True, False, 5.0), (True, True, 1.0))  # first success drifts, the held one is real
+    false = _ep((False, False, 1.0), (True, False, 4.0))
+    real_early = _ep((True, True, 0.5),)
+    rule = SelectiveRule(consistency_max=2.0)
+    assert claim(rule, real_late, 16) == (True, True) and claim(rule, false, 16) == (False, False)
+    assert claim(rule, real_late, 1) == (False, False)  # no claim past the run's windows
+    episodes = [(real_late, False, True), (false, False, False), (real_early, True, True)]
+    stats = rule_stats(rule, episodes, 16)
+    assert (stats["claimed"], stats["real"], stats["precision"], stats["strict_false_success"]) == (2, 2, 1.0, 0.0)
+    as_reported = rule_stats(SelectiveRule(), episodes, 16)
+    assert as_reported["claimed"] == 3 and as_reported["real"] == 1 and as_reported["strict_false_success"] == 1.0
+
+
+def test_the_fit_keeps_the_most_coverage_at_the_precision_floor():
+    good = [(_ep((True, True, 0.5)), True, True)] * 40
+    drift = [(_ep((True, False, 5.0)), False, False)] * 20
+    rule, table, met = fit(good + drift, 16)
+    stats = rule_stats(rule, good + drift, 16)
+    assert met and stats["real"] == 40 and stats["claimed"] == 40 and rule.consistency_max is not None
+    assert len(table) > 100
+    rule, _, met = fit(drift, 16)
+    assert rule is None and not met  # nothing real to claim: no rule
+
+
+def _runs(table: np.ndarray, names: list[str], seeds: list[int], world: str) -> list[EpisodeOutcome]:
+    return [EpisodeOutcome(EpisodeResult(index=0, seed=s, success=bool(table[p, e])), name,
+                           None if world == "sim" else False)
+            for p, name in enumerate(names) for e, s in enumerate(seeds)]
+
+
+def test_the_harness_corrects_each_policys_rate_with_its_first_n_episodes():
+    rng = np.random.default_rng(0)
+    names, seeds = ["a", "b", "idle"], list(range(100, 120))
+    sim = rng.random((3, 20)) < np.array([[0.8], [0.3], [0.0]])
+    model = sim ^ (rng.random((3, 20)) < 0.2)
+    out = corrected_section(_runs(sim, names, seeds, "sim"), _runs(model, names, seeds, "model"), names, ("idle",),
+                            seeds, 5)
+    expected = ppi_rate(model[1, 5:], model[1, :5], sim[1, :5])
+    assert out["policies"]["b"]["value"] == expected.value and out["policies"]["b"]["sim_rate"] == sim[1].mean()
+    assert out["without_floor"]["policies"] == 2 and (out["paired"], out["model_only"]) == (5, 15)
+    with pytest.raises(ValueError, match="paired=20"):
+        corrected_section([], [], names, ("idle",), seeds, 20)
+
+
+def test_a_report_with_a_frozen_rule_records_its_hash_and_refuses_an_edited_rule(tmp_path):
+    import json
+
+    from worldstep.fidelity.report import main
+
+    rule = SelectiveRule(consistency_max=2.0)
+    path = tmp_path / "rule.json"
+    path.write_text(json.dumps({**rule.to_dict(), "sha256": rule.sha256}))
+    report = main(["--budget", "small", "--threads", "1", "--sections", "policies", "--rule", str(path),
+                   "--out", str(tmp_path / "run")])
+    assert report["provenance"]["rule_sha256"] == rule.sha256
+    selective = report["policies"]["selective"]
+    assert selective["at_rule"]["rule_sha256"] == rule.sha256
+    assert selective["at_rule"]["claimed"] <= selective["as_reported"]["claimed"]
+    path.write_text(json.dumps({**rule.to_dict(), "consistency_max": 3.0, "sha256": rule.sha256}))
+    with pytest.raises(SystemExit):
+        main(["--budget", "small", "--sections", "policies", "--rule", str(path), "--out", str(tmp_path / "x")])
+
+
+def test_committed_records_are_read_from_their_gzipped_copy(tmp_path):
+    import gzip
+
+    from worldstep.fidelity.records import Records, read_records, write_records
+
+    outcome = EpisodeOutcome(EpisodeResult(index=0, seed=7, windows=1, success=True), "expert", True, [STILL],
+                             "success", [_window([40.0, 40.0], True, True)])
+    write_records(tmp_path, Records(episodes=[outcome]))
+    plain = tmp_path / "records" / "episodes.jsonl"
+    expected = [o.to_record() for o in read_records(tmp_path).episodes]
+    with gzip.open(plain.with_name("episodes.jsonl.gz"), "wt") as f:
+        f.write(plain.read_text())
+    plain.unlink()
+    assert [o.to_record() for o in read_records(tmp_path).episodes] == expected == [outcome.to_record()]
