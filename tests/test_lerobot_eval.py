@@ -93,8 +93,9 @@ def run_policies(*args: str) -> subprocess.CompletedProcess:
                           timeout=WAIT_S, env=lerobot_env(python))
 
 
-def lerobot_eval(policy: Path, url: str, token_file: Path, out: Path, record: Path, stats: Path, robot_state: str):
-    return run_policies("eval", f"--policy.path={policy}", "--env.type=worldstep",
+def lerobot_eval(policy: Path, url: str, token_file: Path, out: Path, record: Path, stats: Path, robot_state: str,
+                 *extra: str):
+    return run_policies("eval", *extra, f"--policy.path={policy}", "--env.type=worldstep",
                         "--env.discover_packages_path=worldstep.lerobot_plugin", f"--env.url={url}",
                         f"--env.token_file={token_file}", f"--env.robot_state={robot_state}", f"--env.stats={stats}",
                         f"--env.max_windows={WINDOWS}", f"--env.record={record}", "--env.reconnect_s=2",
@@ -157,6 +158,32 @@ def test_lerobot_eval_runs_a_policy_in_the_world_model(tmp_path, served, dataset
     assert reported["overall"]["pc_success"] == 100 * np.mean(judgements)
 
 
+def test_a_success_in_the_world_model_is_the_success_lerobot_reports(tmp_path, served, dataset, policies):
+    """Both episodes start (``--env.image``) from a PushSim frame whose block already sits on the goal, far from the
+    effector: the served judge calls a window a success, the episode ends on it, and LeRobot's per-episode
+    successes and rate are worldstep's judgement of the recorded frames (the success path, not only 0%)."""
+    from PIL import Image
+    from worldstep.envs.push_sim import PushSimEnv, PushState, render_state
+
+    goal = np.array([40.0, 40.0])
+    start = render_state(PushState(effector=np.array([12.0, 12.0]), block=goal.copy(), goal=goal))
+    Image.fromarray(start).save(tmp_path / "start.png")
+    done = lerobot_eval(policies / "act", served["url"], served["token_file"], tmp_path / "out", tmp_path / "rec",
+                        dataset, "last_action", f"--env.image={tmp_path / 'start.png'}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    reported = json.loads((tmp_path / "out" / "eval_info.json").read_text())
+    metrics = reported["per_task"][0]["metrics"]
+    judgements = []
+    for e in range(2):
+        record = dict(np.load(tmp_path / "rec" / f"seed_{SEED + e}.npz"))
+        windows = [PushSimEnv.success_from_frames(start, window) for window in record["frames"]]
+        np.testing.assert_array_equal(record["success"], windows)
+        judgements.append(any(windows))
+    assert any(judgements)  # the path under test: a success reached LeRobot
+    assert metrics["successes"] == judgements
+    assert reported["overall"]["pc_success"] == 100 * np.mean(judgements)
+
+
 def test_the_env_gathers_a_chunk_per_window_and_holds_the_frame(served, dataset):
     token = served["token_file"].read_text().strip()
     options = PolicyEnvOptions(robot_state="last_action", stats=str(dataset), max_windows=2)
@@ -195,3 +222,10 @@ def test_a_stopped_server_stops_lerobot_eval_with_the_connection_error(tmp_path,
     assert done.returncode != 0
     assert f"RemoteEnvConnectionError: worldstep server {served['url']}: cannot connect" in done.stderr, \
         done.stderr[-4000:]
+
+
+def test_a_start_image_that_does_not_exist_is_refused_before_connecting(tmp_path):
+    from worldstep.lerobot.policy_env import PolicyEnvOptions
+
+    with pytest.raises(ValueError, match=r"image='.*nope.png' is invalid; allowed: None or an image file that exists"):
+        PolicyEnvOptions(image=str(tmp_path / "nope.png"))

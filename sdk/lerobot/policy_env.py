@@ -43,6 +43,8 @@ class PolicyEnvOptions:
         timeout_s, reconnect_s: the client's (``RemoteWorldModelEnv``).
         record: a folder that gets one ``seed_<seed>.npz`` per finished seeded episode (its first frame and scene
             seed, every window's frames, the actions as given and as sent, the judge's verdict per window).
+        image: an image file (PNG, JPEG) every episode starts from, sent to the server (None: the server's start,
+            e.g. its simulator's scene for the seed).
     """
 
     cameras: tuple[str, ...] = ("top",)
@@ -56,8 +58,11 @@ class PolicyEnvOptions:
     timeout_s: float = 120.0
     reconnect_s: float = 30.0
     record: str | None = None
+    image: str | None = None
 
     def __post_init__(self) -> None:
+        if self.image is not None and not Path(self.image).is_file():
+            raise ValueError(f"image={self.image!r} is invalid; allowed: None or an image file that exists")
         if self.robot_state not in ROBOT_STATES:
             raise ValueError(f"robot_state={self.robot_state!r} is invalid; allowed: {', '.join(ROBOT_STATES)}")
         if self.normalization not in NORMALIZATIONS:
@@ -74,8 +79,17 @@ class PolicyEnvOptions:
 
     def served(self) -> dict[str, Any]:
         """The served env's keywords."""
-        given = {"max_windows": self.max_windows, "prompt": self.task, "embodiment": self.embodiment}
+        given = {"max_windows": self.max_windows, "prompt": self.task, "embodiment": self.embodiment,
+                 "image": None if self.image is None else start_image(self.image)}
         return {k: v for k, v in given.items() if v is not None}
+
+
+def start_image(path: str) -> np.ndarray:
+    """``[H, W, 3]`` uint8 RGB of an image file (Pillow: LeRobot's venv has it; no torch)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
 
 
 def served_actions(raw: np.ndarray, normalizer: ActionNormalizer | None) -> tuple[np.ndarray, int]:

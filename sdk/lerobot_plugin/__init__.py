@@ -53,6 +53,7 @@ class WorldstepEnvConfig(EnvConfig):
     timeout_s: float = 120.0
     reconnect_s: float = 30.0
     record: str | None = None
+    image: str | None = None
     fps: int = 24
 
     def __post_init__(self) -> None:
@@ -74,7 +75,8 @@ class WorldstepEnvConfig(EnvConfig):
         return PolicyEnvOptions(cameras=self.camera_names(), camera_layout=self.camera_layout,
                                 robot_state=self.robot_state, stats=self.stats, normalization=self.normalization,
                                 max_windows=self.max_windows, task=self.task, embodiment=self.embodiment,
-                                timeout_s=self.timeout_s, reconnect_s=self.reconnect_s, record=self.record)
+                                timeout_s=self.timeout_s, reconnect_s=self.reconnect_s, record=self.record,
+                                image=self.image)
 
     @property
     def package_name(self) -> str:
