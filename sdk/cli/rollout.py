@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..flags import flag, positive_int
 from .checks import RunRecord, check_replay_length, success_judge
-from .common import SUCCESS_HELP, check_lerobot_out, early_policy, prepare, run_info, summary_file
+from .common import POLICY_HELP, SUCCESS_HELP, check_lerobot_out, early_policy, prepare, run_info, summary_file
 from .view import closing_on_error, logged, open_from_args
 from .view import finish as finish_view
 
@@ -18,7 +18,7 @@ from .view import finish as finish_view
 class RolloutFlags:
     """``worldstep rollout``."""
 
-    policy: str = flag("sine, random, push (PushSim's pixel expert) or replay:PATH.npy", default="sine")
+    policy: str = flag(POLICY_HELP, default="sine")
     windows: int = flag("windows to generate", default=8, type=positive_int)
     success: str | None = flag(SUCCESS_HELP, default=None, metavar="JUDGE")
     truth: bool = flag("step the model's simulator (config env.simulator) with the same actions; the mp4 shows "
