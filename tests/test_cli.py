@@ -232,6 +232,8 @@ def test_truth_video_is_labelled(tmp_path, cache_dir):  # noqa: F811
                  "--out", str(out), "--quiet"]) == 0
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["simulator"] == "worldstep/PushSim-v0" and len(summary["psnr_db"]) == 1
+    assert set(summary["worlds"]) == {"model", "simulator"}  # each world's first success window and final state
+    assert {"success_window", "final_success", "ended"} <= set(summary["worlds"]["simulator"])
     from worldstep.envs.video import read_video
     from worldstep.truth import HEADER_PX
 
