@@ -81,7 +81,7 @@ def test_errors_name_the_key(capsys):
     assert "rollout.num_steps = 0: must be >= 1" in capsys.readouterr().err
     assert main(["rollout", "--set", "num_stepz=1"]) == 2
     err = capsys.readouterr().err
-    assert "num_stepz: unknown key" in err and "did you mean 'num_steps'?" in err
+    assert "num_stepz: unknown key" in err and "did you mean 'rollout.num_steps'?" in err
     assert main(["rollout", "--policy", "nope", *FAST]) == 2
     assert "policy='nope'" in capsys.readouterr().err
 
