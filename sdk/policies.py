@@ -190,6 +190,13 @@ class PerStepPolicy:
 POLICY_NAMES = ("sine", "random", "push", "replay:PATH", "module:attr", "path/to/file.py:attr")
 
 
+def check_policy_spec(spec: str) -> None:
+    """Refuse a ``--policy`` that names no policy, before the config or torch is loaded (a typo costs no wait)."""
+    named = spec in ("sine", "random", "push") or (spec.startswith("replay:") and len(spec) > len("replay:"))
+    if not (named or is_user_spec(spec)):
+        raise ValueError(f"policy={spec!r} is invalid; allowed: one of {POLICY_NAMES}")
+
+
 def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int | None = None) -> Policy:
     """A policy from a short spec (what the CLI's ``--policy`` takes): ``sine``, ``random``, ``replay:PATH``, or
     ``push`` (the PushSim expert acting from pixels: it finds effector, block and goal by colour in the latest
@@ -206,6 +213,5 @@ def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int
         return PixelPushPolicy(0.0, chunk_size=shape[0], name="push")
     if spec.startswith("replay:") and len(spec) > len("replay:"):
         return ReplayPolicy(spec[len("replay:") :], action_space)
-    if is_user_spec(spec):
-        return as_policy(load_user_policy(spec, chunk_shape(action_space)), name=f"--policy {spec}")
-    raise ValueError(f"policy={spec!r} is invalid; allowed: one of {POLICY_NAMES}")
+    check_policy_spec(spec)
+    return as_policy(load_user_policy(spec, chunk_shape(action_space)), name=f"--policy {spec}")

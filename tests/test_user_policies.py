@@ -139,3 +139,17 @@ def test_cli_refuses_a_policy_it_cannot_load_before_the_model_loads(spec, messag
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "--policy" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_policy_is_refused_before_torch_is_imported():
+    """The error a typo gets needs no model code: counted by what was imported, not timed (before: torch loaded
+    with the config first)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom worldstep.cli import main\n"
+            "rc = main(['rollout', '--policy', 'nope', '--out', 'x.mp4'])\n"
+            "print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
+    assert "policy='nope' is invalid" in out.stderr

@@ -41,9 +41,11 @@ class EvalFlags:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from ..policies import check_policy_spec, make_policy
+
+    check_policy_spec(args.policy)  # before the config and torch load
     from ..evaluation.dispatch import evaluate
     from ..outputs import check_output_path
-    from ..policies import make_policy
     from ..world import load, make_env
 
     path = Path(args.episodes)

@@ -41,8 +41,10 @@ class RolloutFlags:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    from ..policies import check_policy_spec, make_policy
+
+    check_policy_spec(args.policy)  # before the config and torch load
     from ..evaluation.local import rollout
-    from ..policies import make_policy
     from ..world import make_env
 
     if args.truth and args.image is not None:
