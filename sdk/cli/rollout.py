@@ -32,7 +32,7 @@ class RolloutFlags:
                                    default=None, metavar="DIR")
     seed: int = flag("reset seed", default=0)
     prompt: str | None = flag("text prompt (default: the config's)", default=None)
-    embodiment: str | None = flag("embodiment name, e.g. droid_lerobot (the README's embodiment table; default: the "
+    embodiment: str | None = flag("embodiment name, e.g. droid_lerobot (the table in docs/embodiments.md; default: the "
                                   "config's)", default=None)
     domain_id: int | None = flag("action-head domain (default: the config's)", default=None)
     image: str | None = flag("first frame image path (default: the simulator's scene for --seed, else a drawn "
