@@ -56,6 +56,7 @@ def test_info_prints_the_memory_plan(world, capsys):  # noqa: F811
     info = json.loads(capsys.readouterr().out)
     memory = info["memory"]
     assert info["loaded"] and info["device"] == "cpu"
+    assert "@ 15 fps" in info["frame"]  # the env's (droid_lerobot's) fps, as its videos play, not the base 24
     weights = sum(t.numel() * t.element_size() for m in (world.model.transformer, world.model.vae)
                   for t in [*m.parameters(), *m.buffers()])
     assert info["weights"]["total_bytes"] == weights and info["weights"]["measured"]

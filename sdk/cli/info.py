@@ -37,9 +37,10 @@ def _bytes(n: int) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
     from worldstep.engine.models.cosmos3 import CheckpointNotFoundError
+    from worldstep.envs.video import frame_fps
 
     from ..memory import plan, plan_for_world, weights_from_architecture, weights_of_world
-    from ..world import load
+    from ..world import load, make_env
 
     if (args.device or "").startswith("cuda") and not torch.cuda.is_available():
         return _plan_cuda(args)  # the plan a GPU buyer needs, on the machine they have
@@ -56,8 +57,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         memory = plan(config, windows=args.windows, text_tokens=args.text_tokens)
     else:
         spec = world.spec
+        env = make_env(world)  # the fps an episode's frames play at is the env's (its embodiment's), not the base's
+        fps = frame_fps(env)
+        env.close()
         out.update(loaded=True, device=str(world.model.device), dtype=str(world.model.dtype).removeprefix("torch."),
-                   frame=f"{spec.height}x{spec.width} @ {spec.fps:g} fps", action_dim=spec.action_dim,
+                   frame=f"{spec.height}x{spec.width} @ {fps:g} fps (model base fps {spec.fps:g})",
+                   action_dim=spec.action_dim,
                    num_domains=spec.num_domains, chunk_size=config.rollout.chunk_size)
         weights = weights_of_world(world)
         memory = plan_for_world(world, windows=args.windows)
