@@ -18,7 +18,7 @@ CLI_FAST = [f"--set={k}={v}" for k, v in FAST.items()]
 
 def still(obs):
     """A plain function policy: obs -> actions (the tiny model's droid_lerobot chunk (4, 10))."""
-    return np.zeros((len(obs["frames"]) and 4, 10), np.float32)
+    return np.zeros((4, 10), np.float32)
 
 
 def broken(obs):
