@@ -19,6 +19,7 @@ Every model is frozen, rejects unknown keys and uses strict types: an integer kn
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import os
 import re
@@ -34,7 +35,6 @@ from worldstep.engine.settings import (
     PositiveInt,
     StrictModel,
     UnknownKeyError,
-    unknown_key_message,
 )
 from worldstep.engine.vae import DecoderOptions
 
@@ -191,30 +191,60 @@ class WorldstepConfig(StrictModel):
     def with_overrides(self, **overrides: Any) -> WorldstepConfig:
         """A copy with overrides applied.
 
-        Each key is either a section name with a mapping (``rollout={"num_steps": 2}``) or the name of a
-        field of exactly one section (``num_steps=2``, ``num_pages=64``, ``max_windows=3``).
+        Each key is a section name with a mapping (``rollout={"num_steps": 2}``), a dotted ``SECTION.KEY``
+        (``**{"decoder.dtype": "bfloat16"}``, the form ``--set`` and error messages use), or the name of a field
+        (``num_steps=2``, ``num_pages=64``, ``max_windows=3``; a name two sections share, ``dtype``, is the
+        first's: ``model``).
         """
         data = self.model_dump()
-        env = overrides.get("env") if isinstance(overrides.get("env"), dict) else overrides
+        by_section = _by_section(overrides)
+        env = by_section.get("env", {})
         if "embodiment" in env and "domain_id" not in env:
             data["env"]["domain_id"] = None  # a new embodiment brings its own domain id
-        for key, value in overrides.items():
-            if key in _SECTIONS:
-                if not isinstance(value, dict):
-                    raise ConfigError(f"{key} = {value!r}: must be a mapping of {key} keys")
-                data[key].update(value)
-                continue
-            section = _section_of(key)
-            data[section][key] = value
+        for section, values in by_section.items():
+            data[section].update(values)
         return WorldstepConfig(**data)
+
+
+def _fields(section: str) -> dict[str, Any]:
+    return WorldstepConfig.model_fields[section].annotation.model_fields
+
+
+def _by_section(overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Overrides grouped as ``{section: {field: value}}``, whichever of the three forms each key has."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} = {value!r}: must be a mapping of {key} keys")
+            grouped.setdefault(key, {}).update(value)
+            continue
+        section, dot, field = key.partition(".")
+        if dot and section in _SECTIONS and field and "." not in field:
+            grouped.setdefault(section, {})[field] = value  # an unknown field is named by the section's model
+            continue
+        if dot:
+            raise UnknownKeyError(_unknown_key(key))
+        grouped.setdefault(_section_of(key), {})[key] = value
+    return grouped
 
 
 def _section_of(key: str) -> str:
     for section in _SECTIONS:
-        if key in WorldstepConfig.model_fields[section].annotation.model_fields:
+        if key in _fields(section):
             return section
-    allowed = sorted(k for s in _SECTIONS for k in WorldstepConfig.model_fields[s].annotation.model_fields)
-    raise UnknownKeyError(unknown_key_message(key, [*_SECTIONS, *allowed]))
+    raise UnknownKeyError(_unknown_key(key))
+
+
+def _unknown_key(key: str) -> str:
+    """``KEY: unknown key (...; did you mean 'SECTION.NEAR'?); allowed keys: SECTION.KEY, ...``: each key once,
+    with its section (a bare name two sections share would read as a duplicate)."""
+    dotted = [f"{s}.{k}" for s in _SECTIONS for k in _fields(s)]
+    names = {k: [d for d in dotted if d.endswith(f".{k}")] for s in _SECTIONS for k in _fields(s)}
+    near = difflib.get_close_matches(key.rpartition(".")[2], list(names), n=1)
+    hint = f"; did you mean {' or '.join(repr(d) for d in names[near[0]])}?" if near else ""
+    return (f"{key}: unknown key (unexpected keyword argument {key!r}{hint}); allowed: a section "
+            f"({', '.join(_SECTIONS)}) with a mapping, SECTION.KEY or a KEY of one section: {', '.join(dotted)}")
 
 
 CONFIG_NAMES = ("tiny", "cosmos3_edge", "cosmos3_nano", "pusher")

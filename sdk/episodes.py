@@ -17,7 +17,12 @@ from worldstep.engine.settings import ConfigError, NonNegativeInt, PositiveInt, 
 
 from .lerobot.start_states import DatasetStart
 
-__all__ = ["EpisodeConfig", "EpisodeResult", "EvalReport", "default_windows", "episode_configs", "reset_options"]
+__all__ = ["EpisodeConfig", "EpisodeResult", "EvalReport", "EvaluationFailed", "default_windows", "episode_configs",
+           "reset_options"]
+
+
+class EvaluationFailed(RuntimeError):
+    """Every episode of an evaluation failed; its report (``status: "failed"``, the first error) is written."""
 
 
 class EpisodeConfig(StrictModel):
@@ -99,13 +104,29 @@ class EvalReport:
     wall_s: float = 0.0
     """wall-clock seconds of the whole run (batched episodes overlap, so this is not their sum)"""
     status: Literal["ok", "interrupted"] = "ok"
-    """``interrupted``: Ctrl-C stopped the run; ``episodes`` holds the ones that finished"""
+    """``interrupted``: Ctrl-C stopped the run; ``episodes`` holds the ones that finished (``report.json`` says
+    ``failed`` when every episode failed, see :attr:`all_failed`)"""
     windows_completed: int = 0
     """windows generated in all, an interrupted episode's included"""
     run: dict[str, Any] = field(default_factory=dict)
     """what the caller records about the run (the CLI: command, policy, seed, prompt, ``--set`` overrides)"""
     corrected_success_rate: dict[str, Any] | None = None
     """the success rate corrected by paired outcomes (``evaluate(paired_outcomes=...)``; None: none given)"""
+
+    @property
+    def all_failed(self) -> bool:
+        """No episode ran to its end: a policy that cannot act must not read as a 0% success rate."""
+        return bool(self.episodes) and all(e.status == "failed" for e in self.episodes)
+
+    @property
+    def first_error(self) -> str | None:
+        return next((e.error for e in self.episodes if e.status == "failed"), None)
+
+    def check_not_all_failed(self, report_path: Any) -> None:
+        """Raise :class:`EvaluationFailed` when every episode failed (after the report is written)."""
+        if self.status == "ok" and self.all_failed:
+            raise EvaluationFailed(f"all {len(self.episodes)} episodes failed; first error: {self.first_error}; "
+                                   f"report {report_path}")
 
     @property
     def success_rate(self) -> float:
@@ -117,8 +138,10 @@ class EvalReport:
 
     def to_dict(self) -> dict[str, Any]:
         frames = sum(e.frames for e in self.episodes)
+        failed = self.status == "ok" and self.all_failed
         return {
-            "status": self.status,
+            "status": "failed" if failed else self.status,
+            "error": self.first_error if failed else None,
             "model": self.model,
             "policy": self.policy,
             "batched": self.batched,

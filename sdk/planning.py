@@ -42,7 +42,7 @@ from worldstep.envs.wrappers import fork_env
 
 from .episodes import EpisodeResult
 from .fidelity.metrics import spearman
-from .policies import Policy
+from .policies import Policy, as_policy
 from .truth import side_by_side
 
 __all__ = ["BlockToGoal", "ClosedLoopResult", "ModelPredictivePlanner", "closed_loop"]
@@ -101,8 +101,7 @@ class ModelPredictivePlanner:
         for name, value in (("vanish_weight", vanish_weight), ("disagreement_weight", disagreement_weight)):
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value!r} is invalid; allowed: a finite number >= 0")
-        if not (callable(proposal) and callable(getattr(proposal, "reset", None))):
-            raise TypeError(f"proposal={proposal!r} is invalid; allowed: a Policy (reset and __call__)")
+        proposal = as_policy(proposal, "proposal")
         self.env, self.proposal, self.candidates = env, proposal, candidates
         self.horizon, self.forks = horizon, forks
         self.vanish_weight, self.disagreement_weight = float(vanish_weight), float(disagreement_weight)

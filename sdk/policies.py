@@ -1,10 +1,11 @@
 """Policies: observation in, one window's action chunk ``(chunk_size, action_width)`` out.
 
-A policy is anything with ``__call__(obs) -> actions`` and ``reset(seed=None)`` (:class:`Policy`). The
-adapters here cover the common cases: a per-step function queried ``chunk_size`` times per window
-(:class:`PerStepPolicy`), recorded actions (:class:`ReplayPolicy`), seeded noise (:class:`RandomPolicy`)
-and smooth scripted motion (:class:`SinePolicy`). Build each from the env's action space (a vector
-env's ``single_action_space``) or a ``(chunk_size, action_width)`` tuple.
+A policy is anything with ``__call__(obs) -> actions`` and ``reset(seed=None)`` (:class:`Policy`); a plain
+function ``obs -> actions`` is one too (:func:`as_policy` wraps it in a :class:`FunctionPolicy`). The adapters
+here cover the common cases: a per-step function queried ``chunk_size`` times per window (:class:`PerStepPolicy`),
+recorded actions (:class:`ReplayPolicy`), seeded noise (:class:`RandomPolicy`) and smooth scripted motion
+(:class:`SinePolicy`). Build each from the env's action space (a vector env's ``single_action_space``) or a
+``(chunk_size, action_width)`` tuple.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import numpy as np
 from gymnasium import spaces
 
 from .fidelity.policies import PixelPushPolicy
+from .user_policy import is_user_spec, load_user_policy
 
-__all__ = ["PerStepPolicy", "Policy", "RandomPolicy", "ReplayPolicy", "SinePolicy", "make_policy"]
+__all__ = ["FunctionPolicy", "PerStepPolicy", "Policy", "RandomPolicy", "ReplayPolicy", "SinePolicy", "as_policy",
+           "make_policy"]
 
 
 @runtime_checkable
@@ -31,6 +34,33 @@ class Policy(Protocol):
 
     def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         """The next window's actions, float32 in [-1, 1]."""
+
+
+class FunctionPolicy:
+    """A plain function ``obs -> actions`` as a policy: ``reset`` calls ``fn.reset(seed)`` when ``fn`` has one."""
+
+    def __init__(self, fn: Callable[[dict[str, np.ndarray]], Any]) -> None:
+        self.fn = fn
+        self.name = getattr(fn, "__qualname__", type(fn).__name__)
+
+    def reset(self, seed: int | None = None) -> None:
+        reset = getattr(self.fn, "reset", None)
+        if callable(reset):
+            reset(seed)
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.fn(obs)
+
+
+def as_policy(policy: Any, name: str = "policy") -> Policy:
+    """``policy`` as a :class:`Policy`: a policy object as it is, a plain callable ``obs -> actions`` wrapped in a
+    :class:`FunctionPolicy`; anything else is a ``TypeError`` before any episode runs."""
+    if isinstance(policy, type) or not callable(policy):
+        raise TypeError(f"{name}={policy!r} is invalid; allowed: a policy (an object with __call__(obs) -> actions "
+                        "and reset(seed=None)) or a plain callable obs -> actions (chunk_size, action_width)")
+    if callable(getattr(policy, "reset", None)):
+        return policy
+    return FunctionPolicy(policy)
 
 
 def chunk_shape(action_space: spaces.Box | tuple[int, int]) -> tuple[int, int]:
@@ -157,13 +187,21 @@ class PerStepPolicy:
         return np.stack(rows)
 
 
-POLICY_NAMES = ("sine", "random", "push", "replay:PATH")
+POLICY_NAMES = ("sine", "random", "push", "replay:PATH", "module:attr", "path/to/file.py:attr")
+
+
+def check_policy_spec(spec: str) -> None:
+    """Refuse a ``--policy`` that names no policy, before the config or torch is loaded (a typo costs no wait)."""
+    named = spec in ("sine", "random", "push") or (spec.startswith("replay:") and len(spec) > len("replay:"))
+    if not (named or is_user_spec(spec)):
+        raise ValueError(f"policy={spec!r} is invalid; allowed: one of {POLICY_NAMES}")
 
 
 def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int | None = None) -> Policy:
     """A policy from a short spec (what the CLI's ``--policy`` takes): ``sine``, ``random``, ``replay:PATH``, or
     ``push`` (the PushSim expert acting from pixels: it finds effector, block and goal by colour in the latest
-    frame, so it drives the simulator and a pusher world model alike; actions ``(chunk, 2)``)."""
+    frame, so it drives the simulator and a pusher world model alike; actions ``(chunk, 2)``), or a user's own
+    policy, ``module:attr`` or ``path/to/file.py:attr`` (:func:`worldstep.user_policy.load_user_policy`)."""
     if spec == "sine":
         return SinePolicy(action_space)
     if spec == "random":
@@ -175,4 +213,5 @@ def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int
         return PixelPushPolicy(0.0, chunk_size=shape[0], name="push")
     if spec.startswith("replay:") and len(spec) > len("replay:"):
         return ReplayPolicy(spec[len("replay:") :], action_space)
-    raise ValueError(f"policy={spec!r} is invalid; allowed: one of {POLICY_NAMES}")
+    check_policy_spec(spec)
+    return as_policy(load_user_policy(spec, chunk_shape(action_space)), name=f"--policy {spec}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -24,23 +24,49 @@ from .episodes import EpisodeResult
 from .fidelity.metrics import psnr
 from .policies import Policy
 
-__all__ = ["TruthComparison", "rollout_with_truth", "side_by_side"]
+__all__ = ["TruthComparison", "WorldRecord", "rollout_with_truth", "side_by_side"]
+
+
+@dataclass
+class WorldRecord:
+    """What one world (the model or the simulator) did in a truth comparison, judged by the simulator's pixel
+    rule: the first window it succeeded in, and its state when it stopped (the video's last frame of it)."""
+
+    windows: int = 0
+    """windows this world stepped (a world that stops at its success holds its last frame after)"""
+    success_window: int | None = None
+    """the first window (0-based) whose frames the rule judged a success; None: never"""
+    final_success: bool = False
+    """the rule's verdict on this world's last frames: where the episode left it"""
+    ended: str = "max_windows"
+    """why this world stopped: success, max_windows, or the env's terminated/truncated"""
+
+    def judged(self, window: int, success: bool) -> None:
+        self.windows += 1
+        self.final_success = success
+        if success and self.success_window is None:
+            self.success_window = window
 
 
 @dataclass
 class TruthComparison:
     """One episode in the model and the simulator: the common ``episode`` result (its ``success`` is the
-    simulator's verdict), ``psnr_db[k]``, window k's mean per-frame PSNR (the metric of ``worldstep
-    fidelity``), and the verdict on the model's own frames."""
+    simulator's final verdict), ``psnr_db[k]``, window k's mean per-frame PSNR (the metric of ``worldstep
+    fidelity``) over the windows both worlds stepped, and each world's record."""
 
     episode: EpisodeResult
     psnr_db: list[float] = field(default_factory=list)
-    model_success: bool = False
-    """success judged from the model's frames by the simulator's pixel judge (``success_from_frames``)"""
+    model: WorldRecord = field(default_factory=WorldRecord)
+    simulator: WorldRecord = field(default_factory=WorldRecord)
+
+    @property
+    def model_success(self) -> bool:
+        """The model's final state judged by the simulator's pixel rule (its frames, the simulator's goal)."""
+        return self.model.final_success
 
     @property
     def truth_success(self) -> bool:
-        """Success judged from the simulator's frames by the same judge (the episode's ``success``)."""
+        """The simulator's final state judged by the same rule (the episode's ``success``)."""
         return self.episode.success
 
     @property
@@ -48,9 +74,10 @@ class TruthComparison:
         return float(np.mean(self.psnr_db)) if self.psnr_db else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        """The episode's fields and the comparison's, flat (a summary JSON)."""
+        """The episode's fields and the comparison's, flat, with each world's record (a summary JSON)."""
         return {**self.episode.to_dict(), "psnr_db": list(self.psnr_db), "model_success": self.model_success,
-                "truth_success": self.truth_success, "mean_psnr_db": self.mean_psnr_db}
+                "truth_success": self.truth_success, "mean_psnr_db": self.mean_psnr_db,
+                "worlds": {"model": asdict(self.model), "simulator": asdict(self.simulator)}}
 
 
 HEADER_PX = 32
@@ -99,21 +126,26 @@ def _font() -> Any:
         return ImageFont.load_default()
 
 
-def _caption(window: int | None, psnr_db: float | None) -> str:
+def _caption(window: int | None, psnr_db: float | None, note: str = "") -> str:
     if window is None:
         return "first frame"
-    return f"window {window}   PSNR {psnr_db:.1f} dB"
+    if psnr_db is None:
+        return f"window {window}   {note}"
+    return f"window {window}   PSNR {psnr_db:.1f} dB" + (f"   {note}" if note else "")
 
 
 def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: int = 0, max_windows: int = 8,
                        video_path: str | os.PathLike | None = None, scale: int = 4,
                        progress: bool = False, on_window: Callable[[], Any] | None = None,
-                       on_truth: Callable[[np.ndarray], Any] | None = None) -> TruthComparison:
+                       on_truth: Callable[[np.ndarray], Any] | None = None, run_on: bool = False) -> TruthComparison:
     """Closed loop on the model (the policy sees the model's frames); the simulator replays each chunk.
 
-    The episode runs ``max_windows`` windows or until the model env ends it. ``env`` must reset to the
-    simulator's first frame for ``seed`` (a model env made with ``simulator``). Success on both sides is the
-    simulator's pixel judge ``success_from_frames`` when it has one (goal from the simulator's first frame).
+    ``env`` must reset to the simulator's first frame for ``seed`` (a model env made with ``simulator``). Each
+    world is judged every window by the simulator's pixel rule ``success_from_frames`` (goal from the
+    simulator's first frame) and, unless ``run_on``, stops at its own first success: the simulator holds its
+    last frame while the model goes on; the episode ends when the model succeeds, the model env ends it, or
+    after ``max_windows``. With ``run_on`` both run every window, so a success can be undone; each world's
+    record keeps its first success window and its final verdict either way. PSNR is per window both stepped.
     The video labels its halves (model | the simulator's id) and shows each window's number and PSNR; it is
     renamed into place when the episode ends (an exception leaves ``video_path`` as it was). ``on_truth`` gets
     the simulator's first frame after the reset and its frames after each window (e.g. ``RerunLogger.log_truth``).
@@ -135,33 +167,45 @@ def rollout_with_truth(env: gym.Env, truth: gym.Env, policy: Policy, *, seed: in
     if on_truth is not None:
         on_truth(truth_obs["frames"][:1])
     labels = ("model", getattr(getattr(truth, "spec", None), "id", None) or "simulator")
+    sim_frames = truth_obs["frames"][:1]
     with video_writer(video_path, frame_fps(env)) as writer, \
             tqdm(total=max_windows, desc="rollout+truth", unit="window", disable=not progress) as bar:
         if writer is not None:
-            writer.write(side_by_side(obs["frames"][:1], truth_obs["frames"][:1], scale, labels=labels,
+            writer.write(side_by_side(obs["frames"][:1], sim_frames, scale, labels=labels,
                                       caption=_caption(None, None)))
             episode.video = str(writer.path)
-        for _ in range(max_windows):
+        for window in range(max_windows):
             actions = policy(obs)
             obs, reward, terminated, truncated, info = env.step(actions)
-            truth_obs, *_ = truth.step(actions)
-            if on_truth is not None:
-                on_truth(truth_obs["frames"])
             episode.windows += 1
             episode.frames += len(obs["frames"])
             episode.episode_return += float(reward)
-            episode.terminated, episode.truncated = bool(terminated), bool(truncated)
-            result.psnr_db.append(float(psnr(obs["frames"], truth_obs["frames"]).mean()))
-            if judge is not None:
-                result.model_success = result.model_success or bool(judge(first, obs["frames"]))
-                episode.success = episode.success or bool(judge(first, truth_obs["frames"]))
+            result.model.judged(window, judge is not None and bool(judge(first, obs["frames"])))
+            sim_running = run_on or result.simulator.success_window is None
+            if sim_running:
+                truth_obs, *_ = truth.step(actions)
+                sim_frames = truth_obs["frames"]
+                if on_truth is not None:
+                    on_truth(sim_frames)
+                result.simulator.judged(window, judge is not None and bool(judge(first, sim_frames)))
+                result.psnr_db.append(float(psnr(obs["frames"], sim_frames).mean()))
             if writer is not None:
-                caption = _caption(episode.windows - 1, result.psnr_db[-1])
-                writer.write(side_by_side(obs["frames"], truth_obs["frames"], scale, labels=labels, caption=caption))
+                held = np.broadcast_to(sim_frames[-1:], obs["frames"].shape)
+                note = "" if sim_running else f"simulator done at window {result.simulator.success_window}"
+                caption = _caption(window, result.psnr_db[-1] if sim_running else None, note)
+                writer.write(side_by_side(obs["frames"], held if not sim_running else sim_frames, scale,
+                                          labels=labels, caption=caption))
             bar.update(1)
             if on_window is not None:
                 on_window()
-            if terminated or truncated:
+            model_done = not run_on and result.model.success_window is not None
+            if model_done or terminated or truncated:
+                result.model.ended = "success" if model_done else ("terminated" if terminated else "truncated")
                 break
+    sim_stopped = not run_on and result.simulator.success_window is not None
+    result.simulator.ended = "success" if sim_stopped else result.model.ended
+    episode.terminated = result.model.ended in ("success", "terminated")
+    episode.truncated = result.model.ended == "truncated"
+    episode.success = result.simulator.final_success
     episode.finish(start)
     return result

@@ -198,6 +198,13 @@ def _split_env_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     return runtime, kwargs
 
 
+def _sets_max_windows(overrides: dict[str, Any]) -> bool:
+    """Whether the overrides give ``env.max_windows`` in any of their forms."""
+    env = overrides.get("env")
+    return ("max_windows" in overrides or "env.max_windows" in overrides
+            or (isinstance(env, dict) and "max_windows" in env))
+
+
 def _env_kwargs(world: World, runtime: dict[str, Any]) -> dict[str, Any]:
     env = world.config.env
     image = runtime.pop("image", None)
@@ -263,7 +270,7 @@ def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[s
     runtime, overrides = _split_env_kwargs(kwargs)
     world = load(model, **overrides)
     env_kwargs = _env_kwargs(world, runtime)
-    if "max_windows" not in overrides and env_kwargs["max_windows"] == registered_windows:
+    if not _sets_max_windows(overrides) and env_kwargs["max_windows"] == registered_windows:
         env_kwargs["max_windows"] = None  # counted by gym.make's TimeLimit alone
     env = make_world_model_env(world.model, world.knobs, **env_kwargs)
     if robot_state:
@@ -287,7 +294,7 @@ def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", nu
     kwargs = dict(kwargs)
     mode = check_autoreset_mode(kwargs.pop("autoreset_mode", "next_step"))  # before the model loads
     runtime, overrides = _split_env_kwargs(kwargs)
-    if max_episode_steps is not None and "max_windows" not in overrides:
+    if max_episode_steps is not None and not _sets_max_windows(overrides):
         overrides["max_windows"] = max_episode_steps
     world = load(model, **overrides)
     return WorldModelVectorEnv(world.model, num_envs, world.knobs, autoreset_mode=mode, **_env_kwargs(world, runtime))

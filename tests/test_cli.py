@@ -56,6 +56,7 @@ def test_info_prints_the_memory_plan(world, capsys):  # noqa: F811
     info = json.loads(capsys.readouterr().out)
     memory = info["memory"]
     assert info["loaded"] and info["device"] == "cpu"
+    assert "@ 15 fps" in info["frame"]  # the env's (droid_lerobot's) fps, as its videos play, not the base 24
     weights = sum(t.numel() * t.element_size() for m in (world.model.transformer, world.model.vae)
                   for t in [*m.parameters(), *m.buffers()])
     assert info["weights"]["total_bytes"] == weights and info["weights"]["measured"]
@@ -81,7 +82,7 @@ def test_errors_name_the_key(capsys):
     assert "rollout.num_steps = 0: must be >= 1" in capsys.readouterr().err
     assert main(["rollout", "--set", "num_stepz=1"]) == 2
     err = capsys.readouterr().err
-    assert "num_stepz: unknown key" in err and "did you mean 'num_steps'?" in err
+    assert "num_stepz: unknown key" in err and "did you mean 'rollout.num_steps'?" in err
     assert main(["rollout", "--policy", "nope", *FAST]) == 2
     assert "policy='nope'" in capsys.readouterr().err
 
@@ -232,6 +233,8 @@ def test_truth_video_is_labelled(tmp_path, cache_dir):  # noqa: F811
                  "--out", str(out), "--quiet"]) == 0
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["simulator"] == "worldstep/PushSim-v0" and len(summary["psnr_db"]) == 1
+    assert set(summary["worlds"]) == {"model", "simulator"}  # each world's first success window and final state
+    assert {"success_window", "final_success", "ended"} <= set(summary["worlds"]["simulator"])
     from worldstep.envs.video import read_video
     from worldstep.truth import HEADER_PX
 

@@ -173,8 +173,10 @@ def test_the_pusher_checkpoint_registers_its_own_embodiment():
     pusher = registry.resolve(domain_id=0, width=2, num_domains=4, action_dim=8)
     assert (pusher.name, pusher.raw_width, pusher.default_fps) == ("pusher", 2, 24.0)
     assert pusher.normalization is NormalizationKind.NONE and pusher.source is EmbodimentSource.CHECKPOINT
-    with pytest.raises(ValueError, match="unknown; allowed: \\['pusher'\\]"):
-        registry.resolve("droid_lerobot")
+    with pytest.raises(ValueError, match=r"droid_lerobot. is not supported by this checkpoint .*allowed: \[.pusher.\]"):
+        registry.resolve("droid_lerobot")  # known, only not one of this checkpoint's
+    with pytest.raises(ValueError, match="'no_such_robot' is unknown; allowed: \\['pusher'\\]"):
+        registry.resolve("no_such_robot")
     # a folder without worldstep.json gets the built-ins
     assert folder_registry(PUSHER / "vae").names == REGISTRY.names
 

@@ -12,7 +12,7 @@ from worldstep.episodes import EpisodeResult
 from worldstep.fidelity.records import Records, read_records, write_records
 from worldstep.fidelity.rollouts import EpisodeOutcome
 from worldstep.planning import ClosedLoopResult
-from worldstep.truth import TruthComparison
+from worldstep.truth import TruthComparison, WorldRecord
 
 SDK = Path(__file__).resolve().parents[1] / "sdk"
 
@@ -43,10 +43,11 @@ def test_record_rows_round_trip_in_their_saved_format(tmp_path):
 
 def test_extensions_hold_the_common_result_and_report_it_flat():
     episode = EpisodeResult(index=0, seed=3, windows=2, frames=8, success=True, video="x.mp4")
-    truth = TruthComparison(episode, psnr_db=[20.0, 22.0], model_success=False)
+    truth = TruthComparison(episode, psnr_db=[20.0, 22.0], model=WorldRecord(success_window=1, final_success=False))
     flat = truth.to_dict()
     assert flat["windows"] == 2 and flat["frames"] == 8 and flat["video"] == "x.mp4" and flat["seed"] == 3
     assert flat["truth_success"] is True and flat["model_success"] is False and flat["mean_psnr_db"] == 21.0
+    assert flat["worlds"]["model"]["success_window"] == 1 and flat["worlds"]["model"]["final_success"] is False
     plan = ClosedLoopResult(episode, "planner", actions=[np.zeros((4, 2), np.float32)])
     flat = plan.to_dict()
     assert flat["sim_success"] is True and flat["windows"] == 2 and flat["actions"] == [[[0.0, 0.0]] * 4]

@@ -6,6 +6,7 @@ harness's open-loop PSNR on the same clips, within a stated bound."""
 from __future__ import annotations
 
 import json
+import re
 import weakref
 
 import numpy as np
@@ -104,7 +105,8 @@ def test_cli_replay_and_export(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["clip_seeds"] == [20_005_000, 20_005_001]
     assert main(["replay", "--dataset", str(tmp_path / "push"), "--out", str(tmp_path / "out"), "--quiet",
                  "--videos", "1"]) == 0
-    assert "2 episodes replayed: model PSNR" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 episodes replayed: PSNR (dB): model" in out and "held first frame" in out and "SSIM: model" in out
     assert json.loads((tmp_path / "out" / "report.json").read_text())["windows"] == [1, 1]
     assert main(["replay", "--dataset", str(tmp_path / "push"), "--episodes", "0:9", "--out", str(tmp_path / "x")]) == 2
     assert "episodes='0:9' is invalid" in capsys.readouterr().err
@@ -200,3 +202,43 @@ def test_replay_logs_recorded_and_model_frames_to_rerun(tmp_path, capsys):
     logged = [v for v in scalars(table["/replay/truth/psnr_db"]) if v is not None]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     np.testing.assert_allclose(logged, report["series"]["model"]["psnr_db"]["value"], rtol=1e-6)
+
+
+def _scores(index: int, model: float, held: float, vae: float, ssim: tuple[float, float, float]):
+    from worldstep.lerobot.replay_scores import EpisodeScores
+
+    psnr_values = {"model": model, "first_frame_held": held, "vae_round_trip": vae}
+    scores = {s: {"psnr_db": [psnr_values[s] + 0.1 * w for w in range(3)], "ssim": [ssim[k]] * 3}
+              for k, s in enumerate(SERIES)}
+    return EpisodeScores(index=index, task="push", windows=3, noise_seed=index, scores=scores)
+
+
+def test_the_summary_shows_both_baselines_per_metric_with_a_verdict(tmp_path):
+    """The issue's case: PSNR above the held frame and below the round trip, SSIM below both (the held frame
+    beats the "ceiling" on SSIM); the summary says so per metric."""
+    from worldstep.lerobot.replay_report import replay_report, summary_line, write_replay
+
+    rng = np.random.default_rng(0)
+    results = [_scores(i, 23.9 + rng.normal(0, 0.1), 23.0 + rng.normal(0, 0.1), 25.1 + rng.normal(0, 0.1),
+                       (0.78 + rng.normal(0, 0.01), 0.87 + rng.normal(0, 0.01), 0.81 + rng.normal(0, 0.01)))
+               for i in range(8)]
+    report = replay_report(results, {})
+    verdicts = {m: {b: v["verdict"] for b, v in report["verdicts"][m].items()} for m in report["verdicts"]}
+    assert verdicts == {"psnr_db": {"first_frame_held": "above", "vae_round_trip": "below"},
+                        "ssim": {"first_frame_held": "below", "vae_round_trip": "below"}}
+    line = summary_line(report)
+    assert re.match(r"PSNR \(dB\): model 24\.\d\d \[2\d\.\d\d, 2\d\.\d\d\], held first frame 23\.\d\d, VAE round trip "
+                    r"25\.\d\d: ", line), line
+    assert "model above the held first frame, below the VAE round trip" in line
+    assert re.search(r"SSIM: model 0\.78\d \[0\.\d{3}, 0\.\d{3}\], held first frame 0\.8[67]\d", line), line
+    assert "SSIM" in line.split("; ")[1] and "model below the held first frame, below the VAE round trip" in line
+    assert "ceiling" not in report["notes"] and "floor" not in report["notes"]
+    tied = [_scores(i, 24.0 + (-1) ** i, 24.0, 24.0 + (-1) ** (i + 1), (0.8, 0.8, 0.8)) for i in range(8)]
+    assert {v["verdict"] for v in replay_report(tied, {})["verdicts"]["psnr_db"].values()} == {"within"}
+    write_replay(tmp_path, report, results)
+    from PIL import Image
+    from worldstep.fidelity.plots import line_chart
+
+    plain = line_chart(tmp_path / "plain.png", {k: report["series"][k]["ssim"]["value"] for k in SERIES}, "", "", "")
+    drawn = np.asarray(Image.open(tmp_path / "ssim.png"))
+    assert drawn.shape == np.asarray(Image.open(plain)).shape and (drawn != np.asarray(Image.open(plain))).any()

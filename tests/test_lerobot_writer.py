@@ -98,3 +98,21 @@ def test_close_without_episodes_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="no episode was added"):
         writer.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_av1_encoder_prints_nothing_unless_asked(tmp_path):
+    """--quiet was not quiet: SVT-AV1 printed its banner and preset notes (~25 lines) per encoder. Shown failing by
+    removing the writer's SVT_LOG default."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\nfrom pathlib import Path\nfrom worldstep.lerobot.writer import _Video\n"
+            "v = _Video(Path(sys.argv[1]) / 'v.mp4', 'av1', 10, 64, 64, 30, 'yuv420p')\n"
+            "v.add(np.zeros((4, 64, 64, 3), np.uint8))\nv.close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "SVT_LOG"}
+    quiet = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert quiet.returncode == 0 and "Svt[" not in quiet.stdout + quiet.stderr, quiet.stderr
+    told = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          env={**env, "SVT_LOG": "3"}, timeout=300)
+    assert "Svt[info]" in told.stdout + told.stderr  # the user's own setting wins

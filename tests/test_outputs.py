@@ -146,5 +146,5 @@ def test_a_failing_rollout_leaves_an_interrupted_summary(world, tmp_path, monkey
                *[f"--set={k}={v}" for k, v in FAST.items()]])
     assert rc == 1
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert summary["status"] == "interrupted" and "policy server went away" in summary["reason"]
+    assert summary["status"] == "failed" and "policy server went away" in summary["reason"]
     assert summary["windows_completed"] == 1 and not out.exists() and not leftovers(tmp_path)

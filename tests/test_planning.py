@@ -80,8 +80,9 @@ def test_planner_rejects_bad_arguments(pusher_env):
         from worldstep.envs.push_sim import PushSimEnv
 
         ModelPredictivePlanner(PushSimEnv(), PixelPushPolicy(1.0))
-    with pytest.raises(TypeError, match="proposal"):
-        ModelPredictivePlanner(pusher_env, lambda obs: obs)
+    with pytest.raises(TypeError, match="proposal=42 is invalid"):
+        ModelPredictivePlanner(pusher_env, 42)
+    assert ModelPredictivePlanner(pusher_env, lambda obs: obs).proposal.fn(7) == 7  # a plain function is a policy
 
 
 def test_closed_loop_in_both_modes(pusher_env):

@@ -29,7 +29,7 @@ NOT_RUN = {  # a substring of a block -> why it does not run here
 }
 LEAVES = {  # a substring of a CLI block -> the files it must leave behind
     "worldstep eval episodes.yaml": ["rollout.mp4", "pusher.mp4", "runs/eval/report.json"],
-    "--rerun-save run.rrd": ["rollout.mp4", "rollout.json", "run.rrd"],
+    "--rerun-save run.rrd": ["live.mp4", "live.json", "run.rrd"],
     "--rerun-save tiny.rrd": ["tiny.rrd"],
     "worldstep serve --config pusher": ["serve.log", "train_ppo.py", "ppo_pusher.zip"],
     "worldstep replay --dataset pushsim-clips": ["pushsim-clips/meta/info.json", "runs/replay/report.json",
@@ -37,6 +37,10 @@ LEAVES = {  # a substring of a CLI block -> the files it must leave behind
     "--lerobot-out imagined-pusher": ["pusher.mp4", "imagined-pusher/meta/info.json"],
     "worldstep eval pushsim-starts": ["runs/starts/report.json"],
 }
+
+
+EXPECTED = re.compile(r"\s*```text\n(.*?)^```", re.S | re.M)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def page_blocks() -> list[tuple[str, str, str, str | None]]:
@@ -47,6 +51,39 @@ def page_blocks() -> list[tuple[str, str, str, str | None]]:
             reason = next((why for key, why in NOT_RUN.items() if key in code), None)
             out.append((page, lang, code, reason))
     return out
+
+
+def expected_outputs(page: str = "README.md") -> dict[str, str | None]:
+    """Each python block of ``page`` -> the ```text block right after it (what it prints), or None."""
+    text = (ROOT / page).read_text()
+    out = {}
+    for match in BLOCK.finditer(text):
+        if match.group(1) == "python":
+            shown = EXPECTED.match(text, match.end())
+            out[match.group(2)] = shown.group(1) if shown else None
+    return out
+
+
+def matches(printed: str, expected: str) -> bool:
+    """Line by line: ``...`` stands for anything (timings), integers are exact, decimals within 5% (a CPU's
+    rounding), the rest verbatim."""
+    lines, wanted = printed.strip().splitlines(), expected.strip().splitlines()
+    if len(lines) != len(wanted):
+        return False
+    for line, want in zip(lines, wanted):
+        pattern = "".join(".*" if part == "..." else re.escape(part) if not NUMBER.fullmatch(part) else
+                          f"(?P<n{i}>-?\\d+(?:\\.\\d+)?)" for i, part in
+                          enumerate(re.split(r"(\.\.\.|-?\d+(?:\.\d+)?)", want)) if part)
+        found = re.fullmatch(pattern, line)
+        if found is None:
+            return False
+        for key, value in found.groupdict().items():
+            target = re.split(r"(\.\.\.|-?\d+(?:\.\d+)?)", want)[int(key[1:])]
+            if "." in target and abs(float(value) - float(target)) > 0.05 * abs(float(target)):
+                return False
+            if "." not in target and value != target:
+                return False
+    return True
 
 
 BLOCKS = page_blocks()
@@ -70,6 +107,16 @@ def test_the_blocks_that_do_not_run_are_the_expected_ones():
     assert all(any(key in code for key in LEAVES) for code in cli)  # every CLI block says what it leaves
 
 
+def test_every_readme_snippet_that_prints_shows_its_output():
+    shown = expected_outputs()
+    assert [code.splitlines()[0] for code, out in shown.items() if "print(" in code and out is None] == []
+    assert matches("(4, 64, 64, 3) 0 37 1.53 s\n", "(4, 64, 64, 3) 0 37 ... s")
+    assert not matches("(4, 64, 64, 3) 0 38 1.53 s", "(4, 64, 64, 3) 0 37 ... s")  # a page count is exact
+    assert matches("[23.525, 22.0107] False False", "[23.53, 22.01] False False")
+    assert not matches("[19.1, 22.0] False False", "[23.53, 22.01] False False")
+    assert not matches("0.0 0.0", "1.0 1.0")  # the snippet that printed 0.0 0.0 by design
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("readme_cache")
@@ -86,6 +133,9 @@ def test_block_runs_as_written(block, tmp_path, cache):
         cmd = ["bash", "-euo", "pipefail", "-c", code]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, f"{code}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    shown = expected_outputs(block[0]).get(code) if lang == "python" else None
+    if shown is not None:
+        assert matches(proc.stdout, shown), f"printed:\n{proc.stdout}\nthe page shows:\n{shown}"
     if lang == "bash":
         leaves = [name for key, names in LEAVES.items() if key in code for name in names]
         assert leaves and all((tmp_path / name).is_file() for name in leaves), leaves

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import worldstep
 import yaml
+from tiny_world import cache_dir  # noqa: F401 - fixture
 from worldstep import (
     CacheConfig,
     ConfigError,
@@ -16,6 +20,8 @@ from worldstep import (
     load_config,
 )
 from worldstep.world import resolve_config
+
+SECTIONS = ("model", "rollout", "cache", "decoder", "env")
 
 
 def test_public_api():
@@ -179,3 +185,41 @@ def test_resolve_names_paths_and_checkpoints(tmp_path):
         resolve_config("nope")
     with pytest.raises(FileNotFoundError, match="missing.yaml"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_dotted_keys_are_python_keywords_too(cache_dir):  # noqa: F811
+    config = load_config("tiny").with_overrides(**{"decoder.dtype": "bfloat16", "rollout.num_steps": 2})
+    assert (config.decoder.dtype, config.model.dtype, config.rollout.num_steps) == ("bfloat16", None, 2)
+    world = worldstep.load("tiny", device="cpu", **{"rollout.num_steps": 2, "height": 32, "width": 32})
+    env = worldstep.make_env(world, **{"env.max_windows": 3})
+    assert world.config.rollout.num_steps == 2 and env.get_wrapper_attr("max_windows") == 3
+    env.close()
+    with pytest.raises(worldstep.ConfigError, match=r"decoder\.dtyp: unknown key .*did you mean 'dtype'"):
+        load_config("tiny").with_overrides(**{"decoder.dtyp": "bfloat16"})
+    with pytest.raises(worldstep.ConfigError, match=r"decodr\.dtype: unknown key"):
+        load_config("tiny").with_overrides(**{"decodr.dtype": "bfloat16"})
+
+
+def test_the_unknown_key_error_lists_each_key_once_with_its_section():
+    with pytest.raises(worldstep.ConfigError) as err:
+        load_config("tiny").with_overrides(dtyp="bfloat16")
+    message = str(err.value)
+    assert "did you mean 'model.dtype' or 'decoder.dtype'?" in message
+    listed = message.rpartition(": ")[2].split(", ")
+    every = [f"{s}.{k}" for s in SECTIONS for k in type(getattr(load_config("tiny"), s)).model_fields]
+    assert listed == every and len(set(listed)) == len(listed)
+
+
+def test_every_config_field_is_in_the_configuration_reference():
+    """docs/configuration.md promises every key: each field of each section has a row (shown failing by deleting
+    the `decode` row: the test names rollout.decode)."""
+    rows = {}
+    section = None
+    for line in (Path(__file__).parents[1] / "docs" / "configuration.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 4 and "`" in cells[1]:
+            section = cells[0] or section
+            rows.setdefault(section, set()).update(re.findall(r"`(\w+)`", cells[1]))
+    missing = [f"{s}.{k}" for s in SECTIONS for k in type(getattr(load_config("tiny"), s)).model_fields
+               if k not in rows.get(s, set())]
+    assert not missing, f"docs/configuration.md has no row for {missing}"

@@ -388,7 +388,7 @@ def test_worldstep_serve_prints_its_url_and_drains_on_sigterm(processes, tmp_pat
     line = proc.stdout.readline()
     assert line.startswith("serving on ws://127.0.0.1:"), line + proc.stderr.read()
     url = line.split()[-1]
-    env = RemoteWorldModelEnv(url, token=TOKEN, reconnect_s=2)  # a drained server is gone: the error comes after 2 s
+    env = RemoteWorldModelEnv(url, token=TOKEN, reconnect_s=WAIT_S)  # the drain says why: no reconnect budget spent
     env.reset(seed=0)
     errors: list[Exception] = []
 
@@ -405,7 +405,8 @@ def test_worldstep_serve_prints_its_url_and_drains_on_sigterm(processes, tmp_pat
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=WAIT_S) == 0
     stepper.join(timeout=WAIT_S)
-    assert isinstance(errors[0], RemoteEnvConnectionError)
+    assert isinstance(errors[0], RemoteEnvConnectionError) and "server shut down; session" in str(errors[0])
+    assert env.connection.reconnects == 0
     stderr = proc.stderr.read()
     assert "drained: closed 1 sessions; KV pages in use 0" in stderr, stderr
     env.close()

@@ -257,14 +257,34 @@ def test_the_sb3_remote_vec_env_reconnects_through_the_proxy(world, serve, engin
         proxy.close()
 
 
-def test_after_the_reconnect_bound_the_error_names_session_step_and_time(serve):  # noqa: F811
+def test_after_the_reconnect_bound_the_error_names_session_step_and_time(serve, caplog):  # noqa: F811
     server = serve()
-    env = RemoteWorldModelEnv(server.url, token=TOKEN, reconnect_s=0.5)
+    proxy = FaultProxy(port_of(server.url), cut_probability=0.0)
+    env = RemoteWorldModelEnv(proxy.url, token=TOKEN, reconnect_s=0.5)
     env.reset(seed=0)
     env.step(serve_actions(env.action_space.shape, 0))
-    server.drain()  # the server is gone
-    with pytest.raises(RemoteEnvConnectionError, match=rf"during 'step' of session {env.session} \(last committed "
-                                                       r"step 1\) and could not reconnect within [0-9.]+ s"):
+    proxy.close()  # the network is gone, with no word from the server
+    with caplog.at_level(logging.WARNING, logger="worldstep.serve.client"), \
+            pytest.raises(RemoteEnvConnectionError, match=rf"during 'step' of session {env.session} \(last committed "
+                                                          r"step 1\) and could not reconnect within [0-9.]+ s"):
+        env.step(serve_actions(env.action_space.shape, 1))
+    attempts = [r.getMessage() for r in caplog.records if "reconnect attempt" in r.getMessage()]
+    assert attempts and all(f"reconnect attempt {i + 1} failed" in line for i, line in enumerate(attempts))
+    env.close()
+
+
+def test_a_drain_tells_each_client_why_at_once(serve, caplog):  # noqa: F811
+    """No reconnect budget spent on a server that said it shut down: counted, not timed (a 60 s budget)."""
+    server = serve()
+    env = RemoteWorldModelEnv(server.url, token=TOKEN, reconnect_s=WAIT_S)
+    env.reset(seed=0)
+    env.step(serve_actions(env.action_space.shape, 0))
+    server.drain()
+    with caplog.at_level(logging.WARNING, logger="worldstep.serve.client"), \
+            pytest.raises(RemoteEnvConnectionError, match=rf"server shut down; session {env.session} lost at step 1"):
+        env.step(serve_actions(env.action_space.shape, 1))
+    assert env.connection.reconnects == 0 and not [r for r in caplog.records if "reconnect" in r.getMessage()]
+    with pytest.raises(RemoteEnvConnectionError, match="server shut down"):  # the session stays lost, said the same
         env.step(serve_actions(env.action_space.shape, 1))
     env.close()
 
@@ -277,9 +297,8 @@ def test_a_restarted_server_gives_the_client_a_clear_error_not_a_hang(world, ser
     port = port_of(first.url)
     first.drain()
     second = serve(port=port)  # the same address, a new process' worth of state: no session
-    with pytest.raises(RemoteEnvConnectionError, match=rf"session {env.session} is lost \(last committed step 1.*"
-                                                       "server restarted"):
-        env.step(serve_actions(env.action_space.shape, 1))
+    with pytest.raises(RemoteEnvConnectionError, match=rf"server shut down; session {env.session} lost at step 1"):
+        env.step(serve_actions(env.action_space.shape, 1))  # the first server said so when it drained
     obs, _ = env.reset(seed=0)  # a new session on the new server
     assert np.array_equal(obs["frames"], local_frames(world, 0, 0)[0]) and second.open_sessions() == 1
     env.close()

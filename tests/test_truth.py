@@ -188,3 +188,68 @@ def test_a_trained_checkpoint_folder_takes_the_run_settings_its_worldstep_json_n
         resolve_config(str(folder))
     (folder / "worldstep.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
     assert resolve_config(str(folder)).env.simulator is None  # no hint: Cosmos3-Edge's run settings
+
+
+class _SimAsModel(PushSimEnv):
+    """The simulator standing in for the model (exact imagination): both worlds' records are then known."""
+
+    simulator = "worldstep/PushSim-v0"
+
+    def step(self, action):  # a model env judges nothing itself (`rollout --truth` makes it with success_fn="none")
+        obs, reward, _, truncated, info = super().step(action)
+        return obs, reward, False, truncated, info
+
+
+class _PushThenPull:
+    """The pixel expert for ``push`` windows, then its last chunk's mean direction at full speed (pushes the block
+    on past the goal: undoes a success)."""
+
+    def __init__(self, push: int) -> None:
+        self.expert, self.push, self.calls = make_policy("push", (4, 2)), push, 0
+
+    def reset(self, seed=None):
+        self.expert.reset(seed)
+        self.calls = 0
+
+    def __call__(self, obs):
+        self.calls += 1
+        if self.calls <= self.push:
+            self.last = self.expert(obs)
+            return self.last
+        direction = self.last.mean(axis=0)
+        return np.broadcast_to(direction / (np.abs(direction).max() + 1e-6), self.last.shape).astype(np.float32)
+
+
+def _solved_seed(windows: int = 12) -> tuple[int, int]:
+    """(seed, first success window): the first seed from 0 the pixel expert solves in ``windows`` windows."""
+    sim, expert = PushSimEnv(), make_policy("push", (4, 2))
+    for seed in range(50):
+        obs, _ = sim.reset(seed=seed)
+        first = obs["frames"][0]
+        expert.reset(seed)
+        for window in range(windows):
+            obs, *_ = sim.step(expert(obs))
+            if sim.success_from_frames(first, obs["frames"]):
+                return seed, window
+    raise AssertionError(f"the expert solves no seed of 0..49 in {windows} windows")
+
+
+def test_each_world_stops_at_its_own_success_and_the_record_says_when(tmp_path):
+    seed, success = _solved_seed()
+    result = rollout_with_truth(_SimAsModel(), PushSimEnv(), make_policy("push", (4, 2)), seed=seed, max_windows=16,
+                                video_path=tmp_path / "both.mp4")
+    assert result.episode.windows == success + 1 and result.episode.terminated  # not 16 windows past it
+    for world in (result.model, result.simulator):
+        assert (world.success_window, world.final_success, world.ended) == (success, True, "success")
+    flat = result.to_dict()
+    assert flat["worlds"]["simulator"]["success_window"] == success and flat["success"] is True
+
+
+def test_running_on_past_a_success_reports_the_success_window_and_the_final_state(tmp_path):
+    seed, success = _solved_seed()
+    result = rollout_with_truth(_SimAsModel(), PushSimEnv(), _PushThenPull(success + 1), seed=seed, max_windows=16,
+                                run_on=True)
+    assert result.episode.windows == 16  # ran on by choice
+    for world in (result.model, result.simulator):
+        assert world.success_window == success and world.final_success is False  # pulled back out
+    assert result.episode.success is False and result.truth_success is False

@@ -68,22 +68,43 @@ def decoder_stage_elements(vae: dict, height: int, width: int) -> int:
     return max(2 * base * m * (h >> i) * (w >> i) for i, m in enumerate(vae.get("dim_mult", [1])))
 
 
+@dataclass(frozen=True)
+class SessionShape:
+    """What one session's transient device memory depends on (from a loaded model or from a config alone)."""
+
+    kv_bytes_per_token: int
+    tokens_per_frame: int
+    context_frames: int
+    mlp_width: int
+    itemsize: int
+    vae: dict
+    height: int
+    width: int
+    decoder_itemsize: int
+
+
+def planned_session_bytes(shape: SessionShape, cfg: bool, decodes: bool = True) -> int:
+    """Planned device bytes of one session (module docstring): gathers and activations per CFG stream, and the
+    warm decoder's feature maps."""
+    window = 4 * shape.tokens_per_frame + 16  # a 16-action window: 4 latent frames and their action tokens
+    context = TEXT_TOKENS + shape.context_frames * (shape.tokens_per_frame + 4)
+    gathers = shape.kv_bytes_per_token * (context + window)
+    activations = ACTIVATION_COPIES * window * shape.mlp_width * shape.itemsize
+    decode = 0
+    if decodes:
+        frames = int(shape.vae.get("scale_factor_temporal") or 4)  # one latent per decoder call
+        stage = decoder_stage_elements(shape.vae, shape.height, shape.width)
+        decode = DECODE_COPIES * frames * stage * shape.decoder_itemsize
+    return (2 if cfg else 1) * (gathers + activations) + decode
+
+
 def session_bytes(model, settings, load: SectionLoad) -> int:
     """Planned device bytes of one session of ``model`` in a section of ``load`` (module docstring)."""
     config, spec = model.transformer.config, model.spec
-    window = 4 * spec.tokens_per_frame + 16  # a 16-action window: 4 latent frames and their action tokens
-    context = TEXT_TOKENS + settings.context_frames * (spec.tokens_per_frame + 4)
-    streams = 2 if load.cfg else 1
-    itemsize = model.dtype.itemsize
-    gathers = model.kv_bytes_per_token * (context + window)
-    activations = ACTIVATION_COPIES * window * max(config.intermediate_size, config.hidden_size) * itemsize
-    decode = 0
-    if load.decodes:
-        vae_itemsize = next(model.vae.parameters()).dtype.itemsize
-        frames = int(model.vae.config.get("scale_factor_temporal") or 4)  # one latent per decoder call
-        stage = decoder_stage_elements(model.vae.config, spec.height, spec.width)
-        decode = DECODE_COPIES * frames * stage * vae_itemsize
-    return streams * (gathers + activations) + decode
+    shape = SessionShape(model.kv_bytes_per_token, spec.tokens_per_frame, settings.context_frames,
+                         max(config.intermediate_size, config.hidden_size), model.dtype.itemsize, model.vae.config,
+                         spec.height, spec.width, next(model.vae.parameters()).dtype.itemsize)
+    return planned_session_bytes(shape, load.cfg, load.decodes)
 
 
 def section_plan(section: str, model, settings) -> dict[str, Any]:

@@ -122,8 +122,8 @@ def check_episodes(data: Any) -> list[dict[str, Any]]:
 
 
 class RunRecord:
-    """The summary JSON of one command: ``"status": "ok"`` when it finished, ``"interrupted"`` (with the
-    windows completed and the reason) when Ctrl-C or an error stopped it."""
+    """The summary JSON of one command: ``"status": "ok"`` when it finished, ``"interrupted"`` when Ctrl-C
+    stopped it, ``"failed"`` when an error did (with the windows completed and the reason)."""
 
     def __init__(self, path: str | Path, field: str, **run: Any) -> None:
         self.path = check_output_path(path, field)
@@ -142,13 +142,13 @@ class RunRecord:
         try:
             yield self
         except KeyboardInterrupt:
-            self._interrupted("KeyboardInterrupt")
+            self._stopped("interrupted", "KeyboardInterrupt")
             raise RunInterrupted(f"interrupted after {self.windows_completed} windows; {outputs}; "
                                  f"summary {self.path}") from None
         except Exception as err:
-            self._interrupted(f"{type(err).__name__}: {err}")
+            self._stopped("failed", f"{type(err).__name__}: {err}")
             raise
 
-    def _interrupted(self, reason: str) -> None:
-        write_json(self.path, {"status": "interrupted", "reason": reason, **self.run,
+    def _stopped(self, status: str, reason: str) -> None:
+        write_json(self.path, {"status": status, "reason": reason, **self.run,
                                "windows_completed": self.windows_completed, "video": None})

@@ -17,6 +17,7 @@ import sys
 
 import yaml
 
+from ..episodes import EvaluationFailed
 from ..flags import add_flags
 from ..lerobot.cli import add_parsers as add_lerobot_parsers
 from ..serve.cli import add_parser as add_serve_parser
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except EvaluationFailed as err:
+        print(f"worldstep {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 1
     except RunInterrupted as err:
         print(f"worldstep {args.command}: {err}", file=sys.stderr)
         return 130

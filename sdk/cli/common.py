@@ -14,6 +14,8 @@ from .checks import check_image_flag, parse_set, success_name
 
 DEFAULT_ENV = "worldstep/Tiny-v0"
 
+POLICY_HELP = ("sine, random, push (PushSim's pixel expert), replay:PATH.npy, or your own: module:attr or "
+               "path/to/file.py:attr (a policy, a function obs -> actions, or a class built with the action shape)")
 SUCCESS_HELP = ("success judge of each window: sim (the config's simulator's pixel judge; the default when the "
                 "config names a simulator), none, or module:function (frames -> bool)")
 

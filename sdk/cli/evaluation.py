@@ -11,7 +11,7 @@ import yaml
 
 from ..flags import flag, positive_int
 from .checks import RunInterrupted, check_episodes, check_replay_length, success_judge
-from .common import SUCCESS_HELP, check_lerobot_out, early_policy, prepare, run_info
+from .common import POLICY_HELP, SUCCESS_HELP, check_lerobot_out, early_policy, prepare, run_info
 from .view import closing_on_error, logged, open_from_args, wants_view
 from .view import finish as finish_view
 
@@ -25,7 +25,7 @@ class EvalFlags:
                          positional=True)
     starts: int | None = flag("with a dataset: this many (episode, frame) starts drawn from --seed (default: frame 0 "
                               "of every episode)", default=None, type=positive_int)
-    policy: str = flag("sine, random, push or replay:PATH.npy", default="sine")
+    policy: str = flag(POLICY_HELP, default="sine")
     success: str | None = flag(SUCCESS_HELP, default=None, metavar="JUDGE")
     out_dir: str = flag("report and video folder", default="runs/eval")
     batched: bool = flag("step episodes together in one vector env", default=False)
@@ -41,9 +41,11 @@ class EvalFlags:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from ..policies import check_policy_spec, make_policy
+
+    check_policy_spec(args.policy)  # before the config and torch load
     from ..evaluation.dispatch import evaluate
     from ..outputs import check_output_path
-    from ..policies import make_policy
     from ..world import load, make_env
 
     path = Path(args.episodes)

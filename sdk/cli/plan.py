@@ -17,7 +17,8 @@ class PlanFlags:
     """``worldstep plan`` (its model flags default to ``--env worldstep/Pusher-v0``)."""
 
     proposal: str = flag("graded pusher policy whose chunks the planner scores (see "
-                         "worldstep.fidelity.policies.graded_policies)", default="noisy0.8")
+                         "worldstep.fidelity.policies.graded_policies), or your own noisy policy: module:attr or "
+                         "path/to/file.py:attr", default="noisy0.8")
     candidates: int = flag("chunks imagined per window", default=8, type=positive_int)
     approach_weight: float = flag("weight of the effector-to-block distance in the cost", default=0.0)
     observe: str = flag("model: act on imagined frames, the simulator replays; simulator: re-anchor the model on the "
@@ -32,15 +33,22 @@ class PlanFlags:
 def cmd_plan(args: argparse.Namespace) -> int:
     import copy
 
+    from ..distributed import action_shape
     from ..fidelity.policies import graded_policies
     from ..planning import BlockToGoal, ModelPredictivePlanner, closed_loop
+    from ..policies import make_policy
+    from ..user_policy import is_user_spec
     from ..world import make_env
 
     proposals = {p.name: p for p in graded_policies()}
-    if args.proposal not in proposals:
-        raise ValueError(f"--proposal {args.proposal!r} is invalid; allowed: one of {sorted(proposals)}")
+    if args.proposal not in proposals and not is_user_spec(args.proposal):
+        raise ValueError(f"--proposal {args.proposal!r} is invalid; allowed: one of {sorted(proposals)}, "
+                         "module:attr or path/to/file.py:attr")
     objective = BlockToGoal(approach_weight=args.approach_weight)
     model, config = prepare(args, max_windows=args.windows)
+    shape = action_shape(config)
+    if args.proposal not in proposals and shape is not None:  # a user's proposal, loaded before the model
+        proposals[args.proposal] = make_policy(args.proposal, shape, seed=args.seed)
     if config.env.simulator is None:
         raise ValueError(f"plan is invalid for config {model!r}: its env.simulator is None; allowed: a config that "
                          "names its simulator (e.g. --env worldstep/Pusher-v0)")
@@ -51,6 +59,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with closing_on_error(viewer), record.guard(f"no video written ({args.out} unchanged)"):
         env = make_env(config, success_fn="none")  # the closed loop judges success (its confirm count)
         try:
+            if args.proposal not in proposals:  # only the loaded model knew the action shape
+                proposals[args.proposal] = make_policy(args.proposal, env.action_space, seed=args.seed)
             planner = ModelPredictivePlanner(env, copy.deepcopy(proposals[args.proposal]), args.candidates, objective)
             result = closed_loop(logged(env, viewer), planner, seed=args.seed, max_windows=args.windows,
                                  observe=args.observe, video_path=args.out)

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..distributed import evaluate_ray
 from ..episodes import EpisodeConfig, EvalReport
-from ..policies import Policy
+from ..policies import Policy, as_policy
 from ..trust.ppi import check_pairs, with_corrected_rate
 from .local import evaluate_local
 
@@ -28,13 +28,15 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
              paired_outcomes: Sequence[tuple[bool, bool]] | None = None) -> EvalReport:
     """Run ``policy`` for ``episodes`` and write ``out_dir/report.json`` plus one mp4 per episode.
 
-    An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error``;
-    the other episodes still run.
+    An episode whose policy raises is kept in the report with ``status: "failed"`` and its ``error`` (and
+    named on stderr as it happens); the other episodes still run. When every episode failed, the report says
+    ``"status": "failed"`` with the first error, and ``EvaluationFailed`` is raised after it is written.
 
     Args:
         env_or_model: a worldstep env (``gym.make(...)``, ``make_env(...)``), a ``WorldModelVectorEnv``
             (implies ``batched``), or anything :func:`worldstep.load` takes (``"tiny"``, a ``World``, ...).
-        policy: a :class:`~worldstep.policies.Policy`; batched runs use one deep copy per episode slot.
+        policy: a :class:`~worldstep.policies.Policy`, or a plain callable ``obs -> actions`` (anything else is a
+            ``TypeError`` before the first episode); batched runs use one deep copy per episode slot.
         episodes: a count, or a list of dicts / :class:`EpisodeConfig` (seed, prompt, domain_id, image,
             max_windows; a missing ``max_windows`` is the env's, i.e. the config's ``env.max_windows``).
         success_fn: ``frames -> bool`` per window; ends the episode as a success. Give it here when
@@ -60,6 +62,7 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
             run's rate corrected by them with a valid 95% interval (``worldstep.trust.ppi_rate``).
     """
     pairs = None if paired_outcomes is None else check_pairs("paired_outcomes", paired_outcomes)
+    policy = as_policy(policy)
     if backend not in ("local", "ray"):
         raise ValueError(f"backend={backend!r} is invalid; allowed: 'local' or 'ray'")
     if lerobot_out is not None and backend == "ray":
@@ -73,13 +76,17 @@ def evaluate(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | 
                           backend=backend, ray_address=ray_address, num_workers=num_workers, run_info=run_info,
                           lerobot_out=lerobot_out)
         return with_corrected_rate(report, pairs, Path(out_dir))
-    if backend == "ray":
-        return evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
-                            batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,
-                            progress=progress, ray_address=ray_address,
-                            num_workers=2 if num_workers is None else num_workers, run_info=run_info)
-    if ray_address is not None or num_workers is not None:
+    if backend != "ray" and (ray_address is not None or num_workers is not None):
         raise ValueError("ray_address and num_workers only apply with backend='ray'")
-    return evaluate_local(env_or_model, policy, episodes, seed=seed, success_fn=success_fn, out_dir=Path(out_dir),
-                          batched=batched, batch_size=batch_size, record_video=record_video, progress=progress,
-                          run_info=run_info, lerobot_out=lerobot_out)
+    if backend == "ray":
+        report = evaluate_ray(env_or_model, policy, episodes, success_fn=success_fn, out_dir=out_dir,
+                              batched=batched, batch_size=batch_size, seed=seed, record_video=record_video,
+                              progress=progress, ray_address=ray_address,
+                              num_workers=2 if num_workers is None else num_workers, run_info=run_info)
+    else:
+        report = evaluate_local(env_or_model, policy, episodes, seed=seed, success_fn=success_fn,
+                                out_dir=Path(out_dir), batched=batched, batch_size=batch_size,
+                                record_video=record_video, progress=progress, run_info=run_info,
+                                lerobot_out=lerobot_out)
+    report.check_not_all_failed(Path(out_dir) / "report.json")
+    return report

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
     except Exception as err:
         if policy_errors == "raise":
             raise
-        return result.fail(err).finish(start)
+        return _failed(result, err).finish(start)
     obs, _ = env.reset(seed=seed, options=options)
     with video_writer(video_path, frame_fps(env)) as writer, \
             tqdm(total=max_windows, desc="rollout", unit="window", disable=not progress) as bar:
@@ -64,7 +65,7 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
             except Exception as err:
                 if policy_errors == "raise":
                     raise
-                result.fail(err)
+                _failed(result, err)
                 break
             obs, reward, terminated, truncated, info = env.step(actions)
             _record(result, writer, obs["frames"], reward, terminated, truncated, info)
@@ -74,6 +75,13 @@ def rollout(env: gym.Env, policy: Policy, *, seed: int | None = 0, max_windows: 
             if terminated or truncated:
                 break
     return result.finish(start)
+
+
+def _failed(result: EpisodeResult, err: Exception) -> EpisodeResult:
+    """Mark the episode failed and say so on stderr at once (the report alone is read too late)."""
+    result.fail(err)
+    tqdm.write(f"episode {result.index} (seed {result.seed}) failed: {result.error}", file=sys.stderr)
+    return result
 
 
 def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[dict | EpisodeConfig], *,
@@ -196,10 +204,13 @@ class _Slot:
         self.active = False
         bar.update(self.episode.max_windows - self.result.windows)
         if err is not None:
-            self.result.fail(err)
+            _failed(self.result, err)
         self.result.finish(start)
-        if self.writer is not None:
+        if self.writer is not None and self.writer.frames_written:
             self.writer.close()
+        elif self.writer is not None:  # failed before its first frame: no empty video
+            self.writer.abort()
+            self.result.video = None
 
 
 def _run_batch(vec, policy: Policy, eps: list[EpisodeConfig], indices: list[int], videos: list,

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     args = parse_flags(DemoSeedArgs, argv, prog="python -m worldstep.fidelity.demo_seed", description=__doc__)
     # as `worldstep rollout --truth` makes it: success is judged on both sides by rollout_with_truth every
-    # window, so the env's own judge is off and no episode ends before --windows
+    # window (the env's own judge is off); each world stops at its own first success
     env = worldstep.make_env(args.config, max_windows=args.windows, success_fn="none")
     inner = env.unwrapped
     truth = gym.make(inner.simulator, chunk_size=inner.knobs.chunk_size, disable_env_checker=True).unwrapped
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
             policy = make_policy("push", env.action_space, seed=seed)
             r = rollout_with_truth(env, truth, policy, seed=seed, max_windows=args.windows)
             rows.append({"seed": seed, "model_success": r.model_success, "simulator_success": r.truth_success,
-                         "mean_psnr_db": r.mean_psnr_db})
+                         "model_success_window": r.model.success_window,
+                         "simulator_success_window": r.simulator.success_window, "mean_psnr_db": r.mean_psnr_db})
     finally:
         env.close()
         truth.close()

@@ -25,21 +25,31 @@ def _frame(draw: ImageDraw.ImageDraw, box, title: str, xlabel: str, ylabel: str,
         draw.text((4, y - 6), f"{v:.3g}", fill=(0, 0, 0))
 
 
-def line_chart(path: Path, series: dict[str, list[float]], title: str, xlabel: str, ylabel: str) -> Path:
-    """One line per series over x = 1..len (NaNs and Nones skipped), legend on the right."""
+def line_chart(path: Path, series: dict[str, list[float]], title: str, xlabel: str, ylabel: str,
+               intervals: dict[str, tuple[list[float], list[float]]] | None = None) -> Path:
+    """One line per series over x = 1..len (NaNs and Nones skipped), legend on the right; ``intervals`` (a series'
+    ``(low, high)`` per point) draws a vertical bar through each point."""
     series = {k: [np.nan if v is None else v for v in s] for k, s in series.items()}
+    bands = {k: [[np.nan if v is None else v for v in side] for side in pair] for k, pair in (intervals or {}).items()}
     img = Image.new("RGB", (720, 420), "white")
     draw = ImageDraw.Draw(img)
     box = (60, 30, 540, 370)
-    values = [v for s in series.values() for v in s if np.isfinite(v)]
+    values = [v for s in [*series.values(), *(side for pair in bands.values() for side in pair)] for v in s
+              if np.isfinite(v)]
     lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
     lo, hi = (lo - 0.5, hi + 0.5) if hi - lo < 1e-9 else (lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
     _frame(draw, box, title, xlabel, ylabel, lo, hi)
+
+    def at(i: int, v: float) -> tuple[float, float]:
+        return box[0] + (box[2] - box[0]) * (i / max(1, n - 1)), box[3] - (box[3] - box[1]) * (v - lo) / (hi - lo)
+
     n = max((len(s) for s in series.values()), default=1)
     for k, (name, s) in enumerate(series.items()):
         colour = COLOURS[k % len(COLOURS)]
-        pts = [(box[0] + (box[2] - box[0]) * (i / max(1, n - 1)), box[3] - (box[3] - box[1]) * (v - lo) / (hi - lo))
-               for i, v in enumerate(s) if np.isfinite(v)]
+        pts = [at(i, v) for i, v in enumerate(s) if np.isfinite(v)]
+        for i, (low, high) in enumerate(zip(*bands.get(name, ([], [])))):
+            if np.isfinite(low) and np.isfinite(high):
+                draw.line([at(i, low), at(i, high)], fill=colour, width=1)
         if len(pts) > 1:
             draw.line(pts, fill=colour, width=2)
         for p in pts:

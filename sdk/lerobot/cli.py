@@ -51,16 +51,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from worldstep.cli.view import closing_on_error, finish, open_from_args
 
     from .replay import replay
+    from .replay_report import summary_line
 
     viewer = open_from_args(args)
     with closing_on_error(viewer):
         report = replay(args.dataset, args.config, out_dir=args.out, episodes=args.episodes, camera=args.camera,
                         windows=args.windows, seed=args.seed, videos=args.videos, progress=not args.quiet,
                         viewer=viewer)
-    model = report["series"]["model"]["psnr_db"]["mean"]
-    ceiling = report["series"]["vae_round_trip"]["psnr_db"]["mean"]
-    print(f"{len(report['episodes'])} episodes replayed: model PSNR {model['value']:.2f} dB "
-          f"[{model['ci95'][0]:.2f}, {model['ci95'][1]:.2f}], VAE round trip {ceiling['value']:.2f} dB; "
+    print(f"{len(report['episodes'])} episodes replayed: {summary_line(report)}; "
           f"report {Path(args.out) / 'report.json'}")
     finish(viewer)
     return 0

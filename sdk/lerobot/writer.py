@@ -42,6 +42,9 @@ class _Video:
         options = {"crf": str(crf), "g": str(GOP)}
         if codec == "av1":
             options["preset"] = "12"
+            # SVT-AV1 prints ~25 banner and preset lines per encoder unless told otherwise (read at each encoder's
+            # start): errors only, so --quiet is quiet; a user's own SVT_LOG wins
+            os.environ.setdefault("SVT_LOG", "1")
         self.stream = self.container.add_stream(CODECS[codec], rate=fps, options=options)
         self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, pix_fmt
         self.stream.time_base = Fraction(1, fps)

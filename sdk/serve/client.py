@@ -22,7 +22,7 @@ import numpy as np
 
 from ..wire import EXTRA_HINT, RemoteError, packb, unpackb
 from .backoff import Backoff
-from .protocol import OPEN_KEYS, PROTOCOL_VERSION, ErrorKind, decode_info, decode_space
+from .protocol import OPEN_KEYS, PROTOCOL_VERSION, SHUTDOWN_CLOSE_CODE, ErrorKind, decode_info, decode_space
 
 __all__ = [
     "RemoteEnvAuthError",
@@ -78,6 +78,13 @@ class ClientSession:
     committed_step: int = 0
 
 
+def _shutdown_reason(err: Exception) -> str | None:
+    """The reason a draining server closed the connection with (``server shut down; session N lost at step K``),
+    None for any other loss."""
+    frame = getattr(err, "rcvd", None)
+    return frame.reason if frame is not None and frame.code == SHUTDOWN_CLOSE_CODE else None
+
+
 class _Lost(Exception):
     """The connection dropped (or no reply came in time) during one exchange."""
 
@@ -87,7 +94,8 @@ class ServeConnection:
 
     When the connection drops, the next exchange reconnects with bounded exponential backoff (for at most
     ``reconnect_s``; 0: never), resumes every session of ``sessions`` with its key and resends the request in
-    flight with its sequence number, so the server applies it at most once; each reconnect logs one warning.
+    flight with its sequence number, so the server applies it at most once; each failed attempt and each reconnect
+    logs one warning. A server that shut down says so in its close frame: that raises at once, no reconnect.
     """
 
     def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 120.0,
@@ -179,6 +187,11 @@ class ServeConnection:
             raise _Lost(f"no reply to {op!r} within {self.timeout_s:g} s") from err
         except Exception as err:  # ConnectionClosed and friends
             self._drop()
+            reason = _shutdown_reason(err)
+            if reason is not None:  # the server drained: reconnecting cannot bring the sessions back
+                self.lost.update({session: reason for session in self.sessions})
+                self.sessions.clear()
+                raise RemoteEnvConnectionError(self.url, reason) from err
             raise _Lost(f"connection lost during {op!r} ({err})") from err
         if not isinstance(reply, dict) or reply.get("id") != request_id:
             raise RemoteEnvProtocolError(self.url, f"the reply to {op!r} does not answer it")
@@ -202,6 +215,9 @@ class ServeConnection:
             except (RemoteEnvConnectionError, _Lost) as err:
                 self._drop()
                 last = err
+                left = self.backoff.total_s - (time.monotonic() - started)
+                logger.warning("worldstep server %s: reconnect attempt %d failed (%s); retrying for %.1f s more",
+                               self.url, attempt, err, max(left, 0.0))
                 continue
             self.reconnects += 1
             logger.warning("worldstep server %s: reconnected after %.2f s (%d attempts); resumed %d sessions",

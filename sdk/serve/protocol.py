@@ -23,6 +23,7 @@ from ..wire import packb, unpackb
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
+    "SHUTDOWN_CLOSE_CODE",
     "ErrorKind",
     "Op",
     "ProtocolError",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 2  # 2: resumable sessions, sequence numbers, status
+SHUTDOWN_CLOSE_CODE = 4000
+"""The websocket close code of a draining server (private range): its reason names the sessions lost, and the
+client raises it at once instead of reconnecting to a server that is gone."""
+MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is at most 125 bytes, 2 of them the code
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 2**20  # a reset image of 1080p is 6 MiB
 MAX_ACTION_VALUES = 2**16  # a chunk of 64 actions of width 64 is 4096
 OPEN_KEYS = ("max_windows", "prompt", "domain_id", "embodiment", "action_width", "image", "success_fn",

@@ -10,6 +10,7 @@ goes on. Steps of different connections batch into one engine call (``EngineLoop
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import http
 import socket
@@ -32,7 +33,9 @@ from .engine_loop import EngineLoop
 from .errors import ServeError
 from .protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_CLOSE_REASON_BYTES,
     PROTOCOL_VERSION,
+    SHUTDOWN_CLOSE_CODE,
     ErrorKind,
     Op,
     ProtocolError,
@@ -98,6 +101,7 @@ class WorldModelServer:
         self._reaping = threading.Event()  # set: the reaper stops
         self._open = 0  # sessions open or being opened, over all connections
         self._draining = False
+        self._connections: dict[Any, _Connection] = {}  # live websockets, told why when the server drains
         self._server = None
         self._thread: threading.Thread | None = None
         self._reaper = threading.Thread(target=self._reap, name="worldstep-serve-reaper", daemon=True)
@@ -131,6 +135,10 @@ class WorldModelServer:
         too), stop the loop."""
         with self._lock:
             self._draining = True
+            connections = list(self._connections.items())
+        for conn, state in connections:  # each client learns why at once, not after its reconnect budget
+            with contextlib.suppress(Exception):
+                conn.close(code=SHUTDOWN_CLOSE_CODE, reason=self._shutdown_reason(state))
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()  # closes connections and waits for their handlers
@@ -150,6 +158,14 @@ class WorldModelServer:
 
     def __exit__(self, *exc: object) -> None:
         self.drain()
+
+    def _shutdown_reason(self, state: _Connection) -> str:
+        """``server shut down; session N lost at step K`` for each session of the connection (cut to what a close
+        frame holds)."""
+        held = self.sessions.of(state)
+        steps = self.loop.call(lambda: [(s.id, committed_step(s)) for s in held]) if held and self.loop.running else []
+        reason = "server shut down" + "".join(f"; session {sid} lost at step {step}" for sid, step in steps)
+        return reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
 
     def open_sessions(self) -> int:
         return self._open
@@ -226,6 +242,8 @@ class WorldModelServer:
 
         state = _Connection(token_digest(conn.request.headers.get("Authorization")))
         bound_sends(conn.socket, self.options.send_buffer_bytes, self.options.send_timeout_s)
+        with self._lock:
+            self._connections[conn] = state
         try:
             while True:
                 try:
@@ -237,6 +255,8 @@ class WorldModelServer:
         except ConnectionClosed:
             return
         finally:
+            with self._lock:
+                self._connections.pop(conn, None)
             self._disconnected(state)
 
     def _disconnected(self, state: _Connection) -> None:

@@ -19,6 +19,7 @@ naming the embodiment, its width and the allowed names, raised before any model 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -141,6 +142,9 @@ class EmbodimentRegistry:
         if isinstance(name, str) and name in self._widthless:
             raise ValueError(f"embodiment={name!r} cannot drive forward dynamics: {self._widthless[name]}; "
                              f"allowed: {self._allowed()}")
+        if isinstance(name, str) and name in _builtin_names():  # known, only not in this checkpoint's domains
+            raise ValueError(f"embodiment={name!r} is not supported by this checkpoint (a known embodiment it was "
+                             f"not trained on); allowed: {self._allowed()}")
         raise ValueError(f"embodiment={name!r} is unknown; allowed: {self._allowed()}")
 
     def with_domain(self, domain_id: int) -> tuple[Embodiment, ...]:
@@ -251,3 +255,9 @@ def folder_registry(folder: str | os.PathLike, num_domains: int | None = None) -
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: the top level must be a JSON object, got {type(meta).__name__}")
     return checkpoint_registry(meta, num_domains)
+
+
+@functools.cache
+def _builtin_names() -> frozenset[str]:
+    """The names of the built-in registry (diffusers' tables and the extras), built once."""
+    return frozenset(EmbodimentRegistry.default().names)
