@@ -40,13 +40,14 @@ def make_world_model_env(
     conditioning (errors name the argument given); the rest are the env's and the wrappers' (``observation``:
     ``"frames"`` or ``"latents"``, see ``WorldModelEnv``)."""
     knobs = check_model_and_knobs(model, knobs, observation)
+    if observation == "latents":  # the engine decodes nothing; the env's render() does
+        knobs = knobs.model_copy(update={"decode": False})
     if max_windows is not None:
         check_int("max_windows", max_windows, 1)
     cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
                               action_width=action_width, fps=fps)
     env: Any = WorldModelEnv(model, knobs, embodiment=cond, prompt=prompt, image=image,
-                             resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode,
-                             observation=observation)
+                             resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode)
     try:
         if action_normalizer is not None:
             env = NormalizeActions(env, action_normalizer)

@@ -131,8 +131,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
       ``"worldstep/PushSim-v0"``); resets without an image start from its first frame for the same seed, and its
       pixel judge is ``JudgeSuccess``'s ``"sim"``.
     - ``render_mode``: ``"rgb_array"`` (``render()`` returns the latest frame) or None.
-    - ``observation``: ``"frames"`` (the default: decoded frames) or ``"latents"`` (the window's latents, no decode
-      per step; ``knobs.decode`` may then be False, and the engine session is opened with ``decode=False``).
+    - ``knobs.decode``: True (the default) observes decoded frames; False observes the window's latents (no decode
+      per step, ``render()`` decodes on demand). ``make_env``/``gym.make`` spell it ``observation="frames"`` or
+      ``"latents"``.
 
     ```python
     >>> import gymnasium as gym, worldstep
@@ -160,14 +161,12 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         resolution_tier: int | str | None = None,
         simulator: str | None = None,
         render_mode: str | None = None,
-        observation: str = "frames",
     ) -> None:
-        knobs = check_model_and_knobs(model, knobs, observation)
+        knobs = check_model_and_knobs(model, knobs, "latents")  # knobs.decode False: latent observations
+        observation = "frames" if knobs.decode else "latents"
         spec = model.spec
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r} is invalid; allowed: None or 'rgb_array'")
-        if observation == "latents":
-            knobs = knobs.model_copy(update={"decode": False})  # the engine decodes nothing; render() does
         self.observation_mode = observation
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
