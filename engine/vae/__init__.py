@@ -12,6 +12,7 @@ from .options import DecoderOptions
 _LAZY = {
     "BATCHED_DECODE_ATOL": ".jobs",
     "WHOLE_CLIP_DECODE_ATOL": ".decoder",
+    "FUSED_DECODE_ATOL": ".decoder",
     "WarmWanDecoder": ".decoder",
     "encode_first_frame": ".encoder",
     "encode_pixels": ".encoder",
