@@ -10,8 +10,9 @@ builds up. Two VAEs:
   latent channels, ...) with diffusers' default random initialisation, on Gaussian latents at a reduced latent
   grid (CPU time), 4 latents per window as Edge makes them.
 
-Usage: ``python tools/decode_dtype_bound.py [--vae pusher|edge] [--latents 32] [--grid 2] [--fused]``; prints
-one JSON object. On a CPU bf16 convs run through oneDNN, accumulating in float32 as cuDNN's do.
+Usage: ``python tools/decode_dtype_bound.py [--vae pusher|edge] [--latents 32] [--grid 2] [--fused]
+[--device cuda]``; prints one JSON object. On a CPU bf16 convs run through oneDNN, accumulating in float32 as
+cuDNN's do; on CUDA the float32 side's convs run in TF32 unless `torch.backends.cudnn.allow_tf32` is off.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--grid", type=int, default=2, help="edge: the latent grid's side (480x832 is 30x52)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fused", action="store_true", help="both decoders on the fused path (engine/vae/fused.py)")
+    parser.add_argument("--device", default="cpu", help="where the VAE decodes (cuda: cuDNN's bf16 kernels)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     if args.vae == "pusher":
@@ -120,9 +122,10 @@ def main(argv: list[str] | None = None) -> dict:
         vae = edge_vae(args.seed)
         g = torch.Generator().manual_seed(args.seed)
         z, per_window = torch.randn(1, vae.config.z_dim, args.latents, args.grid, args.grid, generator=g), 4
-    rows = compare_dtypes(vae, z, per_window, fused=args.fused)
+    rows = compare_dtypes(vae.to(args.device), z.to(args.device), per_window, fused=args.fused)
     out = {"vae": args.vae, "latents": args.latents, "grid": list(z.shape[3:]), "seed": args.seed,
-           "fused": args.fused, "torch": torch.__version__, **summary(rows), "per_window": rows}
+           "fused": args.fused, "device": args.device, "torch": torch.__version__, **summary(rows),
+           "per_window": rows}
     print(json.dumps(out, indent=1))
     return out
 
