@@ -28,28 +28,12 @@ from ..lanes import hand_over, written_event
 from .cache import compact, compact_slots, count_slots, session_tensors
 from .jobs import Output, WindowDecoder, WindowJob, stacked_batches
 from .latents import LatentNorm
-from .options import DecoderOptions, resolve_dtype, resolve_switch
+from .options import DecoderOptions, resolve_dtype, resolve_switches
 from .perf import cudnn_benchmark, decoder_copy
 from .session import DecodePath, DecodeSession
 from .slots import WarmSlots, give_back
 
 _session_ids = itertools.count()
-
-# A warm session vs one `vae.decode` of the whole clip, in [-1, 1] pixels: only `post_quant_conv`'s call
-# shape differs (per latent vs whole clip), so they agree within float32 rounding. Measured max 3.8e-6 on
-# the test VAEs over seeds, window patterns and CPU kernel selections (docs/exactness.md).
-WHOLE_CLIP_DECODE_ATOL = 1e-5
-# The fused path (`DecoderOptions.fused`: padding inside the conv, RMS norm + SiLU compiled, statistics in float32)
-# vs one whole-clip `vae.decode` in float32, in [-1, 1] pixels: other summation orders in every norm and conv.
-# Measured max 2.6e-6 on the test VAEs over seeds, window patterns, torch and oneDNN convs, channels-last on and
-# off (tests/test_vae_fused.py; docs/exactness.md); bound kept at the CPU fast path's 1e-4.
-FUSED_DECODE_ATOL = 1e-4
-# A bfloat16 warm decode (`DecoderOptions.dtype`, the CUDA default) vs the float32 one, same latents, over a long
-# stream: every frame within this PSNR (peak-to-peak 2) and max |diff| in [-1, 1] pixels. Measured over 32 latents
-# with `tools/decode_dtype_bound.py`: worst 61.6 dB / 0.018 on the trained pusher VAE, 53.1 dB / 0.021 on a VAE of
-# Edge's proportions, no growth from the first half of the stream to the second (docs/exactness.md).
-BF16_DECODE_PSNR_DB = 48.0
-BF16_DECODE_ATOL = 0.05
 
 
 class WarmWanDecoder:
@@ -58,8 +42,7 @@ class WarmWanDecoder:
     The VAE's decoder and `post_quant_conv` must sit on one device (offload hooks on
     `vae.decode` are not honoured: the decoder is called directly). The VAE itself is never
     mutated; with `channels_last`, `onednn_conv`, `fused` or another dtype the decoder runs on a private copy.
-    The options' "auto" values are decided here, by the VAE's device (`channels_last`, `cudnn_benchmark` and
-    `fused` hold the decisions; `dtype` the decoder's dtype).
+    "auto" options are decided here by the VAE's device (the attributes of the same names hold the decisions).
 
     Args:
         vae: a diffusers `AutoencoderKLWan` (Wan 2.1 or 2.2 family), in eval mode.
@@ -74,11 +57,8 @@ class WarmWanDecoder:
         weight = vae.post_quant_conv.weight
         self.device: torch.device = weight.device
         self.dtype: torch.dtype = resolve_dtype(self.options.dtype, self.device, weight.dtype)
-        # De-normalisation and post_quant_conv (pointwise, a few channels) in the wider of the two dtypes.
-        self.prelude_dtype: torch.dtype = torch.promote_types(weight.dtype, self.dtype)
-        self.channels_last = resolve_switch(self.options.channels_last, self.device)
-        self.cudnn_benchmark = resolve_switch(self.options.cudnn_benchmark, self.device)
-        self.fused = resolve_switch(self.options.fused, self.device)
+        self.prelude_dtype = torch.promote_types(weight.dtype, self.dtype)  # de-normalisation, post_quant_conv
+        self.channels_last, self.cudnn_benchmark, self.fused = resolve_switches(self.options, self.device)
         self.z_dim: int = vae.config.z_dim
         self.patch_size: int | None = vae.config.patch_size
         self.temporal_factor: int = 2 ** sum(bool(t) for t in vae.config.temperal_downsample)

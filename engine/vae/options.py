@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
 from pydantic import PlainValidator
 
 from ..checks import check_int
 from ..settings import NonNegativeInt, PositiveInt, StrictModel
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -31,7 +33,7 @@ DecoderDtype = Annotated[Literal["auto", "float32", "bfloat16", "float16"] | Non
 
 
 def on_cuda(device: torch.device) -> bool:
-    return torch.device(device).type == "cuda"
+    return str(device).split(":")[0] == "cuda"
 
 
 def resolve_switch(value: bool | str, device: torch.device) -> bool:
@@ -39,9 +41,16 @@ def resolve_switch(value: bool | str, device: torch.device) -> bool:
     return on_cuda(device) if value == "auto" else bool(value)
 
 
+def resolve_switches(options: DecoderOptions, device: torch.device) -> tuple[bool, bool, bool]:
+    """`channels_last`, `cudnn_benchmark` and `fused` of `options` decided for a decoder on `device`."""
+    return tuple(resolve_switch(getattr(options, k), device) for k in ("channels_last", "cudnn_benchmark", "fused"))
+
+
 def resolve_dtype(value: str | None, device: torch.device, vae_dtype: torch.dtype) -> torch.dtype:
     """The dtype a decoder on `device` runs in: "auto" is bfloat16 on CUDA and float32 elsewhere; None is the
     VAE's own."""
+    import torch  # here: the YAML config imports DecoderOptions without torch
+
     if value is None:
         return vae_dtype
     if value == "auto":
