@@ -7,7 +7,7 @@ A config file has five sections (see ``configs/tiny.yaml``)::
     rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt,
              view_point, decode                                  (the engine's ``RolloutKnobs``)
     cache:   page_size, num_pages, cpu_offload_pages
-    decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, onednn_conv, max_warm_sessions,
+    decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, fused, onednn_conv, max_warm_sessions,
              context_latents, dtype                              (the engine's ``DecoderOptions``)
     env:     max_windows, prompt, domain_id, embodiment, resolution_tier, image, action_width, simulator,
              observation

@@ -238,7 +238,7 @@ def test_denormalisation_is_z_times_std_plus_mean():
 def test_bf16_vae_issues_the_pipelines_bf16_calls():
     vae = tiny_wan22(seed=6).to(torch.bfloat16)
     z = random_latents(5, (2, 2), seed=61)  # float32, as the denoiser hands them over
-    dec = WarmWanDecoder(vae)
+    dec = WarmWanDecoder(vae, DecoderOptions(dtype=None))  # the VAE's own dtype ("auto" is float32 on a CPU)
     session = dec.open_session()
     got = torch.cat(decode_windows(dec, session, z, [1, 3, 1]), dim=2)
     # The pipeline de-normalises and decodes in the VAE dtype, then casts to the latents' dtype.

@@ -11,7 +11,8 @@ from worldstep.engine.vae import DecoderOptions
 def test_defaults():
     o = DecoderOptions()
     assert (o.warm_cache, o.latents_per_call, o.channels_last, o.cudnn_benchmark, o.onednn_conv) == (
-        True, 1, False, False, False)
+        True, 1, "auto", "auto", False)
+    assert (o.dtype, o.fused) == ("auto", "auto")
     assert (o.max_warm_sessions, o.context_latents) == (0, 8)
 
 
@@ -20,7 +21,7 @@ def test_yaml_values_load():
     assert o.warm_cache is False and o.latents_per_call == 0 and o.max_warm_sessions == 4
 
 
-@pytest.mark.parametrize("key", ["warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv"])
+@pytest.mark.parametrize("key", ["warm_cache", "channels_last", "cudnn_benchmark", "onednn_conv", "fused"])
 @pytest.mark.parametrize("value", ["false", "true", "no", 0, 1, None])
 def test_switches_must_be_real_booleans(key, value):
     with pytest.raises(ValueError) as err:

@@ -366,8 +366,11 @@ def test_decoder_dtype_runs_a_private_copy_in_that_dtype():
     got = torch.cat(decode_windows(dec, session, z, [1, 3, 1]), dim=2)
     assert all(p.dtype == torch.float32 for p in vae.parameters()) and dec._decoder is not vae.decoder
     assert all(t.dtype == torch.bfloat16 for t in slot_tensors(session.slots))  # half the cache bytes
-    # the same calls as a bf16 VAE makes (the pipeline's bf16 decode), pixels handed back in the latents' dtype
-    reference = session_pixels(copy.deepcopy(vae).to(torch.bfloat16), z).to(torch.float32)
+    # the calls of a bf16 decoder behind the float32 VAE's de-normalisation and post_quant_conv (the prelude stays
+    # in the wider dtype), pixels handed back in the latents' dtype
+    mixed = copy.deepcopy(vae)
+    mixed.decoder.to(torch.bfloat16)
+    reference = session_pixels(mixed, z, decoder_dtype=torch.bfloat16).to(torch.float32)
     assert got.dtype == torch.float32 and torch.equal(got, reference)
     same = WarmWanDecoder(vae, DecoderOptions(dtype="float32"))
     assert same._decoder is vae.decoder  # the VAE's own dtype needs no copy

@@ -78,7 +78,8 @@ def assert_near_whole_decode(got: torch.Tensor, want: torch.Tensor, atol: float 
         assert levels.max() <= 1
 
 
-def session_pixels(vae: AutoencoderKLWan, z: torch.Tensor, first: int = 0) -> torch.Tensor:
+def session_pixels(vae: AutoencoderKLWan, z: torch.Tensor, first: int = 0,
+                   decoder_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The calls a warm session issues, written out independently of engine/vae: `post_quant_conv` and the
     decoder one latent at a time over `z[:, :, first:]` from an empty cache. `[B, 3, T, H, W]` in [-1, 1].
 
@@ -91,6 +92,7 @@ def session_pixels(vae: AutoencoderKLWan, z: torch.Tensor, first: int = 0) -> to
     with torch.no_grad():
         for i in range(first, z.shape[2]):
             x = vae.post_quant_conv(raw[:, :, i : i + 1])
+            x = x if decoder_dtype is None else x.to(decoder_dtype)  # a decoder in another dtype than the prelude
             out = vae.decoder(x, feat_cache=cache, feat_idx=[0], first_chunk=i == first)
             if vae.config.patch_size is not None:
                 out = wan_unpatchify(out, patch_size=vae.config.patch_size)

@@ -11,7 +11,10 @@ from .options import DecoderOptions
 
 _LAZY = {
     "BATCHED_DECODE_ATOL": ".jobs",
-    "WHOLE_CLIP_DECODE_ATOL": ".decoder",
+    "WHOLE_CLIP_DECODE_ATOL": ".bounds",
+    "FUSED_DECODE_ATOL": ".bounds",
+    "BF16_DECODE_ATOL": ".bounds",
+    "BF16_DECODE_PSNR_DB": ".bounds",
     "WarmWanDecoder": ".decoder",
     "encode_first_frame": ".encoder",
     "encode_pixels": ".encoder",

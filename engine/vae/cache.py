@@ -69,7 +69,18 @@ def slot_signature(slots: list[Slot] | None) -> tuple:
 def stack_slots(caches: list[list[Slot]]) -> list[Slot]:
     """One cache for a batch of sessions: each tensor slot concatenated along the batch (the sessions' caches must
     have one `slot_signature`; marker slots are then equal and kept as they are)."""
-    return [torch.cat(group) if isinstance(group[0], torch.Tensor) else group[0] for group in zip(*caches)]
+    return [_cat_batch(group) if isinstance(group[0], torch.Tensor) else group[0] for group in zip(*caches)]
+
+
+def _cat_batch(group: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """`torch.cat(group)` in the layout of `group[0]`: `cat` infers its output's layout from the strides, and
+    those of a one-frame channels-last slot are ambiguous, so it would fall back to the standard layout."""
+    first = group[0]
+    channels_last = first.dim() == 5 and first.is_contiguous(memory_format=torch.channels_last_3d)
+    fmt = torch.channels_last_3d if channels_last and not first.is_contiguous() else torch.contiguous_format
+    out = torch.empty((sum(t.shape[0] for t in group), *first.shape[1:]), dtype=first.dtype, device=first.device,
+                      memory_format=fmt)
+    return torch.cat(group, out=out)
 
 
 def split_slots(slots: list[Slot], batch: int) -> list[list[Slot]]:

@@ -35,6 +35,7 @@ def run_decoder(
     *,
     from_first_latent: bool,
     channels_last: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the raw decoder output of each call; `slots` is updated in place as diffusers does.
 
@@ -44,12 +45,15 @@ def run_decoder(
         slots: the cache of all `B` sessions (stacked along the batch); empty when `from_first_latent`.
         sizes: latents per call (see `call_sizes`).
         from_first_latent: the run starts at latent 0 of its sessions (`first_chunk` for the first call).
+        channels_last: hand each call its input in `channels_last_3d`; dtype: cast it to the decoder's dtype.
     Yields:
         `[B, C_out, T_call, h', w']` per call: 1 frame for latent 0, 4 per later latent.
     """
     start = 0
     for n in sizes:
         chunk = x[:, :, start : start + n]  # [B,C,n,h,w]
+        if dtype is not None:
+            chunk = chunk.to(dtype)
         if channels_last:
             chunk = chunk.contiguous(memory_format=torch.channels_last_3d)
         # feat_idx has a shared mutable default in diffusers: always pass a fresh [0].

@@ -28,17 +28,12 @@ from ..lanes import hand_over, written_event
 from .cache import compact, compact_slots, count_slots, session_tensors
 from .jobs import Output, WindowDecoder, WindowJob, stacked_batches
 from .latents import LatentNorm
-from .options import DecoderOptions
+from .options import DecoderOptions, resolve_dtype, resolve_switches
 from .perf import cudnn_benchmark, decoder_copy
 from .session import DecodePath, DecodeSession
 from .slots import WarmSlots, give_back
 
 _session_ids = itertools.count()
-
-# A warm session vs one `vae.decode` of the whole clip, in [-1, 1] pixels: only `post_quant_conv`'s call
-# shape differs (per latent vs whole clip), so they agree within float32 rounding. Measured max 3.8e-6 on
-# the test VAEs over seeds, window patterns and CPU kernel selections (docs/exactness.md).
-WHOLE_CLIP_DECODE_ATOL = 1e-5
 
 
 class WarmWanDecoder:
@@ -46,7 +41,8 @@ class WarmWanDecoder:
 
     The VAE's decoder and `post_quant_conv` must sit on one device (offload hooks on
     `vae.decode` are not honoured: the decoder is called directly). The VAE itself is never
-    mutated; with `channels_last` or `onednn_conv` the decoder runs on a private copy.
+    mutated; with `channels_last`, `onednn_conv`, `fused` or another dtype the decoder runs on a private copy.
+    "auto" options are decided here by the VAE's device (the attributes of the same names hold the decisions).
 
     Args:
         vae: a diffusers `AutoencoderKLWan` (Wan 2.1 or 2.2 family), in eval mode.
@@ -60,20 +56,24 @@ class WarmWanDecoder:
         self.options = options if options is not None else DecoderOptions()
         weight = vae.post_quant_conv.weight
         self.device: torch.device = weight.device
-        self.dtype: torch.dtype = getattr(torch, self.options.dtype) if self.options.dtype else weight.dtype
+        self.dtype: torch.dtype = resolve_dtype(self.options.dtype, self.device, weight.dtype)
+        self.prelude_dtype = torch.promote_types(weight.dtype, self.dtype)  # de-normalisation, post_quant_conv
+        self.channels_last, self.cudnn_benchmark, self.fused = resolve_switches(self.options, self.device)
         self.z_dim: int = vae.config.z_dim
         self.patch_size: int | None = vae.config.patch_size
         self.temporal_factor: int = 2 ** sum(bool(t) for t in vae.config.temperal_downsample)
-        self._norm = LatentNorm.from_vae(vae, self.device, self.dtype)
-        self._decoder = decoder_copy(vae.decoder, channels_last=self.options.channels_last,
-                                     onednn_conv=self.options.onednn_conv, dtype=self.dtype)
+        self._norm = LatentNorm.from_vae(vae, self.device, self.prelude_dtype)
+        self._decoder = decoder_copy(vae.decoder, channels_last=self.channels_last,
+                                     onednn_conv=self.options.onednn_conv, fused=self.fused, dtype=self.dtype)
         self._runner = WindowDecoder(
             decoder=self._decoder,
-            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv, dtype=self.dtype),
+            post_quant_conv=decoder_copy(vae.post_quant_conv, onednn_conv=self.options.onednn_conv,
+                                         dtype=self.prelude_dtype),
             num_slots=count_slots(self._decoder),
             latents_per_call=self.options.latents_per_call,
-            channels_last=self.options.channels_last,
+            channels_last=self.channels_last,
             patch_size=self.patch_size,
+            dtype=self.dtype,
         )
         self._warm = WarmSlots()
 
@@ -193,7 +193,7 @@ class WarmWanDecoder:
                 lock.release()
 
     def _decode_locked(self, sessions: list[DecodeSession], windows: list[torch.Tensor], output: Output) -> list:
-        with torch.inference_mode(), cudnn_benchmark(self.options.cudnn_benchmark):
+        with torch.inference_mode(), cudnn_benchmark(self.cudnn_benchmark):
             for s in sessions:
                 if s.path is None:
                     s.path = self._choose_path(s)
@@ -211,7 +211,7 @@ class WarmWanDecoder:
         cold = session.slots is None
         return WindowJob(
             session=session,
-            z=self._norm.denormalize(z),  # [1,C,t,h,w] raw, VAE dtype
+            z=self._norm.denormalize(z),  # [1,C,t,h,w] raw, prelude dtype
             context=session.context if cold else None,  # re-decoded ahead of the window, frames dropped
             cold=cold,
             out_dtype=z.dtype,

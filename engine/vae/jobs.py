@@ -36,7 +36,8 @@ class WindowJob:
     """One session's window in a decode call.
 
     Attributes:
-        z: `[1, C, t, h, w]` the window's raw (de-normalised) latents, in the VAE's dtype.
+        z: `[1, C, t, h, w]` the window's raw (de-normalised) latents, in the prelude's dtype (the wider of the
+            VAE's and the decoder's).
         context: `[1, C, k, h, w]` retained decoder inputs re-decoded ahead of the window (cold
             runs of sessions past latent 0), else None.
         cold: run from an empty cache (first window, stateless session, or a dropped cache).
@@ -98,6 +99,7 @@ class WindowDecoder:
     latents_per_call: int
     channels_last: bool
     patch_size: int | None
+    dtype: torch.dtype | None = None  # the decoder's, when its input must be cast (a prelude in a wider dtype)
 
     def run(self, job: WindowJob) -> None:
         """Decode the job's window; a warm cache is advanced in place (the caller drops it if this raises)."""
@@ -108,7 +110,8 @@ class WindowDecoder:
         x = x_new if job.context is None else torch.cat([job.context, x_new], dim=2)  # [1,C,k+t,h,w]
         slots = empty_cache(self.num_slots) if job.cold else job.session.slots
         sizes = call_sizes(x.shape[2], self.latents_per_call, job.cold)
-        calls = run_decoder(self.decoder, x, slots, sizes, from_first_latent=job.cold, channels_last=self.channels_last)
+        calls = run_decoder(self.decoder, x, slots, sizes, from_first_latent=job.cold, channels_last=self.channels_last,
+                            dtype=self.dtype)
         for i, out in enumerate(calls):
             if i >= job.skip_calls:  # earlier calls re-decode the context: their frames are dropped
                 job.keep(pixels_from_decoder(out, self.patch_size))  # [1,3,T_call,H,W]
@@ -127,7 +130,7 @@ class WindowDecoder:
         slots = empty_cache(self.num_slots) if first.cold else stack_slots([job.session.slots for job in jobs])
         sizes = call_sizes(x.shape[2], self.latents_per_call, first.cold)
         calls = run_decoder(self.decoder, x, slots, sizes, from_first_latent=first.cold,
-                            channels_last=self.channels_last)
+                            channels_last=self.channels_last, dtype=self.dtype)
         for i, out in enumerate(calls):
             if i >= first.skip_calls:
                 pixels = pixels_from_decoder(out, self.patch_size)  # [B,3,T_call,H,W]
