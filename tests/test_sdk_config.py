@@ -223,3 +223,25 @@ def test_every_config_field_is_in_the_configuration_reference():
     missing = [f"{s}.{k}" for s in SECTIONS for k in type(getattr(load_config("tiny"), s)).model_fields
                if k not in rows.get(s, set())]
     assert not missing, f"docs/configuration.md has no row for {missing}"
+
+
+def test_the_written_constructor_keys_are_the_installed_diffusers_classes():
+    """A config's architecture block is checked against diffusers' constructors without importing diffusers (a
+    written copy of their arguments); the copy must be what the installed classes take."""
+    from worldstep.engine.models.cosmos3.architecture import CONSTRUCTOR_KEYS, constructor_keys
+
+    for kind in ("transformer", "vae"):
+        assert CONSTRUCTOR_KEYS[kind] == constructor_keys(kind), kind
+
+
+def test_a_config_error_in_the_cli_comes_without_importing_torch():
+    """`worldstep rollout --set rollout.num_steps=0` refuses the value before anything imports torch (it took
+    about 5 s before, the architecture check importing diffusers): `-X importtime` lists every import."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "worldstep.cli", "rollout", "--set",
+                          "rollout.num_steps=0"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "rollout.num_steps = 0: must be >= 1" in run.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time")}
+    assert "worldstep.config" in imported and not {"torch", "diffusers"} & imported

@@ -24,8 +24,27 @@ FAMILY_SWITCHES: dict[str, dict[str, Any]] = {
 Family = Literal["edge", "nano"]
 
 
+# The constructors' arguments in diffusers 0.42.1 (the pinned release), written out so that a config loads without
+# importing diffusers and torch (a config error comes out at once); `constructor_keys` reads them off the installed
+# classes, and tests/test_sdk_config.py checks the two agree.
+CONSTRUCTOR_KEYS: dict[str, frozenset[str]] = {
+    "transformer": frozenset({
+        "action_dim", "action_gen", "attention_bias", "attention_dropout", "base_fps", "dtype", "enable_fps_modulation",
+        "head_dim", "hidden_act", "hidden_size", "intermediate_size", "latent_channel", "latent_patch_size",
+        "num_attention_heads", "num_embodiment_domains", "num_hidden_layers", "num_key_value_heads",
+        "patch_latent_dim", "qk_norm_for_text", "rms_norm_eps", "rope_axes_dim", "rope_scaling", "rope_theta",
+        "sound_dim", "sound_gen", "sound_latent_fps", "timestep_scale", "unified_3d_mrope_reset_spatial_ids",
+        "unified_3d_mrope_temporal_modality_margin", "use_und_k_norm_for_gen", "vocab_size"}),
+    "vae": frozenset({
+        "attn_scales", "base_dim", "decoder_base_dim", "dim_mult", "dropout", "in_channels", "is_residual",
+        "latents_mean", "latents_std", "num_res_blocks", "out_channels", "patch_size", "scale_factor_spatial",
+        "scale_factor_temporal", "temperal_downsample", "z_dim"}),
+}
+
+
 @cache
-def _constructor_keys(kind: str) -> frozenset[str]:
+def constructor_keys(kind: str) -> frozenset[str]:
+    """The installed diffusers class's constructor arguments (imports diffusers and torch)."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
 
     cls = {"transformer": Cosmos3OmniTransformer, "vae": AutoencoderKLWan}[kind]
@@ -55,7 +74,7 @@ class Cosmos3Architecture(StrictModel):
     @field_validator("transformer", "vae")
     @classmethod
     def _constructor_arguments(cls, value: dict[str, Any], info) -> dict[str, Any]:
-        unknown = sorted(set(value) - _constructor_keys(info.field_name))
+        unknown = sorted(set(value) - CONSTRUCTOR_KEYS[info.field_name])
         if unknown:
             raise ValueError(f"constructor arguments of the diffusers class; unknown: {unknown}")
         return value
