@@ -52,8 +52,7 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
 
     # env setup: config overrides go straight through gym.make
-    overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
-                 if v is not None}
+    overrides = dict(num_steps=args.num_steps, height=args.height, width=args.width)  # None: the config's value
     env = gym.make(args.env_id, max_windows=args.windows, **overrides)
     env = RecordRollout(env, args.out, name_prefix="action_loop")
     chunk, width = env.action_space.shape

@@ -66,8 +66,7 @@ if __name__ == "__main__":
     rng = np.random.default_rng(args.seed)
 
     # env setup
-    overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
-                 if v is not None}
+    overrides = dict(num_steps=args.num_steps, height=args.height, width=args.width)  # None: the config's value
     env = worldstep.make_env(args.model, max_windows=args.windows, success_fn="none", **overrides)
     obs, _ = env.reset(seed=args.seed)
     start = distance(obs["frames"])

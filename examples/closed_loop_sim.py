@@ -88,8 +88,7 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
 
     # env setup: a world model by config, or a registered simulator by id
-    overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
-                 if v is not None}
+    overrides = dict(num_steps=args.num_steps, height=args.height, width=args.width)  # None: the config's value
     if args.model in gym.registry and args.model not in worldstep.registration.WORLD_MODEL_IDS:
         env = gym.make(args.model, max_episode_steps=args.windows)
     else:

@@ -109,8 +109,7 @@ if __name__ == "__main__":
         raise ValueError(f"--target={args.target!r} is invalid; allowed: three comma-separated numbers x,y,z")
 
     # the env: two cameras composed side by side, the commanded state tracked from droid_lerobot's deltas
-    overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
-                 if v is not None}
+    overrides = dict(num_steps=args.num_steps, height=args.height, width=args.width)  # None: the config's value
     env = worldstep.make_env(args.model, embodiment="droid_lerobot", cameras=("exterior", "wrist"), robot_state=True,
                              prompt=args.prompt, max_windows=args.windows, **overrides)
     chunk = env.action_space.shape[0]

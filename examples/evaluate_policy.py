@@ -54,8 +54,7 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
 
     # one loaded model serves every policy
-    overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
-                 if v is not None}
+    overrides = dict(num_steps=args.num_steps, height=args.height, width=args.width)  # None: the config's value
     world = worldstep.load(args.model, **overrides)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed + i for i in range(args.episodes)]
     episodes = [{"seed": seed, "max_windows": args.windows} for seed in seeds]

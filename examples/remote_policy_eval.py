@@ -70,8 +70,7 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
 
     # the world model
-    overrides = {k: v for k, v in {"num_steps": args.num_steps, "height": args.height, "width": args.width}.items()
-                 if v is not None}
+    overrides = dict(num_steps=args.num_steps, height=args.height, width=args.width)  # None: the config's value
     world = worldstep.load(args.model, **overrides)
     chunk_size, action_width = world.action_shape
 

@@ -229,6 +229,18 @@ def _by_section(overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return grouped
 
 
+def check_override_keys(overrides: dict[str, Any]) -> None:
+    """UnknownKeyError (a TypeError and a ConfigError) naming the first key that is no section, ``SECTION.KEY`` or
+    field name, whatever its value (a key given as None is checked too)."""
+    for key in overrides:
+        section, dot, field = key.partition(".")
+        if key in _SECTIONS or (dot and section in _SECTIONS and field in _fields(section)):
+            continue
+        if dot:
+            raise UnknownKeyError(_unknown_key(key))
+        _section_of(key)
+
+
 def _section_of(key: str) -> str:
     for section in _SECTIONS:
         if key in _fields(section):

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from worldstep.envs.video import partial_path
 
 __all__ = ["check_output_path", "json_safe", "write_json"]
@@ -44,7 +45,10 @@ def write_json(path: str | os.PathLike, data: Any, indent: int = 2) -> Path:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every NaN and inf replaced by None (recursively), so it dumps as strict JSON."""
+    """``value`` with every NaN and inf replaced by None and numpy scalars by Python's (recursively), so it dumps
+    as strict JSON (NaN: undefined, e.g. an object never detected)."""
+    if isinstance(value, np.generic):  # np.float32, np.int64, np.bool_: the Python number json writes
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import CONFIG_NAMES, ConfigError, WorldstepConfig, load_config
+from .config import CONFIG_NAMES, ConfigError, WorldstepConfig, check_override_keys, load_config
 
 # Models loaded with `load(..., share=True)`, by their (model, cache, decoder) sections; an entry goes when
 # the last World holding it does. `load` without `share` never looks here.
@@ -114,9 +114,11 @@ def load(model: str | os.PathLike | WorldstepConfig | World = "tiny", device: st
             sections (sessions stay independent; they share the weights and the page pool). Without it every
             call loads its own model; pass a ``World`` around to share one explicitly. Rollout and env
             overrides of a ``World`` never reload it.
-        **overrides: config keys by section (``rollout={"num_steps": 2}``) or by field name
-            (``num_steps=2``, ``num_pages=64``); unknown keys raise ``ConfigError``.
+        **overrides: config keys by section (``rollout={"num_steps": 2}``), dotted (``**{"decoder.dtype":
+            "bfloat16"}``) or by field name (``num_steps=2``, ``num_pages=64``); a key given as None keeps the
+            config's value; unknown keys raise ``ConfigError``.
     """
+    overrides = given(overrides)
     if device is not None:
         overrides["device"] = device
     if dtype is not None:
@@ -195,7 +197,15 @@ def _split_env_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     runtime = {k: kwargs.pop(k) for k in _ENV_RUNTIME_KEYS if k in kwargs}
     if isinstance(kwargs.get("image"), np.ndarray):
         runtime["image"] = kwargs.pop("image")
-    return runtime, kwargs
+    return runtime, given(kwargs)
+
+
+def given(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The keyword overrides that say something: a key given as None means the config's default (a script passes
+    its optional flags straight through); a section mapping sets None explicitly (``env={"domain_id": None}``).
+    Every key is checked, None or not."""
+    check_override_keys(overrides)
+    return {k: v for k, v in overrides.items() if v is not None}
 
 
 def _sets_max_windows(overrides: dict[str, Any]) -> bool:

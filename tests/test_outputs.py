@@ -148,3 +148,15 @@ def test_a_failing_rollout_leaves_an_interrupted_summary(world, tmp_path, monkey
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["status"] == "failed" and "policy server went away" in summary["reason"]
     assert summary["windows_completed"] == 1 and not out.exists() and not leftovers(tmp_path)
+
+
+def test_json_safe_writes_strict_json_of_numpy_scalars_and_undefined_values():
+    """The one definition behind every report (the bench's, the fidelity harness's): NaN and inf become null, numpy
+    scalars their Python numbers, recursively."""
+    import json
+
+    import numpy as np
+    from worldstep.outputs import json_safe
+
+    value = {"a": np.float32(1.5), "b": [np.int64(3), np.bool_(True), float("nan"), np.float64("inf")], "c": (2,)}
+    assert json.dumps(json_safe(value), allow_nan=False) == '{"a": 1.5, "b": [3, true, null, null], "c": [2]}'

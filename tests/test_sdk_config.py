@@ -245,3 +245,17 @@ def test_a_config_error_in_the_cli_comes_without_importing_torch():
     assert run.returncode == 2 and "rollout.num_steps = 0: must be >= 1" in run.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time")}
     assert "worldstep.config" in imported and not {"torch", "diffusers"} & imported
+
+
+def test_a_keyword_given_as_none_keeps_the_configs_value_and_is_still_checked():
+    """`worldstep.load(..., key=None)` means the config's default (scripts pass optional flags straight through);
+    an unknown key is a TypeError whatever its value; a section mapping still sets None explicitly."""
+    from worldstep.world import given
+
+    assert given({"num_steps": None, "decoder.dtype": None, "max_windows": 3}) == {"max_windows": 3}
+    assert given({"env": {"domain_id": None}}) == {"env": {"domain_id": None}}
+    for bad in ({"num_stepz": None}, {"rollout.num_stepz": None}, {"rolout.num_steps": 2}):
+        with pytest.raises(TypeError, match="unknown key"):
+            given(bad)
+    world = worldstep.load("tiny", num_steps=None, **{"decoder.dtype": None}, share=True)
+    assert world.config == worldstep.load("tiny", share=True).config

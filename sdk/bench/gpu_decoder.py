@@ -3,8 +3,8 @@
 Each path's decoder options (`gpu_variants.py`'s ``decoder.*`` knobs: today's float32, the new defaults) build
 a `WarmWanDecoder` over the bench's VAE. One session per path decodes a first window, then warm windows of
 random latents at the model's latent grid, interleaved round by round and timed between device synchronizes.
-FLOPs per window are counted once per path with `torch.utils.flop_counter.FlopCounterMode` (the convolutions
-and matmuls the window runs), so TFLOP/s = FLOPs / median seconds.
+FLOPs per window are counted once, on the plain float32 decoder, with `torch.utils.flop_counter.FlopCounterMode`
+(the convolutions and matmuls of a warm window: the same maths on every path), so TFLOP/s = FLOPs / median seconds.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def measure_decoder(model, settings: GpuSettings, progress: Progress) -> dict[st
         progress(f"decoder: {settings.ab_warmup} warm-up + {settings.ab_rounds} windows per path, interleaved")
         samples = interleave_timed({name: _decoding(d, sessions[name], windows[1:]) for name, d in decoders.items()},
                                    settings.ab_rounds, settings.ab_warmup)
-        for name, d in decoders.items():
-            flops = window_flops(d, sessions[name], windows[0])
+        flops = reference_window_flops(model.vae, windows[0])  # the same maths on every path
+        for name in decoders:
             s = samples[name]
             out["paths"][name].update({"ms_per_window": s.median_ms, "samples_ms": [1e3 * x for x in s.seconds],
                                        "tflop_per_window": flops / 1e12,
@@ -73,16 +73,23 @@ def _decoding(decoder, session, windows: list[torch.Tensor]):
     return run
 
 
-def window_flops(decoder, session, latents: torch.Tensor) -> float:
-    """FLOPs of one warm window of ``session`` (a fork: the measured session's cache is left as it was)."""
+def reference_window_flops(vae, latents: torch.Tensor) -> float:
+    """FLOPs of one warm window of ``latents`` through the plain float32 decoder (diffusers' modules, no private
+    copy): every path does this maths, and a fast path's kernels (oneDNN convolutions, compiled norms) are not
+    all seen by torch's `FlopCounterMode`, so the count is taken once, here."""
     from torch.utils.flop_counter import FlopCounterMode
+    from worldstep.engine.vae import DecoderOptions
+    from worldstep.engine.vae.decoder import WarmWanDecoder
 
-    fork = decoder.fork_session(session)
+    plain = DecoderOptions(dtype=None, channels_last=False, cudnn_benchmark=False, fused=False, onednn_conv=False)
+    decoder = WarmWanDecoder(vae, plain)
+    session = decoder.open_session()
     try:
+        decoder.decode(session, latents)  # a first window: the warm one is counted
         with FlopCounterMode(display=False) as counter:
-            decoder.decode(fork, latents)
+            decoder.decode(session, latents)
     finally:
-        decoder.close_session(fork)
+        decoder.close_session(session)
     return float(counter.get_total_flops())
 
 
@@ -93,7 +100,8 @@ def decoder_table(f: dict[str, Any]) -> Table:
                         f"{f['height']}x{f['width']}",
                   columns=["path", "dtype", "ms / window", "GFLOP / window", "TFLOP/s"],
                   note=f"Interleaved windows timed between device synchronizes; today / new = {s['value']:.2f} "
-                       f"[{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]. FLOPs: torch's FlopCounterMode over one window.")
+                       f"[{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]. FLOPs: torch's FlopCounterMode over one warm "
+                       "window of the plain float32 decoder.")
     for name, p in d["paths"].items():
         table.add(name, p["dtype"], p["ms_per_window"], 1e3 * p["tflop_per_window"], p["achieved_tflops"])
     return table

@@ -28,6 +28,7 @@ import torch
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from ..flags import add_flags, flag, from_namespace
+from ..outputs import json_safe
 from .corrected import corrected_section
 from .journal import Journal, StretchSpent
 from .lift import lift_summary
@@ -399,7 +400,7 @@ def sections(records: Records, args: FidelityArgs, chunk: int) -> dict[str, Any]
             planning = report["planning"] = _planning_section(records.plans, records.episodes,
                                                               seeds[: args.plan_episodes], args)
     report["targets"] = _targets(open_loop, policies, planning)
-    return _finite(report)
+    return json_safe(report)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -449,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["files"] = files + write_media(out, report.get("open_loop"), report.get("policies"), videos,
                                           args.video_clips)
     report["seconds"] = time.perf_counter() - start
-    (out / "report.json").write_text(json.dumps(_finite(report), indent=2))
+    (out / "report.json").write_text(json.dumps(json_safe(report), indent=2))
     return report
 
 
@@ -462,18 +463,3 @@ def _journal_settings(args: FidelityArgs, checkpoint: Path) -> dict[str, Any]:
 
     kept = {k: v for k, v in asdict(args).items() if k not in STRETCH_ARGS}
     return {**kept, "checkpoint_sha256": tree_sha256([checkpoint], checkpoint)}
-
-
-def _finite(value: Any) -> Any:
-    """NaN/inf -> None, so report.json is strict JSON (NaN: undefined, e.g. an object never detected)."""
-    if isinstance(value, (float, np.floating)):
-        return float(value) if np.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
