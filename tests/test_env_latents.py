@@ -392,3 +392,17 @@ def test_the_frames_of_a_latent_episode_are_what_torch_decodes(world):  # noqa: 
         want = decoder.decode(s, torch.from_numpy(obs["latents"][:1]).permute(1, 0, 2, 3))
     assert np.array_equal(env.render(), want[-1])
     env.close()
+
+
+def test_evaluate_refuses_a_latent_env_or_world_before_any_episode(world, tmp_path):  # noqa: F811
+    """Evaluation reads each window's frames (videos, frame counts, pixel judges): a latent env, vector env or world
+    is refused at once, naming the fix, instead of failing every episode on a missing key."""
+    latent_world = worldstep.load(world, observation="latents")
+    env = worldstep.make_env(world, observation="latents", max_windows=2)
+    try:
+        for target in (latent_world, env):
+            with pytest.raises(ValueError, match="observation='latents' is invalid for evaluate"):
+                worldstep.evaluate(target, lambda obs: np.zeros((4, 2), np.float32), 1, out_dir=tmp_path / "r")
+    finally:
+        env.close()
+    assert not (tmp_path / "r").exists()  # refused before any work

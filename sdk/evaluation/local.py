@@ -98,6 +98,7 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
     if isinstance(env_or_model, gym.Env) and batched:
         raise ValueError("batched=True needs a model or a WorldModelVectorEnv, not a single env")
     world = None if is_env else (env_or_model if isinstance(env_or_model, World) else load(env_or_model))
+    _check_observes_frames(env_or_model if is_env else world)
     eps = episode_configs(episodes, seed, default_windows(env_or_model if is_env else world))
     stated = [i for i, ep in enumerate(eps) if ep.start is not None and ep.start.state]
     if batched and stated:  # a batch resets with image, prompt and domain_id only
@@ -163,6 +164,20 @@ def evaluate_local(env_or_model: Any, policy: Policy, episodes: int | Sequence[d
         report.wall_s = time.perf_counter() - started
         write_json(out_dir / "report.json", report.to_dict())
     return report
+
+
+def _check_observes_frames(env_or_world: Any) -> None:
+    """An evaluation reads frames (its videos, frame counts and pixel judges): a latent env is refused before any
+    episode, naming the fix."""
+    if isinstance(env_or_world, World):
+        observation = env_or_world.config.env.observation
+    else:
+        space = getattr(env_or_world, "single_observation_space", env_or_world.observation_space)
+        observation = "latents" if isinstance(space, gym.spaces.Dict) and "latents" in space.spaces else "frames"
+    if observation != "frames":
+        raise ValueError(f"observation={observation!r} is invalid for evaluate, which reads each window's frames; "
+                         "allowed: an env or world with observation='frames' (a latent env's frames come from "
+                         "render())")
 
 
 def _lerobot_recorder(env: gym.Env, root: str | os.PathLike):
