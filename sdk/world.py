@@ -197,7 +197,7 @@ def _split_env_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     runtime = {k: kwargs.pop(k) for k in _ENV_RUNTIME_KEYS if k in kwargs}
     if isinstance(kwargs.get("image"), np.ndarray):
         runtime["image"] = kwargs.pop("image")
-    return runtime, given(kwargs)
+    return runtime, kwargs
 
 
 def given(overrides: dict[str, Any]) -> dict[str, Any]:

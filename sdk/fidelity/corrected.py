@@ -5,10 +5,12 @@ and the ranking the corrected rates give, beside the same figures of the model's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..flags import flag, int_at_least
 from ..trust.ppi import ppi_rate
 from .metrics import spearman
 from .ranking import outcome_table
@@ -41,20 +43,25 @@ def corrected_section(sim_runs: list, model_runs: list, names: list[str], floor:
                               "model_only_spearman": float(spearman(raw, true))}}
 
 
+@dataclass
+class CorrectedArgs:
+    """`python -m worldstep.fidelity.corrected`'s flags."""
+
+    run: str = flag("a fidelity run folder (report.json and records/)", positional=True)
+    paired: int = flag("episodes per policy run in both worlds (the first n)", default=10, type=int_at_least(1))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """`python -m worldstep.fidelity.corrected RUN --paired n`: the section from a run's records alone."""
-    import argparse
     import json
     from pathlib import Path
 
+    from ..flags import parse_flags
     from .policies import FLOOR, graded_policies
     from .records import read_records
     from .seeds import range_of
 
-    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.corrected", description=__doc__)
-    p.add_argument("run", help="a fidelity run folder (report.json and records/)")
-    p.add_argument("--paired", type=int, default=10, help="episodes per policy run in both worlds (the first n)")
-    args = p.parse_args(argv)
+    args = parse_flags(CorrectedArgs, argv, prog="python -m worldstep.fidelity.corrected", description=__doc__)
     run = Path(args.run)
     report = json.loads((run / "report.json").read_text())
     seeds = range_of(report["episode_seeds"][0]).episode_seeds(report["args"]["episodes"])

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..flags import flag, int_at_least, parse_flags
 from ..trust.rule import SelectiveRule
 from ..trust.signals import TrustSignals
 from ..trust.trackers import block_residual
@@ -205,18 +206,21 @@ def selective_section(model_runs: list[EpisodeOutcome], rule: SelectiveRule, max
             "as_reported": rule_stats(SelectiveRule(), episodes, max_windows)}
 
 
+@dataclass
+class StudyArgs:
+    """`python -m worldstep.fidelity.trust_study`'s flags."""
+
+    run: str = flag("a fidelity run folder (its records/; a --continue-windows study for persistence)",
+                    positional=True)
+    out: str = flag("folder for trust.json and rule.json")
+    export: bool = flag("also write the model episodes to OUT/episodes.jsonl.gz", default=False)
+    max_windows: int = flag("windows a claim may come by (the run's)", default=16, type=int_at_least(1))
+    trained_horizon: int = flag("windows the model trained on", default=TRAINED_HORIZON, type=int_at_least(1))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m worldstep.fidelity.trust_study", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", help="a fidelity run folder (its records/; a --continue-windows study for persistence)")
-    p.add_argument("--out", required=True, help="folder for trust.json and rule.json")
-    p.add_argument("--export", action="store_true", help="also write the model episodes to OUT/episodes.jsonl.gz")
-    p.add_argument("--max-windows", type=int, default=16, help="windows a claim may come by (the run's)")
-    p.add_argument("--trained-horizon", type=int, default=TRAINED_HORIZON, help="windows the model trained on")
-    args = p.parse_args(argv)
-    if args.max_windows < 1 or args.trained_horizon < 1:
-        p.error(f"--max-windows={args.max_windows} and --trained-horizon={args.trained_horizon} are invalid; "
-                "allowed: ints >= 1")
+    args = parse_flags(StudyArgs, argv, prog="python -m worldstep.fidelity.trust_study", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     outcomes = model_outcomes(Path(args.run))
     episodes = study_episodes(outcomes, args.trained_horizon)
     rule, table, met = fit(episodes, args.max_windows)
