@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
@@ -49,7 +49,7 @@ bad_actions = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(actions=bad_actions)
 def test_random_bad_actions(opened, actions):
     model, session = opened.model, opened.session
@@ -65,7 +65,7 @@ bad_domains = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(domain_id=bad_domains)
 def test_random_bad_domain_ids(opened, domain_id):
     model = opened.model
@@ -84,7 +84,7 @@ bad_images = st.one_of(
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None)
 @given(image=bad_images)
 def test_random_bad_images(opened, image):
     model = opened.model
@@ -93,7 +93,7 @@ def test_random_bad_images(opened, image):
     assert model.live_sessions == 1
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None)
 @given(prompt=st.one_of(st.just(""), st.text(alphabet=" \t\n", max_size=5), st.integers(), st.none(),
                         st.just("x" * 20_001), st.lists(st.text(), max_size=2)))
 def test_random_bad_prompts(opened, prompt):

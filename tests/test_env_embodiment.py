@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import worldstep
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_world import cache_dir, ramp, world  # noqa: F401 - fixtures
 from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionRangeWarning, ActionStats, RolloutKnobs
@@ -135,7 +135,7 @@ def test_vector_env_and_config_take_the_embodiment(world):  # noqa: F811
 _REGISTRY_NAMES = sorted(worldstep.engine.models.cosmos3.EmbodimentRegistry.default().names)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(name=st.one_of(st.none(), st.sampled_from(_REGISTRY_NAMES), st.sampled_from(["libero", "no_action", "DROID"]),
                       st.integers(-2, 40)),
        domain_id=st.one_of(st.none(), st.integers(-2, 40)), width=st.one_of(st.none(), st.integers(0, 70)))

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import worldstep
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tiny_world import FAST, assert_frames_match_batched, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
 from worldstep.envs import fork_env
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=30, deadline=None)
 
 
 def _resources(world):  # noqa: F811
@@ -143,3 +143,12 @@ def test_interleaved_vector_episodes_with_forks_match_sequential_runs(world):  #
         for a, b in zip(got[i], expected):  # batched vs alone: equal within the stated bound
             assert_frames_match_batched(a, b)
     assert _resources(world) == (0, 0, 0)
+
+
+def test_property_tests_read_no_clock():
+    """The suite's Hypothesis profile (conftest.py): no deadline and no too-slow health check, so a loaded box
+    cannot fail a property test (a fresh clone's CI once failed one that passes alone)."""
+    from hypothesis import HealthCheck, settings
+
+    assert settings.default.deadline is None and HealthCheck.too_slow in settings.default.suppress_health_check
+    assert SETTINGS.deadline is None and HealthCheck.too_slow in SETTINGS.suppress_health_check  # inherited

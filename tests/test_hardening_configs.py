@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from worldstep import ConfigError, WorldstepConfig
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=60, deadline=None)
 INT_KNOBS = [("rollout", "chunk_size"), ("rollout", "num_steps"), ("rollout", "context_frames"),
              ("cache", "page_size"), ("cache", "num_pages"), ("cache", "cpu_offload_pages"),
              ("decoder", "latents_per_call"), ("decoder", "max_warm_sessions"), ("env", "max_windows")]

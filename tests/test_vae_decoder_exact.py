@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from vae_models import (
     BF16_WHOLE_DECODE_ATOL,
@@ -101,7 +101,7 @@ def test_uint8_frames_are_diffusers_postprocess_of_the_whole_clip(family):
     np.testing.assert_array_equal(got, diffusers_frames(session_pixels(vae, z)))  # the same pixels, mapped alike
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None)
 @given(pattern=st.lists(st.integers(1, 3), min_size=1, max_size=4), seed=st.integers(0, 2**16))
 def test_any_window_pattern_is_exact_wan22(pattern, seed):
     vae = _WAN22
