@@ -64,34 +64,41 @@ def transformer_at(config: str, layers: int):
     return Cosmos3OmniTransformer(**{**arch["transformer"], "num_hidden_layers": layers, "vocab_size": 256}).eval()
 
 
-def forward_calls(transformer, layers: int) -> int:
-    """Worldstep calls of one steady-state `gen_forward` over the first ``layers`` layers of ``transformer``."""
+def forward_inputs(transformer, layers: int) -> tuple:
+    """``(hidden, cos, sin, batch)`` of a denoise step over ``ROWS``: a paged cache of ``layers`` layers holding
+    each row's committed context, and one `PagedAttentionBatch` over both rows (random values, seeded)."""
     from worldstep.engine.attention import PagedAttentionBatch
     from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
+
+    cfg = transformer.config
+    cache = PagedKVCache(num_layers=layers, num_pages=16, page_size=16, num_kv_heads=cfg.num_key_value_heads,
+                         head_dim=cfg.head_dim, dtype=torch.float32)
+    keys = [StreamKey(f"s{i}", StreamLabel.MAIN) for i in range(len(ROWS))]
+    gen = torch.Generator().manual_seed(1)
+    for key, (_, committed) in zip(keys, ROWS):
+        cache.create_stream(key)
+        if committed:
+            kv = torch.randn(layers, committed, cfg.num_key_value_heads, cfg.head_dim, generator=gen)
+            cache.append(key, kv, kv)
+    q_lens = [n for n, _ in ROWS]
+    batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
+    n = sum(q_lens)
+    hidden = torch.randn(n, cfg.hidden_size, generator=gen)
+    angle = torch.rand(n, cfg.head_dim, generator=gen)
+    return hidden, angle.cos(), angle.sin(), batch
+
+
+def forward_calls(transformer, layers: int) -> int:
+    """Worldstep calls of one steady-state `gen_forward` over the first ``layers`` layers of ``transformer``."""
     try:
         from worldstep.engine.models.cosmos3.layers import gen_forward
     except ImportError:  # the tree before issue 36 named the module runner.py
         from worldstep.engine.models.cosmos3.runner import gen_forward
 
-    cfg = transformer.config
     all_layers = transformer.layers
     transformer.layers = all_layers[:layers]
     try:
-        cache = PagedKVCache(num_layers=layers, num_pages=16, page_size=16, num_kv_heads=cfg.num_key_value_heads,
-                             head_dim=cfg.head_dim, dtype=torch.float32)
-        keys = [StreamKey(f"s{i}", StreamLabel.MAIN) for i in range(len(ROWS))]
-        gen = torch.Generator().manual_seed(1)
-        for key, (_, committed) in zip(keys, ROWS):
-            cache.create_stream(key)
-            if committed:
-                kv = torch.randn(layers, committed, cfg.num_key_value_heads, cfg.head_dim, generator=gen)
-                cache.append(key, kv, kv)
-        q_lens = [n for n, _ in ROWS]
-        batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
-        n = sum(q_lens)
-        hidden = torch.randn(n, cfg.hidden_size, generator=gen)
-        angle = torch.rand(n, cfg.head_dim, generator=gen)
-        cos, sin = angle.cos(), angle.sin()
+        hidden, cos, sin, batch = forward_inputs(transformer, layers)
         with torch.no_grad():
             gen_forward(transformer, hidden, cos, sin, batch)  # the first forward gathers
             return count_calls(lambda: gen_forward(transformer, hidden, cos, sin, batch))

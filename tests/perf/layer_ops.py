@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from layer_calls import CONFIGS, ROWS, transformer_at  # noqa: E402
+from layer_calls import CONFIGS, forward_inputs, transformer_at  # noqa: E402
 
 NO_WORK = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "lift_fresh",
            "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_local_scalar_dense"}
@@ -72,27 +72,10 @@ class OpLog(TorchFunctionMode):
 
 def layer_ops(config: str, layers: int = 3) -> dict:
     """The ops of one layer between attention calls (layer 1 to 2 of a `layers`-layer model), with their names."""
-    from worldstep.engine.attention import PagedAttentionBatch
-    from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
     from worldstep.engine.models.cosmos3 import layers as layers_module
 
     transformer = transformer_at(config, layers)
-    cfg = transformer.config
-    cache = PagedKVCache(num_layers=layers, num_pages=16, page_size=16, num_kv_heads=cfg.num_key_value_heads,
-                         head_dim=cfg.head_dim, dtype=torch.float32)
-    keys = [StreamKey(f"s{i}", StreamLabel.MAIN) for i in range(len(ROWS))]
-    gen = torch.Generator().manual_seed(1)
-    for key, (_, committed) in zip(keys, ROWS):
-        cache.create_stream(key)
-        if committed:
-            kv = torch.randn(layers, committed, cfg.num_key_value_heads, cfg.head_dim, generator=gen)
-            cache.append(key, kv, kv)
-    q_lens = [n for n, _ in ROWS]
-    batch = PagedAttentionBatch(cache, [cache.page_table(k) for k in keys], q_lens, "sdpa")
-    n = sum(q_lens)
-    hidden = torch.randn(n, cfg.hidden_size, generator=gen)
-    angle = torch.rand(n, cfg.head_dim, generator=gen)
-    cos, sin = angle.cos(), angle.sin()
+    hidden, cos, sin, batch = forward_inputs(transformer, layers)
 
     log = OpLog()
     real = layers_module.paged_attention
