@@ -122,6 +122,7 @@ def test_other_domain_infers_other_actions(components, frames):
     ("action_width", dict(query=ActionQuery(8, 17, 24.0)), "query.action_width=17"),
     ("domain_id", dict(query=ActionQuery(32, 10, 24.0)), "query.domain_id=32"),
     ("fps", dict(query=ActionQuery(8, 10, 0.0)), "query.fps=0.0"),
+    ("guidance_scale", dict(guidance_scale=0.5), "guidance_scale=0.5"),
 ])
 def test_bad_arguments_name_the_argument(components, field, kwargs, match):
     latents = torch.zeros(4, 3, 16, 16)

@@ -20,6 +20,7 @@ weights is tests/test_cosmos3_inverse_dynamics.py.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,66 +118,87 @@ def infer_actions(components: Any, latents: torch.Tensor, prompt: PromptTokens, 
         query: domain, raw width and fps.
         chunk_size: actions to infer (the clip has ``chunk_size + 1`` frames).
         num_steps: UniPC steps.
-        guidance_scale: text CFG (1.0: the cond stream alone).
+        guidance_scale: text CFG, >= 1 (1.0: the cond stream alone).
         flow_shift: None: the scheduler config's ``flow_shift``.
         generator: the noise (see the module docstring for its order).
     Returns:
         `[chunk_size, action_width]` float32 on the CPU: the inferred actions in the model's normalised space.
     """
     transformer = components.transformer
-    if not has_inverse_dynamics(transformer):
-        raise ValueError("components.transformer has no action head (action_gen=False): no inverse dynamics")
-    config = transformer.config
-    check_int("chunk_size", chunk_size, 1)
-    check_int("num_steps", num_steps, 1)
-    check_int("query.domain_id", query.domain_id, 0, config.num_embodiment_domains)
-    width = check_int("query.action_width", query.action_width, 1, config.action_dim + 1)
-    fps = check_fps("query.fps", query.fps)
-    if latents.ndim != 4 or latents.shape[1] != latent_frames(chunk_size):
-        raise ValueError(f"latents of shape {tuple(latents.shape)} are invalid; allowed: [C, "
-                         f"{latent_frames(chunk_size)}, h, w] for chunk_size={chunk_size}")
-    weight = transformer.proj_in.weight
+    _check(transformer, latents, query, chunk_size, num_steps, guidance_scale)
+    config, weight = transformer.config, transformer.proj_in.weight
     device, dtype = weight.device, weight.dtype
     latents = latents.to(device=device, dtype=torch.float32)
 
     # noise: the pipeline's draws, in its order (vision noise first, unused: every vision frame is a condition)
     torch.randn((1, *latents.shape), generator=generator, dtype=torch.float32)
     noisy = torch.randn((chunk_size, config.action_dim), generator=generator, dtype=torch.float32).to(device)
-    noisy[:, width:] = 0
+    noisy[:, query.action_width:] = 0
 
-    # streams: each prompt's K/V and the rotary tables of the clip behind it
-    streams = [prompt.cond] + ([prompt.uncond] if guidance_scale != 1.0 else [])
-    grid = (-(-latents.shape[2] // config.latent_patch_size), -(-latents.shape[3] // config.latent_patch_size))
-    tokens = latents.shape[1] * grid[0] * grid[1] + chunk_size
-    mask = torch.ones(tokens, tokens, dtype=torch.bool, device=device)
-    attends, tables = [], []
-    for ids in streams:
-        text_k, text_v = prefill_text(transformer, torch.tensor(ids, device=device))
-        attends.append(masked_attention(text_k, text_v, mask))
-        timing = dict(offset=media_offset(len(ids), config.unified_3d_mrope_temporal_modality_margin), fps=fps,
-                      base_fps=float(config.base_fps), temporal_compression=TEMPORAL)
-        positions = torch.cat([vision_positions(0, latents.shape[1], *grid, **timing),
-                               action_positions(0, chunk_size, **timing)], dim=1)  # [3, tokens]
-        tables.append(rotary(transformer, positions, dtype))
-
-    # denoise the actions; the vision tokens are clean and the same at every step
-    vision = vision_tokens(transformer, latents, latents.shape[1], None)  # [T*hw, hidden]
-    domains = torch.full((chunk_size,), query.domain_id, dtype=torch.long, device=device)
-    plan = unipc_plan(components.unipc_config, num_steps,
-                      components.unipc_config.get("flow_shift", 1.0) if flow_shift is None else flow_shift,
-                      components.use_native_flow_schedule)
+    streams = [_Stream.of(transformer, ids, latents, chunk_size, query.fps)
+               for ids in ([prompt.cond] + ([prompt.uncond] if guidance_scale != 1.0 else []))]
+    vision = vision_tokens(transformer, latents, latents.shape[1], None)  # [T*hw, hidden]: clean at every step
+    shift = components.unipc_config.get("flow_shift", 1.0) if flow_shift is None else flow_shift
+    plan = unipc_plan(components.unipc_config, num_steps, shift, components.use_native_flow_schedule)
     stepper = UniPCStepper(plan)
     for step in plan.timesteps:
         temb = embed_timesteps(transformer, torch.full((1,), float(step), device=device)).to(dtype)  # [1, hidden]
         hidden = torch.cat([vision, action_tokens(transformer, noisy, query.domain_id) + temb])  # [tokens, hidden]
-        velocities = []
-        for attend, (cos, sin) in zip(attends, tables):
-            out = gen_layers(transformer, hidden, cos, sin, attend).hidden  # [tokens, hidden]
-            velocity = transformer.action_proj_out(out[-chunk_size:], domains).float()  # [chunk, action_dim]
-            velocity[:, width:] = 0
-            velocities.append(velocity)
+        velocities = [stream.velocity(transformer, hidden, query) for stream in streams]  # [chunk, action_dim]
         velocity = velocities[0] if len(velocities) == 1 else \
             velocities[1] + guidance_scale * (velocities[0] - velocities[1])
         noisy = stepper.step(velocity.unsqueeze(0), noisy.unsqueeze(0))[0]  # [chunk, action_dim]
-        noisy[:, width:] = 0
-    return noisy[:, :width].cpu()
+        noisy[:, query.action_width:] = 0
+    return noisy[:, :query.action_width].cpu()
+
+
+@dataclass
+class _Stream:
+    """One CFG stream: its prompt's K/V (what the clip attends to) and the rotary tables of the clip behind it."""
+
+    attend: Any  # layers.Attend: the prompt's K/V, then the clip's own tokens
+    cos: torch.Tensor  # [tokens, head_dim]
+    sin: torch.Tensor
+    chunk: int  # action tokens, last in the clip
+
+    @classmethod
+    def of(cls, transformer, ids: list[int], latents: torch.Tensor, chunk_size: int, fps: float) -> _Stream:
+        config, device = transformer.config, transformer.proj_in.weight.device
+        text_k, text_v = prefill_text(transformer, torch.tensor(ids, device=device))  # [layers, L, Hkv, D]
+        grid = (-(-latents.shape[2] // config.latent_patch_size), -(-latents.shape[3] // config.latent_patch_size))
+        tokens = latents.shape[1] * grid[0] * grid[1] + chunk_size
+        mask = torch.ones(tokens, tokens, dtype=torch.bool, device=device)  # the clip sees all of itself
+        timing = dict(offset=media_offset(len(ids), config.unified_3d_mrope_temporal_modality_margin), fps=fps,
+                      base_fps=float(config.base_fps), temporal_compression=TEMPORAL)
+        positions = torch.cat([vision_positions(0, latents.shape[1], *grid, **timing),
+                               action_positions(0, chunk_size, **timing)], dim=1)  # [3, tokens]
+        return cls(masked_attention(text_k, text_v, mask), *rotary(transformer, positions, text_k.dtype), chunk_size)
+
+    def velocity(self, transformer, hidden: torch.Tensor, query: ActionQuery) -> torch.Tensor:
+        """`[tokens, hidden]` window tokens -> the actions' velocity `[chunk, action_dim]`, zero past the width."""
+        out = gen_layers(transformer, hidden, self.cos, self.sin, self.attend).hidden  # [tokens, hidden]
+        actions = out[-self.chunk:]  # [chunk, hidden]
+        domains = torch.full((self.chunk,), query.domain_id, dtype=torch.long, device=hidden.device)
+        velocity = transformer.action_proj_out(actions, domains).float()  # [chunk, action_dim]
+        velocity[:, query.action_width:] = 0
+        return velocity
+
+
+def _check(transformer, latents: torch.Tensor, query: ActionQuery, chunk_size: int, num_steps: int,
+           guidance_scale: float) -> None:
+    """ValueErrors naming the argument, before any model work."""
+    if not has_inverse_dynamics(transformer):
+        raise ValueError("components.transformer has no action head (action_gen=False): no inverse dynamics")
+    config = transformer.config
+    check_int("chunk_size", chunk_size, 1)
+    check_int("num_steps", num_steps, 1)
+    check_int("query.domain_id", query.domain_id, 0, config.num_embodiment_domains)
+    check_int("query.action_width", query.action_width, 1, config.action_dim + 1)
+    check_fps("query.fps", query.fps)
+    if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)) or \
+            not math.isfinite(guidance_scale) or guidance_scale < 1:
+        raise ValueError(f"guidance_scale={guidance_scale!r} is invalid; allowed: a number >= 1")
+    if not isinstance(latents, torch.Tensor) or latents.ndim != 4 or latents.shape[1] != latent_frames(chunk_size):
+        shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
+        raise ValueError(f"latents of shape {shape} are invalid; allowed: [C, {latent_frames(chunk_size)}, h, w] "
+                         f"for chunk_size={chunk_size}")
