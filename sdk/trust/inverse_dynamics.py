@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ class CosmosInverseDynamics:
     frames alone (no history, repeatable).
     """
 
-    components: Any  # the env's model's Cosmos3Components
+    components: Any = field(repr=False)  # the env's model's Cosmos3Components
     prompt: str
     query: Any  # ActionQuery: domain, raw width, fps
     caption_size: tuple[int, int]
