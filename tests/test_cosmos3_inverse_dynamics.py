@@ -46,6 +46,12 @@ def frames():
     return np.random.RandomState(0).randint(0, 256, (CHUNK + 1, 256, 256, 3), dtype=np.uint8)
 
 
+@pytest.fixture(scope="module")
+def diffusers_unguided(pipeline, frames):
+    """The pipeline's answer at guidance 1, computed once per shape for the tests that compare against it."""
+    return _diffusers(pipeline, frames, 1.0)
+
+
 def _diffusers(pipeline, frames, guidance):
     condition = CosmosActionCondition(mode="inverse_dynamics", chunk_size=CHUNK, domain_name="droid_lerobot",
                                       resolution_tier=256, video=[Image.fromarray(f) for f in frames])
@@ -100,9 +106,9 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_parity_bound_catches_faults(pipeline, components, frames, fault, monkeypatch):
+def test_parity_bound_catches_faults(diffusers_unguided, components, frames, fault, monkeypatch):
     """The parity test fails on an injected fault: the departure is orders of magnitude over ATOL."""
-    _, expected = _diffusers(pipeline, frames, 1.0)
+    _, expected = diffusers_unguided
     FAULTS[fault](monkeypatch)
     _, got = _worldstep(components, frames, 1.0)
     assert (got - expected).abs().max().item() > 100 * ATOL
