@@ -25,7 +25,8 @@ HORIZON_KEY = "trained_horizon_windows"  # in a checkpoint's worldstep.json: the
 @dataclass(frozen=True)
 class TrustSignals:
     """One window's signals (None: not measured). `window` counts from 1; `horizon` is `window` over the trained
-    horizon (> 1 past it); `consistency` the tracker's residual in px (inf: the tracked object vanished);
+    horizon (> 1 past it); `consistency` the tracker's residual (`PushTracker`: px, inf when the tracked object
+    vanished; `InverseDynamicsTracker`: mean |inferred - commanded| action);
     `agreement` the share of forks whose judge agrees with this window's; `persistence` the windows success has
     held up to this one (0: not a success now)."""
 
@@ -58,7 +59,7 @@ class TrustSignalsWrapper(gym.Wrapper):
     Args:
         env: a world-model env (forkable through `worldstep.envs.wrappers.fork_env` when `agreement_forks` > 0).
         trained_horizon: windows the model was trained on (`trained_horizon_of(checkpoint)`); None: no `horizon`.
-        tracker: a task's `Tracker` (e.g. `PushTracker`); None: no `consistency`.
+        tracker: a `Tracker` (a task's `PushTracker`, or the model's `InverseDynamicsTracker`); None: no `consistency`.
         agreement_forks: K forks with other noise seeds stepped with the same actions each window (K extra
             windows of model work); 0: no `agreement`.
         seed: seeds the forks' noise seeds (with each reset's seed), so a rerun is repeatable.
