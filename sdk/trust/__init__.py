@@ -4,8 +4,8 @@ where a frozen rule's thresholds fail, and success rates corrected by a few pair
 from .ppi import PPIRate, ppi_rate
 from .rule import SelectiveRule
 from .selective import SelectiveJudge
-from .signals import TrustSignals, TrustSignalsWrapper, trained_horizon_of
+from .signals import TrustSignals, TrustSignalsWrapper, trained_horizon_for, trained_horizon_of
 from .trackers import PushTracker, Tracker
 
 __all__ = ["PPIRate", "PushTracker", "SelectiveJudge", "SelectiveRule", "Tracker", "TrustSignals",
-           "TrustSignalsWrapper", "ppi_rate", "trained_horizon_of"]
+           "TrustSignalsWrapper", "ppi_rate", "trained_horizon_for", "trained_horizon_of"]
