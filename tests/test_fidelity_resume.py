@@ -136,3 +136,21 @@ def test_continued_windows_and_forks_are_recorded_beside_unchanged_outcomes():
             assert d.pop("forks") == [d["model_success"]] * 2  # the simulator's forks always agree
         assert row == a.to_record()
     assert all(c["sim_success"] == c["model_success"] for o in stopped for c in o.continued)
+
+
+def test_resume_refuses_another_commit_or_edited_code(tmp_path, monkeypatch):
+    from worldstep.fidelity import provenance
+
+    argv = ["--budget", "small", "--threads", "1", "--sections", "policies", "--out", str(tmp_path)]
+    monkeypatch.setattr(tasks, "_spent", lambda deadline: deadline is not None)  # spent from the start
+    main([*argv, "--stop-after-minutes", "1"])
+    saved = json.loads((tmp_path / "journal" / "run.json").read_text())
+    assert saved["git_commit"] == provenance.code_state()["git_commit"] and len(saved["code_sha256"]) == 64
+    real = provenance.code_state
+    for key in ("git_commit", "code_sha256"):
+        monkeypatch.setattr(provenance, "code_state", lambda key=key: {**real(), key: "0" * 40})
+        with pytest.raises(ValueError, match=f"{key}: "):
+            main([*argv, "--resume"])
+    monkeypatch.setattr(provenance, "code_state", real)
+    monkeypatch.setattr(tasks, "_spent", lambda deadline: False)
+    assert "policies" in main([*argv, "--resume"])
