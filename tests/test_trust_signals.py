@@ -182,3 +182,51 @@ def test_signals_on_the_pusher_model_with_forks_that_share_the_past():
         assert len(model.scheduler.sessions()) == 1  # every fork closed after its window
     finally:
         wrapped.close()
+
+
+def test_the_trained_horizon_comes_from_the_config_else_the_checkpoint_else_none(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from worldstep.config import load_config
+    from worldstep.trust import trained_horizon_for
+
+    shipped = Path(__file__).parents[1] / "configs" / "models" / "pusher"
+    assert trained_horizon_for("pusher") == 8 == trained_horizon_for(str(shipped))  # embedded and a folder
+    assert trained_horizon_for("tiny") is None  # none by default
+    assert trained_horizon_for(load_config("tiny").with_overrides(trained_horizon=6)) == 6  # set where none is
+    assert trained_horizon_for(load_config("pusher").with_overrides(**{"model.trained_horizon": 12})) == 12
+    folder = tmp_path / "ckpt"
+    shutil.copytree(shipped, folder, ignore=shutil.ignore_patterns("transformer", "vae"))  # metadata is enough
+    meta = json.loads((folder / "worldstep.json").read_text())
+    del meta["trained_horizon_windows"]
+    (folder / "worldstep.json").write_text(json.dumps(meta))
+    assert trained_horizon_for(str(folder)) is None
+    (folder / "worldstep.json").write_text(json.dumps({**meta, "trained_horizon_windows": 0}))
+    with pytest.raises(ValueError, match="trained_horizon_windows=0"):
+        trained_horizon_for(str(folder))
+    for bad in (0, 2.5, "8", True):
+        with pytest.raises(ValueError, match="model.trained_horizon"):
+            load_config("pusher").with_overrides(trained_horizon=bad)
+
+
+def test_make_env_with_trust_picks_up_the_model_s_trained_horizon():
+    import worldstep
+
+    env = worldstep.make_env("pusher", num_steps=1, max_windows=2, trust={"tracker": PushTracker()})
+    try:
+        env.reset(seed=20_000_000)
+        trust = env.step(PUSH)[4]["trust"]
+        assert trust.horizon == 1 / 8 and trust.consistency is not None
+    finally:
+        env.close()
+    env = gym.make("worldstep/Pusher-v0", num_steps=1, trust=True, trained_horizon=4)  # the config key wins
+    try:
+        env.reset(seed=20_000_000)
+        assert env.step(PUSH)[4]["trust"].horizon == 1 / 4
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="trust="):
+        worldstep.make_env("tiny", trust="yes")
+    with pytest.raises(TypeError, match="bogus"):
+        worldstep.make_env("tiny", trust={"bogus": 1})
