@@ -230,3 +230,30 @@ def test_make_env_with_trust_picks_up_the_model_s_trained_horizon():
         worldstep.make_env("tiny", trust="yes")
     with pytest.raises(TypeError, match="bogus"):
         worldstep.make_env("tiny", trust={"bogus": 1})
+
+
+def test_vector_trust_per_row_equals_the_single_env_wrapper_and_restarts_at_autoreset():
+    from worldstep.trust.vector import TrustSignalsVectorWrapper
+
+    scripts = [[False, True, True, True], [False, False, True, False, False, False, False, False]]
+    vec = TrustSignalsVectorWrapper(gym.vector.SyncVectorEnv([lambda s=s: ScriptedWorld(s) for s in scripts]),
+                                    trained_horizon=2, tracker=PushTracker())
+    vec.reset(seed=[3, 4])
+    rows = [[], []]
+    for _ in range(4):
+        _, _, terminated, _, info = vec.step(np.stack([PUSH, PUSH]))
+        for i in range(2):
+            rows[i].append(info["trust"][i] if info["_trust"][i] else None)
+    for i, script in enumerate(scripts):
+        single = TrustSignalsWrapper(ScriptedWorld(script), trained_horizon=2, tracker=PushTracker())
+        single.reset(seed=3 + i)
+        expected = [single.step(PUSH)[4]["trust"] for _ in range(script.index(True) + 1)]  # to its end (success)
+        assert rows[i][: len(expected)] == expected
+    # row 0 ended at window 2: window 3 was its reset (no signals), window 4 the new episode's first
+    assert rows[0][2] is None and rows[0][3].window == 1 and rows[0][3].persistence == 0
+    assert rows[1][2].persistence == 1 and rows[1][3] is None
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        TrustSignalsVectorWrapper(gym.vector.SyncVectorEnv([lambda: ScriptedWorld([True])],
+                                                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    with pytest.raises(TypeError, match="VectorEnv"):
+        TrustSignalsVectorWrapper(ScriptedWorld([True]))

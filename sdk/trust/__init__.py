@@ -6,6 +6,7 @@ from .rule import SelectiveRule
 from .selective import SelectiveJudge
 from .signals import TrustSignals, TrustSignalsWrapper, trained_horizon_for, trained_horizon_of
 from .trackers import PushTracker, Tracker
+from .vector import TrustSignalsVectorWrapper
 
 __all__ = ["PPIRate", "PushTracker", "SelectiveJudge", "SelectiveRule", "Tracker", "TrustSignals",
-           "TrustSignalsWrapper", "ppi_rate", "trained_horizon_for", "trained_horizon_of"]
+           "TrustSignalsVectorWrapper", "TrustSignalsWrapper", "ppi_rate", "trained_horizon_for", "trained_horizon_of"]
