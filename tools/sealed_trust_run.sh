@@ -13,6 +13,8 @@
 #   tools/sealed_trust_run.sh                      # THE sealed run: --split test, once, by the lead
 #   tools/sealed_trust_run.sh --split validation --out runs/dry --minutes 2 -- --budget small   # a dry run
 #
+# report.json's `seconds` is its last stretch's; OUT/stretch_seconds.txt lists every stretch's.
+#
 # Options: --split S (default test), --out DIR (default runs/sealed_trust), --minutes N per stretch (default 60),
 # --stretches K (stop after K stretches, 0: until done; default 0), --workers W (default 2); arguments after --
 # go to python -m worldstep.fidelity (they override the ones below).
@@ -50,6 +52,7 @@ while [[ ! -f $out/report.json ]]; do
   start=$(date +%s)
   "$python" -m worldstep.fidelity "${args[@]}" --resume --stop-after-minutes "$minutes" > "$out/stretch$n.json"
   echo "sealed_trust_run.sh: stretch $n took $(( $(date +%s) - start )) s" >&2
+  echo "stretch $n: $(( $(date +%s) - start )) s at $(git rev-parse HEAD)" >> "$out/stretch_seconds.txt"
   if [[ ! -f $out/report.json && $stretches -gt 0 && $n -ge $stretches ]]; then
     echo "sealed_trust_run.sh: stopped after $n stretch(es); run the same command to go on" >&2
     exit 0
