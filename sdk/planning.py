@@ -298,7 +298,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     obs, info = env.reset(seed=seed)
     sim_obs, _ = sim.reset(seed=info.get("scene_seed", seed))
     first = sim_obs["frames"][0]
-    streak, started, previous = 0, 0, obs["frames"][-1]  # the model's windows since it (re)started, its last frame
+    streak, started, previous = 0, 0, _last_frame(obs, stop_rule)  # windows since the model (re)started; its frame
     if observe == "model":
         result.model_success = False
     with video_writer(video_path, frame_fps(env)) as writer:  # an exception leaves video_path as it was
@@ -313,7 +313,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
             else:
                 if window and anchor_every is not None and window % anchor_every == 0:
                     obs, _ = env.reset(options={"image": sim_obs["frames"][-1]})
-                    started, previous = 0, obs["frames"][-1]
+                    started, previous = 0, _last_frame(obs, stop_rule)
                 actions = policy(obs)
             result.cost_rank_correlation.extend(_cost_ranks(policy, sim, first))
             if observe == "model":
@@ -335,7 +335,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                     trust = _window_signals(started, trained_horizon, previous, obs["frames"], actions, streak)
                     result.window_trust.append(trust.to_dict())
                     result.model_success = result.model_success and stop_rule.failing(trust) is None
-                previous = obs["frames"][-1]
+                previous = _last_frame(obs, stop_rule)
             result.window_success.append([seen_success, result.sim_success])
             if writer is not None:
                 writer.write(side_by_side(seen, sim_obs["frames"], scale))
@@ -369,6 +369,11 @@ def _check_stop_rule(stop_rule: SelectiveRule | None, trained_horizon: int | Non
     if stop_rule.horizon_max is not None and trained_horizon is None:
         raise ValueError("trained_horizon=None is invalid with stop_rule.horizon_max set; allowed: the model's "
                          "trained horizon in windows (`worldstep.trust.trained_horizon_for`)")
+
+
+def _last_frame(obs: dict[str, np.ndarray], stop_rule: SelectiveRule | None) -> np.ndarray | None:
+    """The frame the tracker steps from next window (only a stop rule reads it)."""
+    return None if stop_rule is None else obs["frames"][-1]
 
 
 def _window_signals(window: int, trained_horizon: int | None, previous: np.ndarray, frames: np.ndarray,
