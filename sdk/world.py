@@ -307,7 +307,10 @@ def _trust_kwargs(trust: Any) -> dict[str, Any] | None:
 
 
 def _with_trust(env, world: World, trust: dict[str, Any]):
-    from .trust import TrustSignalsWrapper, trained_horizon_for
+    """`env` in the trust wrapper of its kind (one env or a vector env), closed if the wrapper refuses."""
+    import gymnasium as gym
+
+    from .trust import TrustSignalsVectorWrapper, TrustSignalsWrapper, trained_horizon_for
 
     if world.config.env.observation != "frames":
         env.close()
@@ -315,7 +318,8 @@ def _with_trust(env, world: World, trust: dict[str, Any]):
                          "observation='frames' (the signals read the decoded frames)")
     trust.setdefault("trained_horizon", trained_horizon_for(world))
     try:
-        return TrustSignalsWrapper(env, **trust)
+        wrapper = TrustSignalsVectorWrapper if isinstance(env, gym.vector.VectorEnv) else TrustSignalsWrapper
+        return wrapper(env, **trust)
     except Exception:
         env.close()
         raise
@@ -328,17 +332,21 @@ def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", nu
     ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")`` calls this;
     ``max_episode_steps`` (from the registration) caps ``max_windows``. ``autoreset_mode``: ``"next_step"``
     (default), ``"same_step"`` or ``"disabled"`` (see ``WorldModelVectorEnv``; torchrl takes the last two).
+    ``trust=True`` (or a dict of its keyword arguments) wraps it in ``worldstep.trust.TrustSignalsVectorWrapper``,
+    its ``trained_horizon`` the model's, as `make_env` does.
     """
     from worldstep.envs import WorldModelVectorEnv
     from worldstep.envs.vector_env import check_autoreset_mode
 
     kwargs = dict(kwargs)
     mode = check_autoreset_mode(kwargs.pop("autoreset_mode", "next_step"))  # before the model loads
+    trust = _trust_kwargs(kwargs.pop("trust", None))
     runtime, overrides = _split_env_kwargs(kwargs)
     if max_episode_steps is not None and not _sets_max_windows(overrides):
         overrides["max_windows"] = max_episode_steps
     world = load(model, **overrides)
-    return WorldModelVectorEnv(world.model, num_envs, world.knobs, autoreset_mode=mode, **_env_kwargs(world, runtime))
+    env = WorldModelVectorEnv(world.model, num_envs, world.knobs, autoreset_mode=mode, **_env_kwargs(world, runtime))
+    return env if trust is None else _with_trust(env, world, trust)
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:

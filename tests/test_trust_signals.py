@@ -257,3 +257,16 @@ def test_vector_trust_per_row_equals_the_single_env_wrapper_and_restarts_at_auto
                                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
     with pytest.raises(TypeError, match="VectorEnv"):
         TrustSignalsVectorWrapper(ScriptedWorld([True]))
+
+
+def test_gym_make_vec_with_trust_gives_each_row_its_signals():
+    env = gym.make_vec("worldstep/Pusher-v0", num_envs=2, vectorization_mode="vector_entry_point", num_steps=1,
+                       trust={"tracker": PushTracker()})
+    try:
+        env.reset(seed=[20_000_000, 20_000_001])
+        _, _, _, _, info = env.step(np.stack([PUSH, PUSH]))
+        assert info["_trust"].tolist() == [True, True]
+        assert [t.horizon for t in info["trust"]] == [1 / 8, 1 / 8]
+        assert all(t.consistency is not None for t in info["trust"])
+    finally:
+        env.close()
