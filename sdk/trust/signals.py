@@ -50,12 +50,17 @@ def trained_horizon_of(checkpoint: str | os.PathLike) -> int | None:
 
 
 def trained_horizon_for(model: Any) -> int | None:
-    """The trained horizon of `model` (anything `worldstep.load` takes: a config name, a .yaml, a checkpoint folder,
-    a `WorldstepConfig` or a `World`): the config's `model.trained_horizon` when set, else what the checkpoint's
-    `worldstep.json` records (shipped `embedded:` weights included), else None. Reads no weights."""
-    from ..world import resolve_config
+    """The trained horizon of `model`: a `World` or `WorldstepConfig` (its `model.trained_horizon` when set, else what
+    its checkpoint's `worldstep.json` records, shipped `embedded:` weights included), a shipped config name or a
+    .yaml (the same), or a checkpoint folder (its `worldstep.json`); None when none is known. Reads no weights."""
+    from ..config import load_config
 
-    section = resolve_config(model).model
+    config = getattr(model, "config", model)  # a World carries its config
+    if isinstance(config, (str, os.PathLike)):
+        if Path(config).is_dir():
+            return trained_horizon_of(config)
+        config = load_config(config)
+    section = config.model
     if section.trained_horizon is not None:
         return section.trained_horizon
     folder = Path(section.checkpoint)

@@ -13,8 +13,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from worldstep.engine.checks import check_int
 
-from .signals import TrustSignals, _check_positive_int
+from .signals import TrustSignals
 from .trackers import Tracker
 
 
@@ -37,7 +38,7 @@ class TrustSignalsVectorWrapper(gym.vector.VectorWrapper):
             raise ValueError(f"env autoreset_mode={mode!r} is invalid; allowed: NEXT_STEP or DISABLED (with SAME_STEP "
                              "a row's last frames arrive in final_obs, after its reset)")
         if trained_horizon is not None:
-            _check_positive_int("trained_horizon", trained_horizon)
+            check_int("trained_horizon", trained_horizon, 1)
         if tracker is not None and not callable(getattr(tracker, "residual", None)):
             raise ValueError(f"tracker={tracker!r} is invalid; allowed: None or an object with "
                              "residual(previous_frame, frames, actions)")
