@@ -3,7 +3,7 @@
 A config file has five sections (see ``configs/tiny.yaml``)::
 
     model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend, cuda_graphs,
-             decode_after_denoise
+             decode_after_denoise, trained_horizon
     rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt,
              view_point, decode                                  (the engine's ``RolloutKnobs``)
     cache:   page_size, num_pages, cpu_offload_pages
@@ -81,6 +81,9 @@ class ModelConfig(StrictModel):
     (CUDA with ``sdpa`` only)"""
     decode_after_denoise: bool = True
     """queue a window's decode as soon as it is denoised, its commit beside it (False: decode after the commit)"""
+    trained_horizon: PositiveInt | None = None
+    """windows the checkpoint's training clips cover (the ``horizon`` trust signal, ``worldstep.trust``); overrides
+    the checkpoint's ``worldstep.json`` ``trained_horizon_windows``; None: that value, else no ``horizon``"""
 
     @field_validator("name", "checkpoint")
     @classmethod

@@ -43,6 +43,9 @@ from worldstep.envs.wrappers import fork_env
 from .episodes import EpisodeResult
 from .fidelity.metrics import spearman
 from .policies import Policy, as_policy
+from .trust.rule import SelectiveRule
+from .trust.signals import TrustSignals
+from .trust.trackers import PushTracker
 from .truth import side_by_side
 
 __all__ = ["BlockToGoal", "ClosedLoopResult", "ModelPredictivePlanner", "closed_loop"]
@@ -178,8 +181,8 @@ class ClosedLoopResult:
     windows); None when it saw the simulator"""
     actions: list[np.ndarray] = field(default_factory=list)
     stop: str = "max_windows"
-    """why the episode ended: ``believed_success``, ``sim_success`` (observe="simulator"), ``env_end``
-    (the env terminated or truncated) or ``max_windows``"""
+    """why the episode ended: ``believed_success``, ``claimed_success`` (a ``stop_rule``'s signals passed too),
+    ``sim_success`` (observe="simulator"), ``env_end`` (the env terminated or truncated) or ``max_windows``"""
     anchor_every: int | None = None
     cost_rank_correlation: list[float | None] = field(default_factory=list)
     """per window of a planner: Spearman between its imagined candidate costs and the same candidates'
@@ -187,9 +190,13 @@ class ClosedLoopResult:
     window_success: list[list[bool | None]] = field(default_factory=list)
     """per window: [the model's frames show success (None: observe="simulator"), the simulator has succeeded by
     then], so ``stopped_at`` can tell where any confirmation count would have stopped the same episode"""
+    stop_rule_sha256: str | None = None
+    """the ``SelectiveRule`` the episode stopped on (its hash; None: the streak alone)"""
+    window_trust: list[dict[str, Any]] = field(default_factory=list)
+    """per window, with a ``stop_rule``: the ``TrustSignals`` the rule read (as dicts)"""
 
     RECORD_KEYS = ("seed", "policy", "observe", "windows", "model_success", "sim_success", "actions", "stop",
-                   "anchor_every", "cost_rank_correlation", "window_success")
+                   "anchor_every", "cost_rank_correlation", "window_success", "stop_rule_sha256", "window_trust")
     """The fields of a planner episode's record (the fidelity report's ``planning.jsonl``), in order."""
 
     @property
@@ -203,7 +210,8 @@ class ClosedLoopResult:
                 "model_success": self.model_success, "sim_success": self.sim_success,
                 "actions": [np.asarray(a).tolist() for a in self.actions], "stop": self.stop,
                 "anchor_every": self.anchor_every, "cost_rank_correlation": list(self.cost_rank_correlation),
-                "window_success": [list(w) for w in self.window_success]}
+                "window_success": [list(w) for w in self.window_success],
+                "stop_rule_sha256": self.stop_rule_sha256, "window_trust": list(self.window_trust)}
 
     def to_record(self) -> dict[str, Any]:
         """The ``RECORD_KEYS`` of ``to_dict``."""
@@ -215,7 +223,8 @@ class ClosedLoopResult:
         """The result a ``to_record`` row describes (episode ``index`` of its run)."""
         episode = EpisodeResult(index=index, seed=row["seed"], windows=row["windows"], success=row["sim_success"])
         return cls(episode, row["policy"], row["observe"], row["model_success"], row["actions"], row["stop"],
-                   row["anchor_every"], row["cost_rank_correlation"], row.get("window_success", []))
+                   row["anchor_every"], row["cost_rank_correlation"], row.get("window_success", []),
+                   row.get("stop_rule_sha256"), row.get("window_trust", []))
 
     def stopped_at(self, confirm_windows: int) -> tuple[int, bool, bool]:
         """(windows, believed success, simulator success) of this model-loop episode had it stopped at
@@ -231,7 +240,7 @@ class ClosedLoopResult:
             streak = streak + 1 if model else 0
             if streak >= confirm_windows:
                 return w + 1, True, bool(sim)
-        if self.stop == "believed_success":
+        if self.stop in ("believed_success", "claimed_success"):
             raise ValueError(f"confirm_windows={confirm_windows} is invalid for an episode that stopped at "
                              f"{self.episode.windows} windows on a streak shorter than that; allowed: <= the "
                              "count it ran with")
@@ -240,7 +249,8 @@ class ClosedLoopResult:
 
 def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 16, observe: str = "model",
                 simulator: gym.Env | None = None, video_path: str | os.PathLike | None = None,
-                scale: int = 4, confirm_windows: int = 1, anchor_every: int | None = None) -> ClosedLoopResult:
+                scale: int = 4, confirm_windows: int = 1, anchor_every: int | None = None,
+                stop_rule: SelectiveRule | None = None, trained_horizon: int | None = None) -> ClosedLoopResult:
     """Run ``policy`` for one episode and judge it by the simulator (see the module docstring for ``observe``).
 
     The episode ends after ``max_windows`` windows, or when the agent's own frames have shown success in
@@ -253,6 +263,13 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     ``simulator`` defaults to a fresh ``PushSimEnv`` of the env's chunk size. The video shows what the
     policy saw (model frames, or the simulator's) next to the simulator. A planner's imagined candidate
     costs are compared per window with their costs replayed in a copy of the simulator.
+
+    With a frozen ``stop_rule`` (a ``worldstep.trust.SelectiveRule``; observe="model"), the streak alone no longer
+    stops the episode: the model's success is claimed, and the episode stops (``claimed_success``), only in a
+    window where the streak has reached ``confirm_windows`` and every signal the rule uses passes: ``horizon``
+    (windows since the model last started, from a reset or an anchor, over ``trained_horizon``), ``consistency``
+    (``PushTracker``'s block residual from the model's own previous frame) and ``persistence`` (the streak).
+    Each window's signals go to ``window_trust`` and the rule's hash to ``stop_rule_sha256``.
     """
     if getattr(env.unwrapped, "simulator", None) is None:
         raise ValueError("env is invalid; allowed: a world-model env made with a `simulator` "
@@ -263,6 +280,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
         check_int("anchor_every", anchor_every, 1)
     if observe not in OBSERVE:
         raise ValueError(f"observe={observe!r} is invalid; allowed: one of {OBSERVE}")
+    _check_stop_rule(stop_rule, trained_horizon, observe)
     if observe == "model" and judges_success(env):
         raise ValueError("env is invalid with observe='model': it judges success itself, so it would end the episode "
                          "at the first window whose frames show success, before confirm_windows can count; allowed: "
@@ -273,13 +291,14 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
     sim = simulator if simulator is not None else PushSimEnv(chunk_size=env.action_space.shape[0])
     start = time.perf_counter()
     result = ClosedLoopResult(EpisodeResult.of_env(env, seed=seed), getattr(policy, "name", type(policy).__name__),
-                              observe=observe, anchor_every=anchor_every)
+                              observe=observe, anchor_every=anchor_every,
+                              stop_rule_sha256=None if stop_rule is None else stop_rule.sha256)
     episode = result.episode
     policy.reset(seed)
     obs, info = env.reset(seed=seed)
     sim_obs, _ = sim.reset(seed=info.get("scene_seed", seed))
     first = sim_obs["frames"][0]
-    streak = 0
+    streak, started, previous = 0, 0, _last_frame(obs, stop_rule)  # windows since the model (re)started; its frame
     if observe == "model":
         result.model_success = False
     with video_writer(video_path, frame_fps(env)) as writer:  # an exception leaves video_path as it was
@@ -294,6 +313,7 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
             else:
                 if window and anchor_every is not None and window % anchor_every == 0:
                     obs, _ = env.reset(options={"image": sim_obs["frames"][-1]})
+                    started, previous = 0, _last_frame(obs, stop_rule)
                 actions = policy(obs)
             result.cost_rank_correlation.extend(_cost_ranks(policy, sim, first))
             if observe == "model":
@@ -309,13 +329,18 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
             seen_success = None
             if observe == "model":
                 seen_success = bool(PushSimEnv.success_from_frames(first, obs["frames"]))
-                streak = streak + 1 if seen_success else 0
+                streak, started = streak + 1 if seen_success else 0, started + 1
                 result.model_success = streak >= confirm_windows
+                if stop_rule is not None:
+                    trust = _window_signals(started, trained_horizon, previous, obs["frames"], actions, streak)
+                    result.window_trust.append(trust.to_dict())
+                    result.model_success = result.model_success and stop_rule.failing(trust) is None
+                previous = _last_frame(obs, stop_rule)
             result.window_success.append([seen_success, result.sim_success])
             if writer is not None:
                 writer.write(side_by_side(seen, sim_obs["frames"], scale))
             if result.model_success:
-                result.stop = "believed_success"
+                result.stop = "believed_success" if stop_rule is None else "claimed_success"
             elif observe == "simulator" and result.sim_success:
                 result.stop = "sim_success"
             elif observe == "model" and (terminated or truncated):
@@ -324,6 +349,39 @@ def closed_loop(env: gym.Env, policy: Policy, *, seed: int, max_windows: int = 1
                 break
     episode.finish(start)
     return result
+
+
+def _check_stop_rule(stop_rule: SelectiveRule | None, trained_horizon: int | None, observe: str) -> None:
+    """Refuse a rule the closed loop cannot apply, before any work (a signal it cannot measure never passes, so
+    such a rule would silently never stop)."""
+    if trained_horizon is not None:
+        check_int("trained_horizon", trained_horizon, 1)
+    if stop_rule is None:
+        return
+    if not isinstance(stop_rule, SelectiveRule):
+        raise TypeError(f"stop_rule={stop_rule!r} is invalid; allowed: None or a worldstep.trust.SelectiveRule")
+    if observe != "model":
+        raise ValueError(f"stop_rule is invalid with observe={observe!r}; allowed: observe='model' (the "
+                         "simulator loop stops on the simulator's success)")
+    if stop_rule.agreement_min is not None:
+        raise ValueError(f"stop_rule.agreement_min={stop_rule.agreement_min!r} is invalid here; allowed: None "
+                         "(the closed loop measures horizon, consistency and persistence, not forks' agreement)")
+    if stop_rule.horizon_max is not None and trained_horizon is None:
+        raise ValueError("trained_horizon=None is invalid with stop_rule.horizon_max set; allowed: the model's "
+                         "trained horizon in windows (`worldstep.trust.trained_horizon_for`)")
+
+
+def _last_frame(obs: dict[str, np.ndarray], stop_rule: SelectiveRule | None) -> np.ndarray | None:
+    """The frame the tracker steps from next window (only a stop rule reads it)."""
+    return None if stop_rule is None else obs["frames"][-1]
+
+
+def _window_signals(window: int, trained_horizon: int | None, previous: np.ndarray, frames: np.ndarray,
+                    actions: np.ndarray, streak: int) -> TrustSignals:
+    """The signals a stop rule reads for one model window (as `TrustSignalsWrapper` measures them)."""
+    return TrustSignals(window=window, horizon=None if trained_horizon is None else window / trained_horizon,
+                        consistency=PushTracker().residual(previous, frames, np.asarray(actions)),
+                        persistence=streak)
 
 
 def judges_success(env: gym.Env) -> bool:

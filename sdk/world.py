@@ -238,6 +238,9 @@ def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwar
     ``cameras=("exterior", "wrist")`` (with ``camera_layout``, default ``"row"``, ``view_point`` defaulting to
     ``"concat_view"``, and ``image`` a dict of first views) wraps it in ``MultiCameraObservation``;
     ``robot_state=True`` in ``RobotStateObservation`` (docs/observations.md).
+    ``trust=True`` (or a dict of its keyword arguments, e.g. ``{"tracker": PushTracker()}``) wraps it last in
+    ``worldstep.trust.TrustSignalsWrapper``, whose ``trained_horizon`` defaults to the model's
+    (``worldstep.trust.trained_horizon_for``: the config's ``model.trained_horizon``, else the checkpoint's).
     ``gym.make("worldstep/Tiny-v0", **kwargs)`` adds gymnasium's own wrappers around it (`make_registered_env`).
     """
     return _make_env(model, kwargs, registered_windows=None)
@@ -270,6 +273,7 @@ def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[s
     kwargs = dict(kwargs)
     cameras, layout = kwargs.pop("cameras", None), kwargs.pop("camera_layout", None)
     robot_state = kwargs.pop("robot_state", False)
+    trust = _trust_kwargs(kwargs.pop("trust", None))
     if not isinstance(robot_state, bool):
         raise ValueError(f"robot_state={robot_state!r} is invalid; allowed: True or False")
     if cameras is None and layout is not None:
@@ -285,9 +289,40 @@ def _make_env(model: str | os.PathLike | WorldstepConfig | World, kwargs: dict[s
     env = make_world_model_env(world.model, world.knobs, **env_kwargs)
     if robot_state:
         env = RobotStateObservation(env)
-    if cameras is None:
-        return env
-    return MultiCameraObservation(env, cameras, "row" if layout is None else layout, images=views)
+    if cameras is not None:
+        env = MultiCameraObservation(env, cameras, "row" if layout is None else layout, images=views)
+    return env if trust is None else _with_trust(env, world, trust)
+
+
+def _trust_kwargs(trust: Any) -> dict[str, Any] | None:
+    """`make_env`'s ``trust``: None/False (no signals), True (defaults) or a dict of `TrustSignalsWrapper` kwargs."""
+    if trust is None or trust is False:
+        return None
+    if trust is True:
+        return {}
+    if not isinstance(trust, Mapping):
+        raise ValueError(f"trust={trust!r} is invalid; allowed: True, False, None or a dict of TrustSignalsWrapper "
+                         "keyword arguments (trained_horizon, tracker, agreement_forks, seed)")
+    return dict(trust)
+
+
+def _with_trust(env, world: World, trust: dict[str, Any]):
+    """`env` in the trust wrapper of its kind (one env or a vector env), closed if the wrapper refuses."""
+    import gymnasium as gym
+
+    from .trust import TrustSignalsVectorWrapper, TrustSignalsWrapper, trained_horizon_for
+
+    if world.config.env.observation != "frames":
+        env.close()
+        raise ValueError(f"trust is invalid with observation={world.config.env.observation!r}; allowed: "
+                         "observation='frames' (the signals read the decoded frames)")
+    trust.setdefault("trained_horizon", trained_horizon_for(world))
+    try:
+        wrapper = TrustSignalsVectorWrapper if isinstance(env, gym.vector.VectorEnv) else TrustSignalsWrapper
+        return wrapper(env, **trust)
+    except Exception:
+        env.close()
+        raise
 
 
 def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", num_envs: int = 1,
@@ -297,17 +332,21 @@ def make_vec_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", nu
     ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")`` calls this;
     ``max_episode_steps`` (from the registration) caps ``max_windows``. ``autoreset_mode``: ``"next_step"``
     (default), ``"same_step"`` or ``"disabled"`` (see ``WorldModelVectorEnv``; torchrl takes the last two).
+    ``trust=True`` (or a dict of its keyword arguments) wraps it in ``worldstep.trust.TrustSignalsVectorWrapper``,
+    its ``trained_horizon`` the model's, as `make_env` does.
     """
     from worldstep.envs import WorldModelVectorEnv
     from worldstep.envs.vector_env import check_autoreset_mode
 
     kwargs = dict(kwargs)
     mode = check_autoreset_mode(kwargs.pop("autoreset_mode", "next_step"))  # before the model loads
+    trust = _trust_kwargs(kwargs.pop("trust", None))
     runtime, overrides = _split_env_kwargs(kwargs)
     if max_episode_steps is not None and not _sets_max_windows(overrides):
         overrides["max_windows"] = max_episode_steps
     world = load(model, **overrides)
-    return WorldModelVectorEnv(world.model, num_envs, world.knobs, autoreset_mode=mode, **_env_kwargs(world, runtime))
+    env = WorldModelVectorEnv(world.model, num_envs, world.knobs, autoreset_mode=mode, **_env_kwargs(world, runtime))
+    return env if trust is None else _with_trust(env, world, trust)
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:

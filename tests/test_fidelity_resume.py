@@ -136,3 +136,51 @@ def test_continued_windows_and_forks_are_recorded_beside_unchanged_outcomes():
             assert d.pop("forks") == [d["model_success"]] * 2  # the simulator's forks always agree
         assert row == a.to_record()
     assert all(c["sim_success"] == c["model_success"] for o in stopped for c in o.continued)
+
+
+def test_resume_refuses_another_commit_or_edited_code(tmp_path, monkeypatch):
+    from worldstep.fidelity import provenance
+
+    argv = ["--budget", "small", "--threads", "1", "--sections", "policies", "--out", str(tmp_path)]
+    monkeypatch.setattr(tasks, "_spent", lambda deadline: deadline is not None)  # spent from the start
+    main([*argv, "--stop-after-minutes", "1"])
+    saved = json.loads((tmp_path / "journal" / "run.json").read_text())
+    assert saved["git_commit"] == provenance.code_state()["git_commit"] and len(saved["code_sha256"]) == 64
+    real = provenance.code_state
+    for key in ("git_commit", "code_sha256"):
+        monkeypatch.setattr(provenance, "code_state", lambda key=key: {**real(), key: "0" * 40})
+        with pytest.raises(ValueError, match=f"{key}: "):
+            main([*argv, "--resume"])
+    monkeypatch.setattr(provenance, "code_state", real)
+    monkeypatch.setattr(tasks, "_spent", lambda deadline: False)
+    assert "policies" in main([*argv, "--resume"])
+
+
+def test_the_journal_saves_results_as_json_and_arrays_and_reads_them_back_equal(tmp_path):
+    import numpy as np
+    from worldstep.episodes import EpisodeResult
+    from worldstep.fidelity.rollouts import EpisodeOutcome
+    from worldstep.planning import ClosedLoopResult
+
+    journal = Journal(tmp_path, {"episodes": 2}, resume=False)
+    frames = (np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4), np.full((2, 2), np.nan, np.float32))
+    outcome = EpisodeOutcome(EpisodeResult(index=0, seed=7, windows=2, success=True), "expert", False,
+                             [[[0.5, -1.0]]], "success", [{"model": {"block": None}, "sim": {"block": [1.5, 2.0]}}],
+                             [{"sim_success": True, "actions": [[0.0, 1.0]]}])
+    plan = ClosedLoopResult(EpisodeResult(index=0, seed=8, windows=1, success=False), "plan2", "model", True,
+                            [np.array([[0.25, 1.0]], np.float32)], "claimed_success", None, [None],
+                            [[True, False]], "ab" * 32, [{"window": 1, "consistency": float("inf")}])
+    cases = [(tasks.OpenLoopTask(frames[0], frames[0], (1,)), frames), (tasks.EpisodesTask((0,), (7,), 2), [outcome]),
+             (tasks.PlannerTask("noisy0.8", 2, (8,), 1, "model"), [plan])]
+    for task, result in cases:
+        journal.put(task, result)
+    again = Journal(tmp_path, {"episodes": 2}, resume=True)
+    got = again.get(cases[0][0])
+    assert isinstance(got, tuple) and got[0].dtype == np.uint8 and np.array_equal(got[0], frames[0])
+    assert got[1].dtype == np.float32 and np.isnan(got[1]).all()
+    assert [e.to_record() for e in again.get(tasks.EpisodesTask((0,), (7,), 2))] == [outcome.to_record()]
+    back = again.get(tasks.PlannerTask("noisy0.8", 2, (8,), 1, "model"))[0]
+    assert json.dumps(back.to_record()) == json.dumps(plan.to_record())  # inf kept (a vanished block), not None
+    assert not list((tmp_path / "journal").glob("*.pkl"))
+    with pytest.raises(TypeError, match="set"):
+        journal.put(tasks.EpisodesTask((1,), (7,), 2), {"x": {1, 2}})

@@ -123,3 +123,32 @@ def test_committed_records_are_read_from_their_gzipped_copy(tmp_path):
         f.write(plain.read_text())
     plain.unlink()
     assert [o.to_record() for o in read_records(tmp_path).episodes] == expected == [outcome.to_record()]
+
+
+def test_with_a_rule_the_model_loop_planner_stops_on_it(tmp_path):
+    import json
+
+    from worldstep.fidelity.report import main
+
+    rule = SelectiveRule(persistence_min=2)
+    path = tmp_path / "rule.json"
+    path.write_text(json.dumps({**rule.to_dict(), "sha256": rule.sha256}))
+    argv = ["--budget", "small", "--threads", "1", "--sections", "policies,planning", "--plan-anchor", "",
+            "--rule", str(path), "--out", str(tmp_path / "run")]
+    report = main(argv)
+    assert report["planning"]["stop_rule_sha256"] == rule.sha256
+    assert report["targets"]["planning_lift_model_loop"]["stop_rule_sha256"] == rule.sha256
+    rows = [json.loads(r) for r in (tmp_path / "run" / "records" / "planning.jsonl").read_text().splitlines()]
+    model = [r for r in rows if r["observe"] == "model"]
+    assert model and all(r["stop_rule_sha256"] == rule.sha256 and len(r["window_trust"]) == r["windows"]
+                         for r in model)
+    for r in model:  # claimed only where the rule's signals passed; the streak alone never stopped it
+        claims = [rule.failing(TrustSignals(**t)) is None and seen for t, (seen, _) in
+                  zip(r["window_trust"], r["window_success"])]
+        assert r["model_success"] == any(claims) and (r["stop"] == "claimed_success") == any(claims)
+    assert all(r["stop_rule_sha256"] is None for r in rows if r["observe"] == "simulator")
+    horizon = tmp_path / "horizon.json"
+    horizon_rule = SelectiveRule(horizon_max=1.0)
+    horizon.write_text(json.dumps({**horizon_rule.to_dict(), "sha256": horizon_rule.sha256}))
+    with pytest.raises(ValueError, match="trained horizon"):  # the tiny random checkpoint records none
+        main([*argv[:-4], "--rule", str(horizon), "--out", str(tmp_path / "h")])

@@ -320,3 +320,67 @@ def test_one_run_tells_where_every_smaller_confirmation_count_stops(pusher_env):
                         confirm_windows=1)
     with pytest.raises(ValueError, match="confirm_windows=2"):
         first.stopped_at(2)  # it stopped at window 1: where k = 2 stops is not known from it
+
+
+def test_the_selective_stop_claims_only_where_the_rule_s_signals_pass(pusher_env):
+    from worldstep.trust import SelectiveRule
+
+    held = [True, True, True, True]  # the model's frames show success from window 1 on
+    streak = closed_loop(_Flicker(pusher_env, held), _Believer(), seed=5, max_windows=4, observe="model")
+    assert (streak.episode.windows, streak.stop, streak.stop_rule_sha256) == (1, "believed_success", None)
+    rule = SelectiveRule(persistence_min=3)
+    result = closed_loop(_Flicker(pusher_env, held), _Believer(), seed=5, max_windows=4, observe="model",
+                         stop_rule=rule)
+    assert (result.episode.windows, result.stop, result.model_success) == (3, "claimed_success", True)
+    assert result.stop_rule_sha256 == rule.sha256
+    assert [t["persistence"] for t in result.window_trust] == [1, 2, 3]
+    assert [t["window"] for t in result.window_trust] == [1, 2, 3]
+    assert [t["consistency"] for t in result.window_trust][1:] == [0.0, 0.0]  # the tracker read the frames
+    again = type(result).from_record(json.loads(json.dumps(result.to_record())))
+    assert (again.stop_rule_sha256, again.window_trust) == (rule.sha256, result.window_trust)
+    assert result.stopped_at(2) == (2, True, result.window_success[1][1])  # the streak's stops are still known
+    with pytest.raises(ValueError, match="confirm_windows=4"):
+        result.stopped_at(4)
+
+
+def test_a_rule_that_never_passes_never_stops_the_loop(pusher_env):
+    from worldstep.trust import SelectiveRule
+
+    for rule in (SelectiveRule(persistence_min=99), SelectiveRule(horizon_max=0.0)):  # a window's horizon is > 0
+        result = closed_loop(_Flicker(pusher_env, [True] * 4), _Believer(), seed=5, max_windows=4, observe="model",
+                             stop_rule=rule, trained_horizon=4)
+        assert result.stop != "claimed_success" and not result.model_success and result.episode.windows == 4
+        assert [w[0] for w in result.window_success] == [True] * 4  # the model believed, the rule did not claim
+
+
+def test_the_selective_stop_reads_the_horizon_and_the_tracker(pusher_env, monkeypatch):
+    from worldstep.trust import PushTracker, SelectiveRule
+
+    # horizon: window / trained_horizon; past 0.5 of a 4-window horizon no success is claimed
+    late = closed_loop(_Flicker(pusher_env, [False, False, True, True]), _Believer(), seed=5, max_windows=4,
+                       observe="model", stop_rule=SelectiveRule(horizon_max=0.5), trained_horizon=4)
+    assert late.stop != "claimed_success" and [t["horizon"] for t in late.window_trust] == [0.25, 0.5, 0.75, 1.0]
+    early = closed_loop(_Flicker(pusher_env, [False, True, True, True]), _Believer(), seed=5, max_windows=4,
+                        observe="model", stop_rule=SelectiveRule(horizon_max=0.5), trained_horizon=4)
+    assert (early.episode.windows, early.stop) == (2, "claimed_success")
+    # consistency: the tracker's residual, window by window, must be at most the threshold
+    residuals = iter([5.0, 4.0, 1.0, 1.0])
+    monkeypatch.setattr(PushTracker, "residual", lambda self, previous, frames, actions: next(residuals))
+    result = closed_loop(_Flicker(pusher_env, [True] * 4), _Believer(), seed=5, max_windows=4, observe="model",
+                         stop_rule=SelectiveRule(consistency_max=3.0))
+    assert (result.episode.windows, result.stop) == (3, "claimed_success")
+    assert [t["consistency"] for t in result.window_trust] == [5.0, 4.0, 1.0]
+
+
+def test_the_selective_stop_refuses_a_rule_it_cannot_apply(pusher_env):
+    from worldstep.trust import SelectiveRule
+
+    cases = [({"stop_rule": SelectiveRule(agreement_min=1.0)}, "agreement_min"),
+             ({"stop_rule": SelectiveRule(horizon_max=1.0)}, "trained_horizon=None"),
+             ({"stop_rule": SelectiveRule(), "observe": "simulator"}, "observe='simulator'"),
+             ({"stop_rule": SelectiveRule(), "trained_horizon": 0}, "trained_horizon=0")]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            closed_loop(pusher_env, _Believer(), seed=5, max_windows=1, **{"observe": "model", **kwargs})
+    with pytest.raises(TypeError, match="stop_rule"):
+        closed_loop(pusher_env, _Believer(), seed=5, max_windows=1, stop_rule={"persistence_min": 2})

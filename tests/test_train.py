@@ -103,7 +103,9 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     assert len(losses) >= 30
     assert np.mean(losses[-8:]) < 0.8 * np.mean(losses[:5])
 
-    assert json.loads((path / "worldstep.json").read_text())["config"] == "pusher"  # run settings of the folder
+    meta = json.loads((path / "worldstep.json").read_text())
+    assert meta["config"] == "pusher"  # run settings of the folder
+    assert meta["trained_horizon_windows"] == 2  # --windows: what the training clips cover (the trust horizon)
     world = Cosmos3WorldModel.from_pretrained(path, device="cpu", page_size=4, num_pages=256)
     assert (world.spec.height, world.spec.width) == (64, 64)
     obs, _ = PushSimEnv().reset(seed=0)
@@ -116,6 +118,7 @@ def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
     # a snapshot export of the same run carries the same weights
     snap = main(["--out", str(out), "--small", "--export-only", str(tmp_path / "snap")])
     again = Cosmos3WorldModel.from_pretrained(snap, device="cpu", page_size=4, num_pages=64)
+    assert json.loads((snap / "worldstep.json").read_text())["trained_horizon_windows"] == 2
     for a, b in zip(world.transformer.parameters(), again.transformer.parameters()):
         torch.testing.assert_close(a, b)
 
@@ -238,3 +241,18 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch, leve
             lead = 1 if w == 0 else 0
             torch.testing.assert_close(pred[0, :, w:w + 1], velocity[:, lead:], atol=2e-5, rtol=1e-4)
     assert world.live_sessions == 0
+
+
+def test_a_fine_tune_records_the_longer_of_its_own_rollouts_and_its_init_s_horizon(tmp_path):
+    from types import SimpleNamespace
+
+    from worldstep.train.self_forcing import trained_horizon
+
+    (tmp_path / "worldstep.json").write_text(json.dumps({"trained_horizon_windows": 8}))
+    run = tmp_path / "run"
+    assert trained_horizon(SimpleNamespace(own_windows=16, init_from=str(tmp_path), out=str(run))) == 16
+    assert trained_horizon(SimpleNamespace(own_windows=4, init_from=str(tmp_path), out=str(run))) == 8
+    assert trained_horizon(SimpleNamespace(own_windows=4, init_from=str(tmp_path / "none"), out=str(run))) == 4
+    run.mkdir()
+    (run / "args.json").write_text(json.dumps({"own_windows": 12}))  # an export of a run: the run's own flag
+    assert trained_horizon(SimpleNamespace(own_windows=4, init_from=str(tmp_path), out=str(run))) == 12

@@ -182,3 +182,91 @@ def test_signals_on_the_pusher_model_with_forks_that_share_the_past():
         assert len(model.scheduler.sessions()) == 1  # every fork closed after its window
     finally:
         wrapped.close()
+
+
+def test_the_trained_horizon_comes_from_the_config_else_the_checkpoint_else_none(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from worldstep.config import load_config
+    from worldstep.trust import trained_horizon_for
+
+    shipped = Path(__file__).parents[1] / "configs" / "models" / "pusher"
+    assert trained_horizon_for("pusher") == 8 == trained_horizon_for(str(shipped))  # embedded and a folder
+    assert trained_horizon_for("tiny") is None  # none by default
+    assert trained_horizon_for(load_config("tiny").with_overrides(trained_horizon=6)) == 6  # set where none is
+    assert trained_horizon_for(load_config("pusher").with_overrides(**{"model.trained_horizon": 12})) == 12
+    folder = tmp_path / "ckpt"
+    shutil.copytree(shipped, folder, ignore=shutil.ignore_patterns("transformer", "vae"))  # metadata is enough
+    meta = json.loads((folder / "worldstep.json").read_text())
+    del meta["trained_horizon_windows"]
+    (folder / "worldstep.json").write_text(json.dumps(meta))
+    assert trained_horizon_for(str(folder)) is None
+    (folder / "worldstep.json").write_text(json.dumps({**meta, "trained_horizon_windows": 0}))
+    with pytest.raises(ValueError, match="trained_horizon_windows=0"):
+        trained_horizon_for(str(folder))
+    for bad in (0, 2.5, "8", True):
+        with pytest.raises(ValueError, match="model.trained_horizon"):
+            load_config("pusher").with_overrides(trained_horizon=bad)
+
+
+def test_make_env_with_trust_picks_up_the_model_s_trained_horizon():
+    import worldstep
+
+    env = worldstep.make_env("pusher", num_steps=1, max_windows=2, trust={"tracker": PushTracker()})
+    try:
+        env.reset(seed=20_000_000)
+        trust = env.step(PUSH)[4]["trust"]
+        assert trust.horizon == 1 / 8 and trust.consistency is not None
+    finally:
+        env.close()
+    env = gym.make("worldstep/Pusher-v0", num_steps=1, trust=True, trained_horizon=4)  # the config key wins
+    try:
+        env.reset(seed=20_000_000)
+        assert env.step(PUSH)[4]["trust"].horizon == 1 / 4
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="trust="):
+        worldstep.make_env("tiny", trust="yes")
+    with pytest.raises(TypeError, match="bogus"):
+        worldstep.make_env("tiny", trust={"bogus": 1})
+
+
+def test_vector_trust_per_row_equals_the_single_env_wrapper_and_restarts_at_autoreset():
+    from worldstep.trust.vector import TrustSignalsVectorWrapper
+
+    scripts = [[False, True, True, True], [False, False, True, False, False, False, False, False]]
+    vec = TrustSignalsVectorWrapper(gym.vector.SyncVectorEnv([lambda s=s: ScriptedWorld(s) for s in scripts]),
+                                    trained_horizon=2, tracker=PushTracker())
+    vec.reset(seed=[3, 4])
+    rows = [[], []]
+    for _ in range(4):
+        _, _, terminated, _, info = vec.step(np.stack([PUSH, PUSH]))
+        for i in range(2):
+            rows[i].append(info["trust"][i] if info["_trust"][i] else None)
+    for i, script in enumerate(scripts):
+        single = TrustSignalsWrapper(ScriptedWorld(script), trained_horizon=2, tracker=PushTracker())
+        single.reset(seed=3 + i)
+        expected = [single.step(PUSH)[4]["trust"] for _ in range(script.index(True) + 1)]  # to its end (success)
+        assert rows[i][: len(expected)] == expected
+    # row 0 ended at window 2: window 3 was its reset (no signals), window 4 the new episode's first
+    assert rows[0][2] is None and rows[0][3].window == 1 and rows[0][3].persistence == 0
+    assert rows[1][2].persistence == 1 and rows[1][3] is None
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        TrustSignalsVectorWrapper(gym.vector.SyncVectorEnv([lambda: ScriptedWorld([True])],
+                                                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    with pytest.raises(TypeError, match="VectorEnv"):
+        TrustSignalsVectorWrapper(ScriptedWorld([True]))
+
+
+def test_gym_make_vec_with_trust_gives_each_row_its_signals():
+    env = gym.make_vec("worldstep/Pusher-v0", num_envs=2, vectorization_mode="vector_entry_point", num_steps=1,
+                       trust={"tracker": PushTracker()})
+    try:
+        env.reset(seed=[20_000_000, 20_000_001])
+        _, _, _, _, info = env.step(np.stack([PUSH, PUSH]))
+        assert info["_trust"].tolist() == [True, True]
+        assert [t.horizon for t in info["trust"]] == [1 / 8, 1 / 8]
+        assert all(t.consistency is not None for t in info["trust"])
+    finally:
+        env.close()

@@ -3,7 +3,7 @@
 A report states figures that a reader must be able to reproduce, and a sealed range can be read only once,
 so the report records exactly which code and checkpoint produced it: the git commit and whether the tree
 had uncommitted changes, a SHA-256 over the files of the code that decides the figures (`sdk/fidelity`,
-`sdk/planning.py`, `sdk/train`) and over the checkpoint folder, the seed range and the command line.
+`sdk/planning.py`, `sdk/train`, `sdk/trust`) and over the checkpoint folder, the seed range and the command line.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from .seeds import split_range
 
 SDK = Path(__file__).resolve().parents[1]  # the `worldstep` package folder (sdk/ in the repository)
-CODE = ("fidelity", "planning.py", "train")
+CODE = ("fidelity", "planning.py", "train", "trust")
 
 
 def tree_sha256(paths: list[Path], root: Path) -> str:
@@ -37,6 +37,11 @@ def _git(*argv: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def code_state() -> dict[str, Any]:
+    """The commit and the hash of the code that decides the figures: what a resumed stretch must still run."""
+    return {"git_commit": _git("rev-parse", "HEAD"), "code_sha256": tree_sha256([SDK / c for c in CODE], SDK)}
 
 
 def provenance(checkpoint: Path, split: str, argv: list[str] | None) -> dict[str, Any]:

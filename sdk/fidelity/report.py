@@ -122,7 +122,8 @@ class FidelityArgs:
     continue_windows: int = flag("trust study: model episodes go on this many windows past their first success "
                                  "(recorded as `continued`; the outcome stays the stop's)", default=0)
     rule: str | None = flag("a frozen selective rule (rule.json of `worldstep.fidelity.trust_study`): the policies "
-                             "section adds the rule's claims; its sha256 goes into the provenance", default=None)
+                             "section adds the rule's claims, the model-loop planner stops on them (the selective "
+                             "stop); its sha256 goes into the provenance", default=None)
     paired: int = flag("prediction-powered rates: each policy's first n episodes are paired (model and simulator "
                        "from the same start), the rest model-only (0: none)", default=0)
     agreement_forks: int = flag("trust study: forks of each model episode's session with other noise seeds, "
@@ -218,8 +219,11 @@ def _planner_runs(args: FidelityArgs) -> list[tuple[str, int | None]]:
 
 
 def _planner_tasks(args: FidelityArgs, seeds: list[int], group: int = 10) -> list:
+    """With `--rule`, the model loops stop on the rule's claim (the selective stop), the simulator loop as before."""
+    rule = None if args.rule is None else load_rule(args.rule)
     return [PlannerTask(args.base_policy, args.candidates, tuple(seeds[s:s + group]), args.policy_windows, observe,
-                        anchor, args.plan_horizon, args.plan_forks, args.confirm_windows)
+                        anchor, args.plan_horizon, args.plan_forks, args.confirm_windows,
+                        rule if observe == "model" else None)
             for observe, anchor in _planner_runs(args) for s in range(0, len(seeds), group)]
 
 
@@ -274,7 +278,8 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
     base_loop = outcome_table(model_runs, [args.base_policy], seeds, "replay_success")[0]
     section = {"base_policy": args.base_policy, "candidates": args.candidates, "episodes": len(seeds),
                "max_windows": args.policy_windows, "horizon": args.plan_horizon, "forks": args.plan_forks,
-               "confirm_windows": args.confirm_windows, "anchored": {}}
+               "confirm_windows": args.confirm_windows, "anchored": {},
+               "stop_rule_sha256": _stop_rule_sha256(results)}
     for observe, anchor in _planner_runs(args):
         by_seed = {r.episode.seed: r for r in results if r.observe == observe and r.anchor_every == anchor}
         planner = np.array([by_seed[s].sim_success for s in seeds])
@@ -293,6 +298,14 @@ def _planning_section(results: list, episodes: list, seeds: list[int], args: Fid
         else:
             section["anchored"][str(anchor)] = entry
     return section
+
+
+def _stop_rule_sha256(results: list) -> str | None:
+    """The one rule the model loops stopped on (None: the streak alone); ValueError when they disagree."""
+    hashes = {r.stop_rule_sha256 for r in results if r.observe == "model"}
+    if len(hashes) > 1:
+        raise ValueError(f"planner records stopped on {len(hashes)} rules ({sorted(map(str, hashes))}); allowed: one")
+    return next(iter(hashes), None)
 
 
 def _by_confirm_windows(results: list, confirm_windows: int, base_sim: np.ndarray) -> dict[str, Any]:
@@ -378,8 +391,10 @@ def _targets(open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
     if open_loop is not None:
         out.update(_open_loop_targets(open_loop))
     if "model" in planning:
-        lift = planning["model"]["lift"]
-        out["planning_lift_model_loop"] = _target(lift, "ci95 low > 0", lift["ci95"][0] > 0)
+        lift, rule = planning["model"]["lift"], planning.get("stop_rule_sha256")
+        stop = f"stopping on rule {rule[:12]} (the selective stop)" if rule else "stopping on the streak"
+        out["planning_lift_model_loop"] = _target(lift, f"ci95 low > 0, the model loop {stop}", lift["ci95"][0] > 0,
+                                                  stop_rule_sha256=rule)
     if "simulator" in planning:  # reported beside, not a target
         out["planning_lift_mpc_on_simulator"] = {**planning["simulator"]["lift"], "target": "reported",
                                                  "met": None}
@@ -421,6 +436,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     episode_tasks = _episode_tasks(args, episode_seeds, len(graded_policies())) if "policies" in args.sections else []
     plan_seeds = episode_seeds[: args.plan_episodes]
     plan_tasks = _planner_tasks(args, plan_seeds) if "planning" in args.sections and plan_seeds else []
+    _check_stop_rule(plan_tasks, path)
     journal = Journal(out, _journal_settings(args, path), args.resume)
     deadline = time.monotonic() + 60 * args.stop_after_minutes if args.stop_after_minutes else None
     try:
@@ -454,12 +470,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
+def _check_stop_rule(plan_tasks: list, checkpoint: Path) -> None:
+    """Refuse, before any work, a selective stop that needs a trained horizon the checkpoint does not record."""
+    from ..trust.signals import trained_horizon_for
+
+    rules = {t.stop_rule for t in plan_tasks if t.stop_rule is not None}
+    if any(r.horizon_max is not None for r in rules) and trained_horizon_for(checkpoint) is None:
+        raise ValueError(f"--rule is invalid for checkpoint {str(checkpoint)!r}: the rule's horizon_max needs the "
+                         "checkpoint's trained horizon (trained_horizon_windows in its worldstep.json); allowed: a "
+                         "checkpoint that records it, or a rule without horizon_max")
+
+
 # Arguments a resumed run may change: they set how this stretch runs or what is drawn, not what is computed.
 STRETCH_ARGS = ("out", "workers", "resume", "stop_after_minutes", "sections", "video_clips", "paired", "rule")
 
 
 def _journal_settings(args: FidelityArgs, checkpoint: Path) -> dict[str, Any]:
-    from .provenance import tree_sha256
+    """What decides the results: the arguments, the rule's thresholds (the planner stops on them), the weights, and
+    the commit and code the run started at (a stretch at another commit, or with edited code, is refused)."""
+    from .provenance import code_state, tree_sha256
 
     kept = {k: v for k, v in asdict(args).items() if k not in STRETCH_ARGS}
-    return {**kept, "checkpoint_sha256": tree_sha256([checkpoint], checkpoint)}
+    return {**kept, "checkpoint_sha256": tree_sha256([checkpoint], checkpoint),
+            "rule_sha256": None if args.rule is None else load_rule(args.rule).sha256, **code_state()}

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from ..planning import ModelPredictivePlanner, closed_loop
+from ..trust.rule import SelectiveRule
+from ..trust.signals import trained_horizon_for
 from .journal import Journal, StretchSpent
 from .policies import graded_policies
 from .rollouts import RolloutRecipe, model_episodes, open_loop
@@ -117,7 +119,8 @@ class EpisodesTask:
 
 @dataclass(frozen=True)
 class PlannerTask:
-    """Closed-loop planner episodes (`worldstep.planning`) proposing from graded policy `base`."""
+    """Closed-loop planner episodes (`worldstep.planning`) proposing from graded policy `base`; a model loop with
+    `stop_rule` stops on the selective judge's claim (the checkpoint's trained horizon), not the streak alone."""
 
     base: str
     candidates: int
@@ -128,13 +131,16 @@ class PlannerTask:
     horizon: int = 2
     forks: int = 2
     confirm_windows: int = 1
+    stop_rule: SelectiveRule | None = None
 
     def run(self, worker: Worker) -> list:
         policies = {p.name: p for p in graded_policies(worker.recipe.chunk_size)}
         planner = ModelPredictivePlanner(worker.env, copy.deepcopy(policies[self.base]), self.candidates,
                                          horizon=self.horizon, forks=self.forks)
+        horizon = None if self.stop_rule is None else trained_horizon_for(worker.path)
         return [closed_loop(worker.env, planner, seed=seed, max_windows=self.max_windows, observe=self.observe,
-                            anchor_every=self.anchor_every, confirm_windows=self.confirm_windows)
+                            anchor_every=self.anchor_every, confirm_windows=self.confirm_windows,
+                            stop_rule=self.stop_rule, trained_horizon=horizon)
                 for seed in self.seeds]
 
 

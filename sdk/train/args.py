@@ -164,3 +164,12 @@ def check_resume_args(args: TrainArgs, saved: dict[str, Any]) -> None:
         spelled = ", ".join(f"--{k.replace('_', '-')} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
         raise ValueError(f"--resume with changed arguments ({spelled}); allowed: the run's own arguments, except "
                          f"{', '.join('--' + k.replace('_', '-') for k in STRETCH_ARGS)}")
+
+
+def run_value(args: TrainArgs, name: str) -> Any:
+    """`name` as the run in `args.out` was started with (its `args.json`), else `args`'s: an `--export-only` call
+    need not repeat the run's flags for the export to describe the run."""
+    import json
+
+    saved = Path(args.out) / "args.json"
+    return json.loads(saved.read_text()).get(name, getattr(args, name)) if saved.is_file() else getattr(args, name)

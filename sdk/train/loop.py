@@ -15,7 +15,7 @@ from tqdm import tqdm
 from worldstep.fidelity.metrics import psnr
 from worldstep.fidelity.seeds import DAGGER
 
-from .args import TrainArgs, check_resume_args, parse_args
+from .args import TrainArgs, check_resume_args, parse_args, run_value
 from .dagger import model_loop_clips
 from .data import (
     CLIP_KINDS,
@@ -218,7 +218,8 @@ def export_snapshot(args: TrainArgs, target: Path) -> Path:
     transformer = make_transformer(t_arch, args.seed + 2)
     transformer.load_state_dict(torch.load(out / "dyn_state.pt", weights_only=False)["ema"])
     tokenizer = build_tokenizer(int(t_arch["vocab_size"]))
-    return export_checkpoint(target, transformer.eval(), vae.eval(), tokenizer)
+    return export_checkpoint(target, transformer.eval(), vae.eval(), tokenizer,
+                             trained_horizon=run_value(args, "windows"))
 
 
 def _head(clips: ClipSet, count: int) -> ClipSet:
@@ -342,6 +343,6 @@ def _run(args: TrainArgs, out: Path, log: RunLog, stretch: Stretch, build_tokeni
                                  out, max(remaining, 1.0), cells, stretch)
 
     # export
-    path = export_checkpoint(out / "checkpoint", transformer, vae, tokenizer)
+    path = export_checkpoint(out / "checkpoint", transformer, vae, tokenizer, trained_horizon=args.windows)
     log.write(event="exported", path=str(path), seconds=time.perf_counter() - start)
     return path

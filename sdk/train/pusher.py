@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
+from ..trust.signals import HORIZON_KEY
 from .vae import VAE_ARCH
 
 TRANSFORMER_ARCH: dict[str, Any] = {
@@ -67,8 +68,9 @@ def make_transformer(arch: dict[str, Any], seed: int):
     return Cosmos3OmniTransformer(**arch)
 
 
-def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
-    """Write the diffusers layout `Cosmos3WorldModel.from_pretrained` reads, plus `worldstep.json`."""
+def export_checkpoint(path: Path, transformer, vae, tokenizer, *, trained_horizon: int) -> Path:
+    """Write the diffusers layout `Cosmos3WorldModel.from_pretrained` reads, plus `worldstep.json`, which records
+    `trained_horizon` (the windows the training clips cover: the `horizon` trust signal, `worldstep.trust`)."""
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
     from worldstep.engine.models.cosmos3.checkpoint import SCHEDULER_CONFIG
 
@@ -80,6 +82,7 @@ def export_checkpoint(path: Path, transformer, vae, tokenizer) -> Path:
     pipeline.save_pretrained(path, safe_serialization=True)
     (path / "worldstep.json").write_text(json.dumps({"height": SIZE, "width": SIZE, "fps": FPS,
                                                      "prompt": PROMPT, "domain_id": DOMAIN_ID,
-                                                     "config": "pusher", "builtin_embodiments": False,
+                                                     HORIZON_KEY: int(trained_horizon), "config": "pusher",
+                                                     "builtin_embodiments": False,
                                                      "embodiments": [EMBODIMENT]}, indent=2))  # run settings
     return path

@@ -241,7 +241,8 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
         """(round r, the replay's moving cells, the re-anchored targets' moving cells or None)."""
         source = init
         if r > 0 and not (out / f"own_round{r}.pt").exists():  # the weights reached so far make the round
-            source = export_checkpoint(out / "round_checkpoint", copy.deepcopy(ft.ema).eval(), vae, tokenizer)
+            source = export_checkpoint(out / "round_checkpoint", copy.deepcopy(ft.ema).eval(), vae, tokenizer,
+                                       trained_horizon=trained_horizon(args))
         data = rollouts(f"own_round{r}", source, DAGGER.seeds(args.own_rollouts, ROUND_OFFSET + r * args.own_rollouts))
         cells = clip_cells(data.clips, len(data.own), tuple(data.true.shape[-2:]))
         moved = None if data.anchors is None else anchored_cells(data.clips, data.anchors, cells, chunk)
@@ -276,7 +277,16 @@ def fine_tune(args, out: Path, log, stretch, build_tokenizer) -> Path:
     bar.close()
     save_state(state_path, ft.state())
     log.write(phase="self_forcing", event="done", **ft.held_loss(held), time=time.time())
-    return export_checkpoint(out / "checkpoint", ft.ema.eval(), vae, tokenizer)
+    return export_checkpoint(out / "checkpoint", ft.ema.eval(), vae, tokenizer, trained_horizon=trained_horizon(args))
+
+
+def trained_horizon(args) -> int:
+    """The fine-tune's trained horizon: the longer of its own rollouts (`--own-windows`) and what the
+    `--init-from` checkpoint records (its clips)."""
+    from ..trust.signals import trained_horizon_of
+    from .args import run_value
+
+    return max(run_value(args, "own_windows"), trained_horizon_of(args.init_from) or 0)
 
 
 def export_snapshot(args, target: Path, build_tokenizer) -> Path:
@@ -292,4 +302,4 @@ def export_snapshot(args, target: Path, build_tokenizer) -> Path:
     transformer.load_state_dict(torch.load(state, weights_only=False)["ema"])
     vae = AutoencoderKLWan.from_pretrained(init / "vae")
     tokenizer = build_tokenizer(int(transformer.config.vocab_size))
-    return export_checkpoint(target, transformer.eval(), vae.eval(), tokenizer)
+    return export_checkpoint(target, transformer.eval(), vae.eval(), tokenizer, trained_horizon=trained_horizon(args))

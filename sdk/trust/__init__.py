@@ -5,8 +5,10 @@ from .inverse_dynamics import CosmosInverseDynamics, InverseDynamicsTracker
 from .ppi import PPIRate, ppi_rate
 from .rule import SelectiveRule
 from .selective import SelectiveJudge
-from .signals import TrustSignals, TrustSignalsWrapper, trained_horizon_of
+from .signals import TrustSignals, TrustSignalsWrapper, trained_horizon_for, trained_horizon_of
 from .trackers import PushTracker, Tracker
+from .vector import TrustSignalsVectorWrapper
 
 __all__ = ["CosmosInverseDynamics", "InverseDynamicsTracker", "PPIRate", "PushTracker", "SelectiveJudge",
-           "SelectiveRule", "Tracker", "TrustSignals", "TrustSignalsWrapper", "ppi_rate", "trained_horizon_of"]
+           "SelectiveRule", "Tracker", "TrustSignals", "TrustSignalsVectorWrapper", "TrustSignalsWrapper", "ppi_rate",
+           "trained_horizon_for", "trained_horizon_of"]

@@ -41,10 +41,35 @@ class TrustSignals:
 
 
 def trained_horizon_of(checkpoint: str | os.PathLike) -> int | None:
-    """The trained horizon (windows) a checkpoint folder's `worldstep.json` records, or None."""
+    """The trained horizon (windows) a checkpoint folder's `worldstep.json` records, or None; a recorded value that
+    is no int >= 1 is a ValueError naming the file and key."""
     meta = Path(checkpoint) / "worldstep.json"
     value = json.loads(meta.read_text()).get(HORIZON_KEY) if meta.is_file() else None
-    return None if value is None else int(value)
+    if value is not None:
+        _check_positive_int(f"{meta}: {HORIZON_KEY}", value)
+    return value
+
+
+def trained_horizon_for(model: Any) -> int | None:
+    """The trained horizon of `model`: a `World` or `WorldstepConfig` (its `model.trained_horizon` when set, else what
+    its checkpoint's `worldstep.json` records, shipped `embedded:` weights included), a shipped config name or a
+    .yaml (the same), or a checkpoint folder (its `worldstep.json`); None when none is known. Reads no weights."""
+    from ..config import load_config
+
+    config = getattr(model, "config", model)  # a World carries its config
+    if isinstance(config, (str, os.PathLike)):
+        if Path(config).is_dir():
+            return trained_horizon_of(config)
+        config = load_config(config)
+    section = config.model
+    if section.trained_horizon is not None:
+        return section.trained_horizon
+    folder = Path(section.checkpoint)
+    if section.embedded_name is not None:
+        from importlib.resources import files
+
+        folder = Path(str(files("worldstep.configs") / "models" / section.embedded_name))  # shipped weights
+    return trained_horizon_of(folder) if folder.is_dir() else None
 
 
 def _check_positive_int(name: str, value: Any, allow_zero: bool = False) -> None:
