@@ -3,6 +3,8 @@ fit, and the harness's prediction-powered rates."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from worldstep.episodes import EpisodeResult
@@ -152,3 +154,41 @@ def test_with_a_rule_the_model_loop_planner_stops_on_it(tmp_path):
     horizon.write_text(json.dumps({**horizon_rule.to_dict(), "sha256": horizon_rule.sha256}))
     with pytest.raises(ValueError, match="trained horizon"):  # the tiny random checkpoint records none
         main([*argv[:-4], "--rule", str(horizon), "--out", str(tmp_path / "h")])
+
+
+def _outcome(seed: int, success_at: int) -> EpisodeOutcome:
+    """A model episode whose frames show success from window `success_at` on, confirmed by its replay."""
+    rows = [_window([40.0, 40.0], w >= success_at, w >= success_at) for w in range(1, success_at + 1)]
+    return EpisodeOutcome(EpisodeResult(index=0, seed=seed, windows=success_at, success=True), "expert", True,
+                          [STILL] * success_at, "success", rows)
+
+
+def test_the_selective_section_reads_the_horizon_it_is_given(monkeypatch):
+    from worldstep.fidelity import trust_study
+
+    monkeypatch.setattr(trust_study, "first_detections", lambda seed: FIRST)
+    late = [_outcome(1, 6)]  # success at window 6: past a 4-window horizon, within an 8-window one
+    rule = SelectiveRule(horizon_max=1.0)
+    assert trust_study.selective_section(late, rule, 16, trained_horizon=8)["at_rule"]["claimed"] == 1
+    assert trust_study.selective_section(late, rule, 16, trained_horizon=4)["at_rule"]["claimed"] == 0
+    with pytest.raises(ValueError, match="horizon_max needs the checkpoint's trained horizon"):
+        trust_study.selective_section(late, rule, 16, trained_horizon=None)
+    assert trust_study.selective_section(late, SelectiveRule(), 16, trained_horizon=None)["at_rule"]["claimed"] == 1
+
+
+@dataclass(frozen=True)
+class Task:
+    """A journal task (a key hashed from its fields)."""
+
+    seed: int
+
+
+def test_a_study_reads_the_episodes_of_a_stretch_cut_short(tmp_path):
+    from worldstep.fidelity.journal import Journal
+    from worldstep.fidelity.trust_study import model_outcomes
+
+    journal = Journal(tmp_path, {"split": "validation"}, resume=False)
+    journal.put(Task(2), [_outcome(2, 3)])
+    journal.put(Task(1), [_outcome(1, 2), EpisodeOutcome(EpisodeResult(index=0, seed=1), "expert", None)])
+    found = model_outcomes(tmp_path)  # no records/ yet: what the journal holds, model episodes only, by seed
+    assert [(o.episode.seed, o.episode.windows) for o in found] == [(1, 2), (2, 3)]

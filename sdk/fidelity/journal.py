@@ -96,12 +96,13 @@ class Journal:
         return self._path(task).exists()
 
     def get(self, task: Any) -> Any:
-        path = self._path(task)
-        data = json.loads(path.read_text())
-        if not data["arrays"]:
-            return _decode(data["result"], {})
-        with np.load(path.with_suffix(".npz")) as arrays:
-            return _decode(data["result"], arrays)
+        return _read(self._path(task))
+
+    @staticmethod
+    def results(out: Path) -> list[Any]:
+        """Every result a journal under `out` holds, in file order, without knowing the tasks (a study reads a
+        stretch cut short)."""
+        return [_read(f) for f in sorted((Path(out) / FOLDER).glob("*.json")) if f.name != "run.json"]
 
     def put(self, task: Any, result: Any) -> None:
         path, arrays = self._path(task), []
@@ -114,3 +115,11 @@ class Journal:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)  # written last: a kill mid-write leaves no half result behind
+
+
+def _read(path: Path) -> Any:
+    data = json.loads(path.read_text())
+    if not data["arrays"]:
+        return _decode(data["result"], {})
+    with np.load(path.with_suffix(".npz")) as arrays:
+        return _decode(data["result"], arrays)

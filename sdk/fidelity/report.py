@@ -265,7 +265,10 @@ def _policy_section(episodes: list, seeds: list[int], args: FidelityArgs, chunk:
     section = policy_report(sim, model, [p.name for p in policies], FLOOR, seeds, max_windows=args.policy_windows)
     section["max_windows"] = args.policy_windows
     if args.rule is not None:
-        section["selective"] = selective_section(model, load_rule(args.rule), args.policy_windows)
+        from ..trust.signals import trained_horizon_for
+
+        horizon = trained_horizon_for(Path(args.checkpoint)) if args.checkpoint else None
+        section["selective"] = selective_section(model, load_rule(args.rule), args.policy_windows, horizon)
     if args.paired:
         section["corrected"] = corrected_section(sim, model, [p.name for p in policies], FLOOR, seeds, args.paired)
     return section

@@ -16,7 +16,6 @@ import argparse
 import gzip
 import itertools
 import json
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from ..flags import flag, int_at_least, parse_flags
 from ..trust.rule import SelectiveRule
 from ..trust.signals import TrustSignals
 from ..trust.trackers import block_residual
+from .journal import Journal
 from .policies import FLOOR
 from .records import read_records
 from .rollouts import EpisodeOutcome
@@ -123,8 +123,9 @@ def model_outcomes(run: Path) -> list[EpisodeOutcome]:
             return [EpisodeOutcome.from_record(json.loads(line), i) for i, line in enumerate(f) if line.strip()]
     if any((run / "records" / name).exists() for name in ("episodes.jsonl", "episodes.jsonl.gz")):
         return [o for o in read_records(run).episodes if o.replay_success is not None]
-    parts = [pickle.loads(f.read_bytes()) for f in sorted((run / "journal").glob("*.pkl"))]
-    found = [o for part in parts if isinstance(part, list) for o in part if isinstance(o, EpisodeOutcome)]
+    parts = Journal.results(run)
+    found = [o for part in parts if isinstance(part, list) for o in part
+             if isinstance(o, EpisodeOutcome) and o.replay_success is not None]
     return sorted(found, key=lambda o: (o.episode.seed, o.policy))
 
 
@@ -199,9 +200,15 @@ def load_rule(path: str | Path) -> SelectiveRule:
     return rule
 
 
-def selective_section(model_runs: list[EpisodeOutcome], rule: SelectiveRule, max_windows: int) -> dict[str, Any]:
-    """The frozen rule's figures on a run's model episodes (graded policies), beside the as-reported ones."""
-    episodes = study_episodes(model_runs, TRAINED_HORIZON)
+def selective_section(model_runs: list[EpisodeOutcome], rule: SelectiveRule, max_windows: int,
+                      trained_horizon: int | None) -> dict[str, Any]:
+    """The frozen rule's figures on a run's model episodes (graded policies), beside the as-reported ones; the
+    horizon signal is the window over the checkpoint's `trained_horizon`."""
+    if rule.horizon_max is not None and trained_horizon is None:
+        raise ValueError("--rule is invalid: its horizon_max needs the checkpoint's trained horizon "
+                         "(trained_horizon_windows in its worldstep.json); allowed: a checkpoint that records it, "
+                         "or a rule without horizon_max")
+    episodes = study_episodes(model_runs, trained_horizon)
     return {"at_rule": rule_stats(rule, episodes, max_windows),
             "as_reported": rule_stats(SelectiveRule(), episodes, max_windows)}
 
