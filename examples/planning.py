@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import worldstep
-from worldstep.fidelity.policies import graded_policies
+from worldstep.envs.push_policies import graded_policies
 from worldstep.fidelity.seeds import VALIDATION
 from worldstep.flags import parse_flags
 from worldstep.planning import ModelPredictivePlanner, closed_loop

@@ -41,7 +41,7 @@ from worldstep.envs.video import frame_fps, video_writer
 from worldstep.envs.wrappers import fork_env
 
 from .episodes import EpisodeResult
-from .fidelity.metrics import spearman
+from .measures.ranks import spearman
 from .policies import Policy, as_policy
 from .truth import side_by_side
 

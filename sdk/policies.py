@@ -17,8 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from gymnasium import spaces
+from worldstep.envs.push_policies import PixelPushPolicy
 
-from .fidelity.policies import PixelPushPolicy
 from .user_policy import is_user_spec, load_user_policy
 
 __all__ = ["FunctionPolicy", "PerStepPolicy", "Policy", "RandomPolicy", "ReplayPolicy", "SinePolicy", "as_policy",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from worldstep.envs.push_policies import IdlePolicy, PixelPushPolicy
 from worldstep.envs.push_sim import PushSimEnv, render_state
-from worldstep.fidelity.metrics import object_errors, pearson, psnr, spearman, ssim
-from worldstep.fidelity.policies import IdlePolicy, PixelPushPolicy
+from worldstep.fidelity.openloop import object_errors
 from worldstep.fidelity.rollouts import sim_episodes
+from worldstep.measures.frames import psnr, ssim
+from worldstep.measures.ranks import pearson, spearman
 from worldstep.train.data import generate_clips, rollout_states
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 FIRST = ("worldstep.train.data", "worldstep.train", "worldstep.planning", "worldstep.truth", "worldstep.policies",
-         "worldstep.fidelity.policies", "worldstep.fidelity.openloop", "worldstep.fidelity.records",
+         "worldstep.envs.push_policies", "worldstep.fidelity.openloop", "worldstep.fidelity.records",
          "worldstep.fidelity.tasks", "worldstep.fidelity.report")
 
 REEXPORT = """

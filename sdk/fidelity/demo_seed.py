@@ -17,8 +17,8 @@ import gymnasium as gym
 import numpy as np
 
 from ..flags import flag, parse_flags, positive_int
+from ..measures.intervals import rate_dict
 from .seeds import VALIDATION
-from .stats import rate_dict
 
 
 @dataclass

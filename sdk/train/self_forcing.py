@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
-from worldstep.fidelity.policies import FLOOR, PixelPushPolicy, graded_policies
+from worldstep.envs.push_policies import FLOOR, PixelPushPolicy, graded_policies
 from worldstep.fidelity.seeds import DAGGER
 
 from .dagger import model_loop
