@@ -122,8 +122,8 @@ PUSHER_BOUND_DB = 0.15
 
 def test_pusher_replay_equals_the_fidelity_harness(tmp_path):
     import worldstep
+    from worldstep.fidelity.lerobot_export import PROMPT, export_pushsim
     from worldstep.fidelity.openloop import held_out, per_window, score_frames
-    from worldstep.lerobot.pushsim_export import PROMPT, export_pushsim
     from worldstep.recipes.open_loop import RolloutRecipe, open_loop
 
     root, seeds = export_pushsim(tmp_path / "push", 3, 8, crf=0, pix_fmt="yuv444p")
@@ -147,8 +147,8 @@ def test_pusher_replay_of_expert_episodes_equals_the_harness_on_their_actions(tm
     """PushSim's pixel expert from validation episode seeds, exported and replayed: the harness's open-loop
     rollout and PSNR on the same first frames, actions and noise seeds agree within the same bound."""
     import worldstep
+    from worldstep.fidelity.lerobot_export import PROMPT, expert_episode, export_pushsim
     from worldstep.fidelity.openloop import per_window
-    from worldstep.lerobot.pushsim_export import PROMPT, expert_episode, export_pushsim
     from worldstep.recipes.open_loop import RolloutRecipe, open_loop
 
     root, seeds = export_pushsim(tmp_path / "expert", 2, 8, crf=0, pix_fmt="yuv444p", source="expert")
