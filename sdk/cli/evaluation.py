@@ -76,7 +76,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "--batched; allowed: an eval that steps one episode at a time")
     ray = {"backend": "ray", "ray_address": args.ray_address, "num_workers": args.workers} if args.ray else {}
     if args.ray:  # the actors load the model; the driver needs only its config
-        from ..distributed import driver_target
+        from ..evaluation.distributed import driver_target
 
         target, shape = driver_target(config)
     else:

@@ -35,7 +35,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from worldstep.envs.push_policies import graded_policies
 
-    from ..distributed import action_shape
+    from ..evaluation.distributed import action_shape
     from ..planning import BlockToGoal, ModelPredictivePlanner, closed_loop
     from ..policies import make_policy
     from ..user_policy import is_user_spec
