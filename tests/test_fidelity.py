@@ -175,8 +175,8 @@ def test_report_arguments_are_checked(tmp_path, capsys):
 
 
 def test_demo_seed_rule_runs_the_demo_command_on_validation_seeds(tmp_path):
+    from worldstep.envs.push_seeds import VALIDATION
     from worldstep.fidelity.demo_seed import main as demo_seed
-    from worldstep.fidelity.seeds import VALIDATION
 
     result = demo_seed(["--seeds", "2", "--windows", "1", "--out", str(tmp_path / "demo.json")])
     saved = json.loads((tmp_path / "demo.json").read_text())

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from worldstep.envs.push_policies import FLOOR, graded_policies
+from worldstep.envs.push_seeds import DAGGER, READ_TESTS, SEALED_TEST, VALIDATION, range_of, split_range
 from worldstep.episodes import EpisodeResult
 from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_window, score_frames
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
 from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
-from worldstep.fidelity.seeds import DAGGER, READ_TESTS, SEALED_TEST, VALIDATION, range_of, split_range
 from worldstep.measures.intervals import bootstrap, mean_estimate, rate_dict, wilson
 
 

@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pathlib import Path
 
     from worldstep.envs.push_policies import FLOOR, graded_policies
+    from worldstep.envs.push_seeds import range_of
 
     from ..flags import parse_flags
     from .records import read_records
-    from .seeds import range_of
 
     args = parse_flags(CorrectedArgs, argv, prog="python -m worldstep.fidelity.corrected", description=__doc__)
     run = Path(args.run)

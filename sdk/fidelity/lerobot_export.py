@@ -5,7 +5,7 @@ the pixel expert's episodes. A study's export, built on the product's dataset wr
 (``worldstep.fidelity.openloop.held_out``): the start ``PushSimEnv.reset(seed=s)``, its actions drawn from
 ``np.random.default_rng(s)`` (steered towards the block, or smooth random), seeds from a split's clip seeds.
 ``source="expert"``: PushSim's pixel expert (``--policy push``) acting from ``PushSimEnv.reset(seed=s)``, seeds
-from the split's episode seeds. Seeds come from ``worldstep.fidelity.seeds`` (default ``validation``). Episode
+from the split's episode seeds. Seeds come from ``worldstep.envs.push_seeds`` (default ``validation``). Episode
 ``i`` holds the ``1 + steps`` simulator frames (64x64, ``observation.image``, at PushSim's 24 fps), the ``steps``
 actions (the last frame repeats the last one), ``observation.state`` (effector, block and goal centres, 6 numbers)
 and the pusher's prompt as its task.
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from worldstep.envs.push_seeds import SPLITS
 from worldstep.flags import add_flags, flag, positive_int
 
 from ..lerobot.writer import DatasetWriter
-from .seeds import SPLITS
 
 PROMPT = "A robot pushes a block to the goal."
 CHUNK = 4  # the pusher model's window
@@ -61,10 +61,10 @@ def export_pushsim(root: str | os.PathLike, episodes: int, steps: int, *, split:
     """Write ``episodes`` clips of ``steps`` actions (clip seeds ``offset ..`` of ``split``); returns the folder
     and the clip seeds. ``codec``, ``crf``, ``pix_fmt``: see ``DatasetWriter`` (``crf=0, pix_fmt="yuv444p"``
     keeps the frames within rounding of the colour conversion)."""
+    from worldstep.envs.push_seeds import CLIP_OFFSET, split_range
     from worldstep.envs.push_sim import FRAME_FPS
 
     from .openloop import held_out
-    from .seeds import CLIP_OFFSET, split_range
 
     for name, value in (("episodes", episodes), ("steps", steps)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -98,7 +98,7 @@ class ExportFlags:
     out: str = flag("dataset folder to create", metavar="DIR")
     episodes: int = flag("episodes to export", default=20, type=positive_int)
     steps: int = flag("actions per episode", default=32, type=positive_int)
-    split: str = flag("seed range (worldstep.fidelity.seeds): validation, test or a read one (test_read, "
+    split: str = flag("seed range (worldstep.envs.push_seeds): validation, test or a read one (test_read, "
                       "test_read_2, test_read_3)", default="validation", choices=tuple(SPLITS))
     codec: str = flag("video codec", default="h264", choices=("h264", "av1"))
     crf: int = flag("encoder quality, 0 .. 51 (LeRobot's default: 30)", default=30)

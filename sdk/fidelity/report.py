@@ -1,7 +1,7 @@
 """`python -m worldstep.fidelity`: does the world model tell the truth about the pusher simulator?
 
 Every number carries a 95% bootstrap interval and comes from one seed range (`--split`): `validation`
-for development, `test` (sealed) once, for the figures a report states (see `worldstep.fidelity.seeds`).
+for development, `test` (sealed) once, for the figures a report states (see `worldstep.envs.push_seeds`).
 
 1. Open loop: held-out clips through the simulator and the model, scored per window (PSNR, SSIM,
    object-vanish rate, block error on frames where the block moved) against controls: shuffled
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from worldstep.envs.push_policies import FLOOR, graded_policies
+from worldstep.envs.push_seeds import SPLITS, split_range
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from ..flags import add_flags, flag, from_namespace
@@ -49,7 +50,6 @@ from .provenance import provenance
 from .ranking import outcome_table, policy_report
 from .records import Records, write_records
 from .rollouts import sim_episodes
-from .seeds import SPLITS, split_range
 from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run_tasks
 from .trust_study import load_rule, selective_section
 
