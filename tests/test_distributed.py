@@ -173,8 +173,8 @@ def test_episodes_of_an_actor_that_keeps_dying_are_marked_failed(ray_cluster, wo
 
 
 def test_remote_policy_travels_to_the_actors(ray_cluster, world, tmp_path):  # noqa: F811
-    from worldstep.policy_server import PolicyServer, demo_policy
-    from worldstep.remote_policy import RemotePolicy
+    from worldstep.policies.remote import RemotePolicy
+    from worldstep.policies.server import PolicyServer, demo_policy
 
     episodes = [{"seed": s, "max_windows": 2} for s in (0, 1)]
     with PolicyServer(demo_policy(*world.action_shape, horizon=6), lifetime_s=240) as server:

@@ -41,7 +41,7 @@ class EvalFlags:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..policies import check_policy_spec, make_policy
+    from ..policies.builtin import check_policy_spec, make_policy
 
     check_policy_spec(args.policy)  # before the config and torch load
     from ..evaluation.dispatch import evaluate

@@ -38,7 +38,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..evaluation.distributed import action_shape
     from ..planning import BlockToGoal, ModelPredictivePlanner, closed_loop
     from ..policies import make_policy
-    from ..user_policy import is_user_spec
+    from ..policies.user import is_user_spec
     from ..world import make_env
 
     proposals = {p.name: p for p in graded_policies()}
