@@ -278,7 +278,7 @@ def test_k1_and_k2_stop_on_different_windows_of_a_flickering_model(pusher_env):
 
 
 def test_a_model_loop_refuses_an_env_that_judges_success_itself(pusher_env):
-    from worldstep.envs.episode_wrappers import JudgeSuccess
+    from worldstep.envs.wrappers.episode import JudgeSuccess
 
     judged = JudgeSuccess(_Flicker(pusher_env, [False, True, False, True]), "sim")
     # the bug it prevents: the env ends the episode at the first window that shows success, whatever k is
