@@ -14,7 +14,8 @@ weights and the KV pool are already there), per session it opens:
 
 These constants are reasoned, not measured: each section records its plan next to the peak it measured
 (`measured_extra_bytes`), which is how the first GPU run calibrates them. `PLAN_MARGIN` covers the allocator's
-rounding and fragmentation.
+rounding and fragmentation. The per-session terms and constants are ``worldstep.session_memory``'s, which the
+product's CUDA plan (``worldstep info``) shares.
 """
 
 from __future__ import annotations

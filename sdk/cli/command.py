@@ -30,6 +30,8 @@ from .rollout import RolloutFlags, cmd_rollout
 from .stats import StatsFlags, cmd_stats
 from .view import add_view_flags
 
+# The studies' commands (train, fidelity, and below bench and export-pushsim) are research: this dispatcher is the
+# one product module that names them (tests/test_parts.py), and only hands them the command line.
 PASSTHROUGH = {"train": "worldstep.train", "fidelity": "worldstep.fidelity.report"}
 
 
