@@ -63,7 +63,7 @@ class EvalWorker:
         return f"{socket.gethostname()}:{os.getpid()} ({self.world.model.device})"
 
     def run(self, shard: Shard) -> list[EpisodeOutput]:
-        from ...local import evaluate_local
+        from ..local import evaluate_local
         from ...world import make_env, make_vec_env
 
         if self.batched:
