@@ -13,7 +13,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from part_rules import module_graph, part_cycles, part_graph, product_to_research
+from part_rules import module_graph, part_cycles, part_graph, product_to_research, unresolved_imports
 from structure_rules import Tree
 
 ROOT = Path(__file__).parent.parent
@@ -36,6 +36,12 @@ def test_no_part_cycle_and_no_product_to_research_import():
     found_cycles, upward, parts = _rules(ROOT, PACKAGES, "worldstep", RESEARCH, DISPATCHER)
     assert not found_cycles, {p: {q: parts[p][q] for q in parts[p] if q in c} for c in found_cycles for p in c}
     assert not upward, upward
+
+
+def test_every_import_of_the_package_names_a_module_of_it(tmp_path):
+    assert unresolved_imports(Tree(ROOT, PACKAGES)) == []
+    _write(tmp_path, {**SYNTHETIC, "pkg/study/report.py": "def run():\n    from ...planning import psnr\n"})
+    assert unresolved_imports(Tree(tmp_path, {"pkg": "pkg"})) == ["pkg.study.report:2: from ...planning import psnr"]
 
 
 def test_the_part_graph_sees_function_level_imports_and_names_taken_from_the_root():

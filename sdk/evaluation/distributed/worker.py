@@ -63,8 +63,8 @@ class EvalWorker:
         return f"{socket.gethostname()}:{os.getpid()} ({self.world.model.device})"
 
     def run(self, shard: Shard) -> list[EpisodeOutput]:
-        from ..local import evaluate_local
         from ...world import make_env, make_vec_env
+        from ..local import evaluate_local
 
         if self.batched:
             env = make_vec_env(self.world, len(shard.episodes), **self.env_kwargs)
