@@ -16,8 +16,8 @@ import gymnasium as gym
 from worldstep.engine.kv import KVPoolExhausted
 
 from .episode import Episode
-from .episode_wrappers import SplitStep
 from .world_model_env import WorldModelEnv
+from .wrappers.episode import SplitStep
 
 Outcome = tuple  # (obs, reward, terminated, truncated, info)
 

@@ -37,7 +37,7 @@ OBSERVATIONS = ("frames", "latents")  # what a step returns: decoded frames, or 
 class EpisodeRules:
     """What every episode of one env shares: the model, its knobs, its conditioning and its canvas.
 
-    Judging, rewards, action normalisation and the window limit are wrappers (``episode_wrappers``); an episode
+    Judging, rewards, action normalisation and the window limit are wrappers (``wrappers.episode``); an episode
     only runs windows.
     """
 

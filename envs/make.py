@@ -11,8 +11,8 @@ import numpy as np
 from worldstep.engine.checks import check_int
 from worldstep.engine.models.cosmos3 import ActionNormalizer, Cosmos3WorldModel, RolloutKnobs
 
-from .episode_wrappers import JudgeSuccess, NormalizeActions, WindowLimit
 from .world_model_env import DEFAULT_PROMPT, WorldModelEnv, check_model_and_knobs
+from .wrappers.episode import JudgeSuccess, NormalizeActions, WindowLimit
 
 
 def make_world_model_env(

@@ -48,7 +48,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     the window's latents; ``render()`` decodes on demand.
 
     The env does what only the world model can do. What gymnasium puts in wrappers is in wrappers
-    (``worldstep.envs.episode_wrappers``), applied by ``worldstep.make_env`` and ``gym.make`` from the config:
+    (``worldstep.envs.wrappers.episode``), applied by ``worldstep.make_env`` and ``gym.make`` from the config:
     ``NormalizeActions`` (raw actions), ``JudgeSuccess`` (success, termination and reward) and the window limit
     (``WindowLimit``, a ``TimeLimit`` counted in windows; under ``gym.make``, gymnasium's own ``TimeLimit``).
 

@@ -21,8 +21,8 @@ import numpy as np
 import worldstep
 from worldstep.envs import Mp4Writer, frame_fps
 from worldstep.flags import parse_flags
-from worldstep.policy_server import PolicyServer
-from worldstep.remote_policy import DROID_OBS_KEYS, RemotePolicy
+from worldstep.policies.remote import DROID_OBS_KEYS, RemotePolicy
+from worldstep.policies.server import PolicyServer
 
 
 @dataclass

@@ -4,7 +4,7 @@ Each window the planner draws N chunks from a noisy pusher policy, imagines each
 model (forks share the committed KV pages), and executes the chunk whose imagined frames put the block
 nearest the goal. PushSim replays every executed chunk: its frames, not the model's, say whether the
 block reached the goal. The same policy without planning, acting on the simulator itself, is the
-baseline. Seeds come from the validation range (worldstep.fidelity.seeds): use it for experiments.
+baseline. Seeds come from the validation range (worldstep.envs.push_seeds): use it for experiments.
 
     python examples/planning.py --episodes 4 --candidates 8 --out runs/planning
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import worldstep
-from worldstep.fidelity.policies import graded_policies
-from worldstep.fidelity.seeds import VALIDATION
+from worldstep.envs.push_policies import graded_policies
+from worldstep.envs.push_seeds import VALIDATION
 from worldstep.flags import parse_flags
 from worldstep.planning import ModelPredictivePlanner, closed_loop
 

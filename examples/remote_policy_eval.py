@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import worldstep
 from worldstep.flags import parse_flags
-from worldstep.policy_server import PolicyServer, demo_policy
-from worldstep.remote_policy import RemotePolicy
+from worldstep.policies.remote import RemotePolicy
+from worldstep.policies.server import PolicyServer, demo_policy
 
 
 @dataclass

@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldstep.bench.gpu_memory import PLAN_MARGIN, SessionShape, planned_session_bytes
-
 from .config import WorldstepConfig
 from .memory import MemoryPlan, plan, weights_from_architecture
+from .session_memory import PLAN_MARGIN, SessionShape, planned_session_bytes
 
 __all__ = ["CudaPlan", "cuda_plan", "decoder_dtype", "transformer_dtype"]
 

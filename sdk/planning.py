@@ -35,13 +35,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from worldstep.engine.checks import check_int
-from worldstep.envs.episode_wrappers import JudgeSuccess
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
 from worldstep.envs.video import frame_fps, video_writer
 from worldstep.envs.wrappers import fork_env
+from worldstep.envs.wrappers.episode import JudgeSuccess
 
 from .episodes import EpisodeResult
-from .fidelity.metrics import spearman
+from .measures.ranks import spearman
 from .policies import Policy, as_policy
 from .trust.rule import SelectiveRule
 from .trust.signals import TrustSignals

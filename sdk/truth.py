@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from worldstep.envs.video import frame_fps, video_writer
 
 from .episodes import EpisodeResult
-from .fidelity.metrics import psnr
+from .measures.frames import psnr
 from .policies import Policy
 
 __all__ = ["TruthComparison", "WorldRecord", "rollout_with_truth", "side_by_side"]

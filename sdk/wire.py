@@ -1,6 +1,6 @@
 """What crosses a websocket: the msgpack codec both protocols speak, and the error base of both clients.
 
-The policy client and server (``worldstep.remote_policy``, ``worldstep.policy_server``) and ``worldstep serve``
+The policy client and server (``worldstep.policies.remote``, ``worldstep.policies.server``) and ``worldstep serve``
 (``worldstep.serve``) send one msgpack map per binary frame in openpi's codec (``openpi_client.msgpack_numpy``):
 numpy arrays travel as ``{"__ndarray__": True, "data", "dtype", "shape"}`` and numpy scalars as
 ``{"__npgeneric__": True, "data", "dtype"}``. A failed call of either client raises a :class:`RemoteError`.

@@ -228,7 +228,7 @@ def _env_kwargs(world: World, runtime: dict[str, Any]) -> dict[str, Any]:
 def make_env(model: str | os.PathLike | WorldstepConfig | World = "tiny", **kwargs: Any):
     """A :class:`worldstep.envs.WorldModelEnv` for ``model`` (anything :func:`load` takes), in the wrappers its
     config and ``kwargs`` ask for: ``WindowLimit(JudgeSuccess(NormalizeActions(env)))`` (``NormalizeActions``
-    only with an ``action_normalizer``; see ``worldstep.envs.episode_wrappers``). The env itself is
+    only with an ``action_normalizer``; see ``worldstep.envs.wrappers.episode``). The env itself is
     ``env.unwrapped``; ``worldstep.envs.fork_env(env)`` forks it inside its wrappers.
 
     ``kwargs``: ``render_mode``, ``image`` (an ``(H, W, 3)`` uint8 array or a path) and ``fps`` (see

@@ -10,6 +10,9 @@ env = RerunLogger(gym.make("worldstep/Pusher-v0"), recording)
 ```
 
 Needs the ``view`` extra (``pip install 'worldstep[view]'``, rerun-sdk).
+
+These are the wrappers that need the SDK's viewer (``worldstep.view``); every other wrapper of a world-model env
+(the env's own frames, recording, image observations, forks) is in ``worldstep.envs.wrappers``.
 """
 
 from __future__ import annotations

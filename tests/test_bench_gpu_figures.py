@@ -119,7 +119,7 @@ def test_the_decode_plan_takes_each_decoder_stage_at_its_own_resolution():
     """The first H200 run skipped every decoding section: the plan took the widest stage's channels (1024) at the
     full frame, 98.8 GiB a 480p session. The widest stages run at the lowest resolution; the largest stage of
     Edge's decoder is its first, 256 channels at 240x416 (the frame over the VAE's patch size)."""
-    from worldstep.bench.gpu_memory import DECODE_COPIES, decoder_stage_elements
+    from worldstep.session_memory import DECODE_COPIES, decoder_stage_elements
 
     arch = bench_arch("edge")
     vae = arch.architecture["vae"]

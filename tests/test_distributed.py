@@ -17,8 +17,8 @@ import pytest
 import torch
 import worldstep
 from tiny_world import FAST, cache_dir, world  # noqa: F401 - fixtures
-from worldstep.distributed import RayUnavailableError, WorkerStartError
-from worldstep.distributed.ray_eval import torch_threads
+from worldstep.evaluation.distributed import RayUnavailableError, WorkerStartError, evaluate_ray
+from worldstep.evaluation.distributed.ray_eval import torch_threads
 from worldstep.policies import RandomPolicy, SinePolicy
 
 TIMING_KEYS = ("wall_s", "frames_per_second", "video")
@@ -120,7 +120,7 @@ def test_ray_matches_local_episode_by_episode(ray_cluster, world, tmp_path):  # 
     assert set(local_json) == set(remote_json)
     assert [set(e) for e in local_json["episodes"]] == [set(e) for e in remote_json["episodes"]]
 
-    batched = worldstep.distributed.evaluate_ray(world, RandomPolicy(world.action_shape, seed=1), episodes,
+    batched = worldstep.evaluation.distributed.evaluate_ray(world, RandomPolicy(world.action_shape, seed=1), episodes,
                                                  out_dir=tmp_path / "b", batched=True, batch_size=2,
                                                  record_video=False, timeout_s=300, **kwargs)
     assert comparable(batched) == comparable(local) and batched.batched
@@ -134,9 +134,8 @@ def test_killed_actor_has_its_episode_rerun_elsewhere(ray_cluster, world, tmp_pa
 
     def run() -> None:
         try:
-            out["report"] = worldstep.distributed.evaluate_ray(world, policy, episodes, out_dir=tmp_path / "r",
-                                                               num_workers=2, record_video=False, progress=False,
-                                                               timeout_s=300)
+            out["report"] = evaluate_ray(world, policy, episodes, out_dir=tmp_path / "r", num_workers=2,
+                                         record_video=False, progress=False, timeout_s=300)
         except BaseException as err:  # surfaced below
             out["error"] = err
 
@@ -157,7 +156,7 @@ def test_killed_actor_has_its_episode_rerun_elsewhere(ray_cluster, world, tmp_pa
 
 def test_episodes_of_an_actor_that_keeps_dying_are_marked_failed(ray_cluster, world, tmp_path):  # noqa: F811
     episodes = [{"seed": s, "max_windows": 1} for s in (0, 1, 2)]
-    report = worldstep.distributed.evaluate_ray(world, DiesPolicy(world.action_shape, seed=1), episodes,
+    report = worldstep.evaluation.distributed.evaluate_ray(world, DiesPolicy(world.action_shape, seed=1), episodes,
                                                 out_dir=tmp_path, num_workers=2, max_retries=1,
                                                 record_video=False, progress=False, timeout_s=300)
     assert [e.status for e in report.episodes] == ["ok", "failed", "ok"]
@@ -174,8 +173,8 @@ def test_episodes_of_an_actor_that_keeps_dying_are_marked_failed(ray_cluster, wo
 
 
 def test_remote_policy_travels_to_the_actors(ray_cluster, world, tmp_path):  # noqa: F811
-    from worldstep.policy_server import PolicyServer, demo_policy
-    from worldstep.remote_policy import RemotePolicy
+    from worldstep.policies.remote import RemotePolicy
+    from worldstep.policies.server import PolicyServer, demo_policy
 
     episodes = [{"seed": s, "max_windows": 2} for s in (0, 1)]
     with PolicyServer(demo_policy(*world.action_shape, horizon=6), lifetime_s=240) as server:
@@ -183,14 +182,14 @@ def test_remote_policy_travels_to_the_actors(ray_cluster, world, tmp_path):  # n
         local = worldstep.evaluate(world, policy, episodes, out_dir=tmp_path / "l", record_video=False,
                                    progress=False)
         policy.close()
-        remote = worldstep.distributed.evaluate_ray(world, policy, episodes, out_dir=tmp_path / "r",
+        remote = worldstep.evaluation.distributed.evaluate_ray(world, policy, episodes, out_dir=tmp_path / "r",
                                                     record_video=False, progress=False, timeout_s=300)
     assert comparable(remote) == comparable(local) and all(e.status == "ok" for e in remote.episodes)
 
 
 def test_a_model_no_actor_can_load_fails_fast_with_the_actors_error(ray_cluster, world, tmp_path,  # noqa: F811
                                                                       monkeypatch):
-    from worldstep.distributed import ray_eval
+    from worldstep.evaluation.distributed import ray_eval
 
     queues = []
 
@@ -203,7 +202,7 @@ def test_a_model_no_actor_can_load_fails_fast_with_the_actors_error(ray_cluster,
     missing = tmp_path / "no-such-checkpoint"
     config = world.config.with_overrides(model={"name": "missing", "checkpoint": str(missing), "architecture": None})
     with pytest.raises(WorkerStartError, match=rf"could not load the model: .*{missing.name}"):
-        worldstep.distributed.evaluate_ray(config, SinePolicy((4, 10)), 4, out_dir=tmp_path, progress=False,
+        worldstep.evaluation.distributed.evaluate_ray(config, SinePolicy((4, 10)), 4, out_dir=tmp_path, progress=False,
                                            timeout_s=300)
     # Counted, not timed: the first failed start ends the run, no replacement actors (not 4 shards x 3 attempts).
     (shard_queue,) = queues
@@ -219,7 +218,7 @@ def test_ray_evaluate_rejects_envs_and_bad_counts(ray_cluster, world, tmp_path):
 
 
 def test_actor_resources_fit_the_cluster():
-    from worldstep.distributed.ray_eval import _actor_options
+    from worldstep.evaluation.distributed.ray_eval import _actor_options
 
     assert _actor_options({"CPU": 2.0}, 2, None) == ({"num_cpus": 0.5}, 2)
     assert _actor_options({"CPU": 2.0}, 8, None) == ({"num_cpus": 0.25}, 8)  # never more than the cluster has
@@ -228,8 +227,8 @@ def test_actor_resources_fit_the_cluster():
 
 
 def test_shards_stream_per_episode_unless_batched():
-    from worldstep.distributed.ray_eval import _shards
     from worldstep.episodes import EpisodeConfig
+    from worldstep.evaluation.distributed.ray_eval import _shards
 
     eps = [EpisodeConfig(seed=i) for i in range(5)]
     assert [s.indices for s in _shards(eps, False, None, 2)] == [[0], [1], [2], [3], [4]]
@@ -267,7 +266,7 @@ def test_ctrl_c_writes_the_interrupted_report_and_frees_the_actors(ray_cluster, 
     """Ctrl-C after the first episode came back: report.json holds it with status "interrupted" (as the
     local backend writes), KeyboardInterrupt propagates, and no actor is left holding a model."""
     from ray.util import list_named_actors
-    from worldstep.distributed import ray_eval
+    from worldstep.evaluation.distributed import ray_eval
 
     class InterruptedAfterOne(ray_eval.ShardQueue):
         def run(self, shards, on_done, on_failed, timeout_s=None):
@@ -280,7 +279,7 @@ def test_ctrl_c_writes_the_interrupted_report_and_frees_the_actors(ray_cluster, 
     monkeypatch.setattr(ray_eval, "ShardQueue", InterruptedAfterOne)
     episodes = [{"seed": s, "max_windows": 1} for s in (0, 1, 2)]
     with pytest.raises(KeyboardInterrupt):
-        worldstep.distributed.evaluate_ray(world, SinePolicy(world.action_shape), episodes, out_dir=tmp_path,
+        worldstep.evaluation.distributed.evaluate_ray(world, SinePolicy(world.action_shape), episodes, out_dir=tmp_path,
                                            num_workers=1, record_video=False, progress=False, timeout_s=300)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and len(report["episodes"]) == 1

@@ -220,7 +220,7 @@ def test_the_episode_is_checked_once_per_step_at_the_outermost_wrapper(world, mo
 
 def test_the_count_sees_a_check_repeated_by_every_layer(world, monkeypatch):  # noqa: F811
     """Each layer stepping the one below through its public ``step`` (the path before) checks once per layer."""
-    from worldstep.envs.episode_wrappers import SplitStep
+    from worldstep.envs.wrappers.episode import SplitStep
 
     def through_step(self, action, episode):
         inner, carry = self.step_in(action)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from worldstep.envs.push_policies import IdlePolicy, PixelPushPolicy
 from worldstep.envs.push_sim import PushSimEnv, render_state
-from worldstep.fidelity.metrics import object_errors, pearson, psnr, spearman, ssim
-from worldstep.fidelity.policies import IdlePolicy, PixelPushPolicy
+from worldstep.fidelity.openloop import object_errors
 from worldstep.fidelity.rollouts import sim_episodes
+from worldstep.measures.frames import psnr, ssim
+from worldstep.measures.ranks import pearson, spearman
 from worldstep.train.data import generate_clips, rollout_states
 
 
@@ -173,8 +175,8 @@ def test_report_arguments_are_checked(tmp_path, capsys):
 
 
 def test_demo_seed_rule_runs_the_demo_command_on_validation_seeds(tmp_path):
+    from worldstep.envs.push_seeds import VALIDATION
     from worldstep.fidelity.demo_seed import main as demo_seed
-    from worldstep.fidelity.seeds import VALIDATION
 
     result = demo_seed(["--seeds", "2", "--windows", "1", "--out", str(tmp_path / "demo.json")])
     saved = json.loads((tmp_path / "demo.json").read_text())

@@ -117,8 +117,9 @@ class SimWorld:
 
 def test_continued_windows_and_forks_are_recorded_beside_unchanged_outcomes():
     from worldstep.engine.models.cosmos3 import RolloutKnobs
-    from worldstep.fidelity.policies import graded_policies
-    from worldstep.fidelity.rollouts import RolloutRecipe, model_episodes
+    from worldstep.envs.push_policies import graded_policies
+    from worldstep.fidelity.rollouts import model_episodes
+    from worldstep.recipes.open_loop import RolloutRecipe
 
     recipe = RolloutRecipe("push", 0, RolloutKnobs(num_steps=1))
     expert = graded_policies(4)[:1]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from worldstep.envs.push_policies import FLOOR, graded_policies
+from worldstep.envs.push_seeds import DAGGER, READ_TESTS, SEALED_TEST, VALIDATION, range_of, split_range
 from worldstep.episodes import EpisodeResult
 from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_window, score_frames
-from worldstep.fidelity.policies import FLOOR, graded_policies
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
 from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
-from worldstep.fidelity.seeds import DAGGER, READ_TESTS, SEALED_TEST, VALIDATION, range_of, split_range
-from worldstep.fidelity.stats import bootstrap, mean_estimate, rate_dict, wilson
+from worldstep.measures.intervals import bootstrap, mean_estimate, rate_dict, wilson
 
 
 def test_bootstrap_interval_matches_the_binomial_spread():
@@ -181,7 +181,7 @@ def test_graded_policies_spread_in_the_simulator():
 
 
 def test_vectorised_mean_equals_the_generic_bootstrap():
-    from worldstep.fidelity.stats import nanmean
+    from worldstep.measures.intervals import nanmean
 
     x = np.random.default_rng(3).normal(size=37)
     x[[2, 9]] = np.nan

@@ -59,7 +59,7 @@ def test_the_checker_fails_on_a_wrong_doc():
 
 def test_every_function_the_doc_names_is_on_one_env_step_in_order():
     hops = doc_hops((ROOT / "docs" / "internals.md").read_text())
-    assert len(hops) >= 15 and hops[:2] == ["envs/episode_wrappers.py:SplitStep.step",
+    assert len(hops) >= 15 and hops[:2] == ["envs/wrappers/episode.py:SplitStep.step",
                                             "envs/world_model_env.py:WorldModelEnv.step_live"]
     env = tiny_env()
     try:

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from lerobot_data import CAMERAS, episodes, write_v30
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
-from worldstep.fidelity.metrics import psnr
 from worldstep.lerobot import DatasetError, RobotDataset
 from worldstep.lerobot import reader as reader_module
 from worldstep.lerobot.replay import fit_frames, parse_episodes, replay
 from worldstep.lerobot.replay_scores import SERIES
+from worldstep.measures.frames import psnr
 
 CHUNK = 4
 
@@ -122,9 +122,9 @@ PUSHER_BOUND_DB = 0.15
 
 def test_pusher_replay_equals_the_fidelity_harness(tmp_path):
     import worldstep
+    from worldstep.fidelity.lerobot_export import PROMPT, export_pushsim
     from worldstep.fidelity.openloop import held_out, per_window, score_frames
-    from worldstep.fidelity.rollouts import RolloutRecipe, open_loop
-    from worldstep.lerobot.pushsim_export import PROMPT, export_pushsim
+    from worldstep.recipes.open_loop import RolloutRecipe, open_loop
 
     root, seeds = export_pushsim(tmp_path / "push", 3, 8, crf=0, pix_fmt="yuv444p")
     pusher = worldstep.load("pusher")
@@ -147,9 +147,9 @@ def test_pusher_replay_of_expert_episodes_equals_the_harness_on_their_actions(tm
     """PushSim's pixel expert from validation episode seeds, exported and replayed: the harness's open-loop
     rollout and PSNR on the same first frames, actions and noise seeds agree within the same bound."""
     import worldstep
+    from worldstep.fidelity.lerobot_export import PROMPT, expert_episode, export_pushsim
     from worldstep.fidelity.openloop import per_window
-    from worldstep.fidelity.rollouts import RolloutRecipe, open_loop
-    from worldstep.lerobot.pushsim_export import PROMPT, expert_episode, export_pushsim
+    from worldstep.recipes.open_loop import RolloutRecipe, open_loop
 
     root, seeds = export_pushsim(tmp_path / "expert", 2, 8, crf=0, pix_fmt="yuv444p", source="expert")
     assert seeds == [20_000_000, 20_000_001]
@@ -168,11 +168,11 @@ def test_pusher_replay_of_expert_episodes_equals_the_harness_on_their_actions(tm
 
 
 def test_the_replays_ssim_is_scikit_images():
-    """Replay scores SSIM with `worldstep.fidelity.metrics.ssim` (the fidelity report's one definition); it is
+    """Replay scores SSIM with `worldstep.measures.frames.ssim` (the fidelity report's one definition); it is
     scikit-image's `structural_similarity` with Wang et al.'s settings (Gaussian window, sigma 1.5, population
     covariance, data range 255), to rounding. The check can fail: another window is another number."""
     from skimage.metrics import structural_similarity
-    from worldstep.fidelity.metrics import ssim
+    from worldstep.measures.frames import ssim
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 256, (3, 40, 48, 3), dtype=np.uint8)
@@ -237,7 +237,7 @@ def test_the_summary_shows_both_baselines_per_metric_with_a_verdict(tmp_path):
     assert {v["verdict"] for v in replay_report(tied, {})["verdicts"]["psnr_db"].values()} == {"within"}
     write_replay(tmp_path, report, results)
     from PIL import Image
-    from worldstep.fidelity.plots import line_chart
+    from worldstep.charts import line_chart
 
     plain = line_chart(tmp_path / "plain.png", {k: report["series"][k]["ssim"]["value"] for k in SERIES}, "", "", "")
     drawn = np.asarray(Image.open(tmp_path / "ssim.png"))

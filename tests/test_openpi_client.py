@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from worldstep.policy_server import PolicyServer
-from worldstep.remote_policy import DROID_OBS_KEYS, RemotePolicy
+from worldstep.policies.remote import DROID_OBS_KEYS, RemotePolicy
+from worldstep.policies.server import PolicyServer
 from worldstep.wire import packb, unpackb
 
 OPENPI_PYTHON = Path(os.environ.get("WORLDSTEP_OPENPI_PYTHON",

@@ -7,8 +7,8 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from worldstep.envs.push_policies import PixelPushPolicy
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT, PushSimEnv, PushState, render_state
-from worldstep.fidelity.policies import PixelPushPolicy
 from worldstep.planning import BlockToGoal, ModelPredictivePlanner, closed_loop
 
 
@@ -278,7 +278,7 @@ def test_k1_and_k2_stop_on_different_windows_of_a_flickering_model(pusher_env):
 
 
 def test_a_model_loop_refuses_an_env_that_judges_success_itself(pusher_env):
-    from worldstep.envs.episode_wrappers import JudgeSuccess
+    from worldstep.envs.wrappers.episode import JudgeSuccess
 
     judged = JudgeSuccess(_Flicker(pusher_env, [False, True, False, True]), "sim")
     # the bug it prevents: the env ends the episode at the first window that shows success, whatever k is
@@ -293,9 +293,9 @@ def test_a_model_loop_refuses_an_env_that_judges_success_itself(pusher_env):
 
 def test_the_fidelity_planner_env_judges_nothing(pusher_checkpoint):
     from worldstep.engine.models.cosmos3 import RolloutKnobs
-    from worldstep.fidelity.rollouts import RolloutRecipe
     from worldstep.fidelity.tasks import Worker
     from worldstep.planning import judges_success
+    from worldstep.recipes.open_loop import RolloutRecipe
 
     recipe = RolloutRecipe(prompt="A robot pushes a block to the goal.", domain_id=0, knobs=RolloutKnobs(num_steps=1))
     worker = Worker(str(pusher_checkpoint), threads=1, recipe=recipe)

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import worldstep  # noqa: E402
 from tiny_world import FAST, cache_dir, world  # noqa: E402, F401 - fixtures
-from worldstep.policy_server import PolicyServer, demo_policy  # noqa: E402
-from worldstep.remote_policy import (  # noqa: E402
+from worldstep.policies.remote import (  # noqa: E402
     RemotePolicy,
     RemotePolicyConnectionError,
     RemotePolicyError,
     RemotePolicyProtocolError,
     RemotePolicyTimeout,
 )
+from worldstep.policies.server import PolicyServer, demo_policy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (4, 3)

@@ -19,7 +19,7 @@ import pytest
 import rerun as rr
 import worldstep
 from rerun_tables import decoded, read_recording, scalars, series
-from worldstep.fidelity.metrics import psnr
+from worldstep.measures.frames import psnr
 from worldstep.view.rerun_log import encode_frame
 from worldstep.wrappers import RerunLogger, RerunVectorLogger
 

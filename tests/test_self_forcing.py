@@ -41,7 +41,7 @@ def test_fine_tune_trains_on_its_own_rollouts_and_refreshes_them(base, tmp_path)
     assert made[1]["seeds"][1] < made[2]["seeds"][0]  # a refresh draws new starts from the DAgger range
     assert len([r for r in records if r.get("phase") == "self_forcing" and "loss" in r]) == 6
 
-    from worldstep.fidelity.seeds import DAGGER, VALIDATION
+    from worldstep.envs.push_seeds import DAGGER, VALIDATION
     from worldstep.train.self_forcing import OwnRollouts
 
     data = OwnRollouts.load(out / "own_round1.pt")

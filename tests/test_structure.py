@@ -17,9 +17,9 @@ from structure_rules import Tree, cycles, graph, violations
 ROOT = Path(__file__).parent.parent
 PACKAGES = {"sdk": "worldstep", "envs": "worldstep.envs", "engine": "worldstep.engine"}
 # Modules that import what the user or a table of module:function strings names: the CLI's --success hook
-# (user code), --policy module:attr (worldstep.user_policy) and the bench dispatcher (its `_BENCHES` table; test_bench
+# (user code), --policy module:attr (worldstep.policies.user) and the bench dispatcher (its `_BENCHES` table; test_bench
 # runs every entry).
-USER_CODE_IMPORTERS = frozenset({"worldstep.cli.checks", "worldstep.bench.cli", "worldstep.user_policy"})
+USER_CODE_IMPORTERS = frozenset({"worldstep.cli.checks", "worldstep.bench.cli", "worldstep.policies.user"})
 TREE = Tree(ROOT, PACKAGES, USER_CODE_IMPORTERS, relative_inside=frozenset({"engine"}))
 
 

@@ -8,8 +8,8 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from worldstep.envs.push_policies import PixelPushPolicy
 from worldstep.envs.push_sim import PushSimEnv, detect_objects
-from worldstep.fidelity.policies import PixelPushPolicy
 from worldstep.trust import PushTracker, SelectiveJudge, SelectiveRule, TrustSignals, TrustSignalsWrapper
 from worldstep.trust.signals import trained_horizon_of
 

@@ -12,7 +12,7 @@ import worldstep
 from worldstep.cli import main as cli_main
 from worldstep.envs.push_sim import PushSimEnv, first_frame
 from worldstep.envs.scene import SimulatorScene
-from worldstep.fidelity.metrics import psnr
+from worldstep.measures.frames import psnr
 from worldstep.policies import make_policy
 from worldstep.truth import HEADER_PX, rollout_with_truth, side_by_side
 

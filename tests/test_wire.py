@@ -6,7 +6,7 @@ import socket
 
 import numpy as np
 import pytest
-from worldstep.remote_policy import PolicyClient, RemotePolicyConnectionError, RemotePolicyError
+from worldstep.policies.remote import PolicyClient, RemotePolicyConnectionError, RemotePolicyError
 from worldstep.serve import RemoteEnvConnectionError, RemoteEnvError, ServeConnection
 from worldstep.wire import RemoteError, packb, unpackb
 

@@ -1,7 +1,7 @@
 """Does the pusher's own inverse dynamics separate consistent windows from inconsistent ones (docs/trust.md)?
 
 The shipped pusher was trained in forward dynamics only, so its action head's inverse dynamics is untrained. On
-validation seeds (sdk/fidelity/seeds.py) each episode steps random actions for a few windows, on the model and,
+validation seeds (envs/push_seeds.py) each episode steps random actions for a few windows, on the model and,
 with the same seed and actions, on PushSim. Per window the `InverseDynamicsTracker` residual is measured against
 the commanded actions (consistent) and against other random actions (inconsistent), on the model's frames and on
 the simulator's. AUROC is the chance an inconsistent window scores above a consistent one (0.5: no separation);
@@ -32,7 +32,7 @@ def spearman(x: list[float], y: list[float]) -> float:
 def main() -> None:
     import worldstep
     from worldstep.envs.push_sim import PushSimEnv
-    from worldstep.fidelity.seeds import VALIDATION
+    from worldstep.envs.push_seeds import VALIDATION
     from worldstep.trust import InverseDynamicsTracker, PushTracker
 
     parser = argparse.ArgumentParser()

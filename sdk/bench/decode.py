@@ -87,7 +87,7 @@ def _timed(fn: Callable[[], torch.Tensor], wall: list[float], cpu: list[float]) 
 def _row(vae, norm, s: DecodeSettings, w: int) -> dict[str, Any]:
     """Decode `1 + K + timed_windows * w` latents; time the last `timed_windows` windows three ways."""
     from worldstep.engine.vae import DecodePath, DecoderOptions, WarmWanDecoder, frames_from_pixels
-    from worldstep.fidelity.metrics import psnr
+    from worldstep.measures.frames import psnr
 
     k, n = s.context_latents, s.timed_windows
     z = torch.randn(1, Z_DIM, 1 + k + n * w, s.height // 16, s.width // 16, generator=torch.Generator().manual_seed(w))

@@ -113,10 +113,10 @@ def interleave_timed(alternatives: dict[str, Callable[[], tuple[float, float]]],
 
 def ratio_estimate(numerator: Sequence[float], denominator: Sequence[float]):
     """median(numerator) / median(denominator) with its 95% bootstrap interval over paired rounds (round i of
-    each alternative ran in the same interleaved round): an `Estimate` (`worldstep.fidelity.stats`)."""
+    each alternative ran in the same interleaved round): an `Estimate` (`worldstep.measures.intervals`)."""
     import numpy as np
 
-    from ..fidelity.stats import bootstrap
+    from ..measures.intervals import bootstrap
 
     a, b = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
     if len(a) != len(b) or len(a) == 0:

@@ -73,7 +73,7 @@ def run_info(args: argparse.Namespace, model: str, config) -> dict[str, Any]:
 def early_policy(args: argparse.Namespace, config):
     """The policy when the action shape can be read from the config (checks replay files and ``push``'s
     width before loading); None when only the loaded model knows the shape."""
-    from ..distributed import action_shape
+    from ..evaluation.distributed import action_shape
     from ..policies import make_policy
 
     shape = action_shape(config)

@@ -41,7 +41,7 @@ class EvalFlags:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..policies import check_policy_spec, make_policy
+    from ..policies.builtin import check_policy_spec, make_policy
 
     check_policy_spec(args.policy)  # before the config and torch load
     from ..evaluation.dispatch import evaluate
@@ -76,7 +76,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "--batched; allowed: an eval that steps one episode at a time")
     ray = {"backend": "ray", "ray_address": args.ray_address, "num_workers": args.workers} if args.ray else {}
     if args.ray:  # the actors load the model; the driver needs only its config
-        from ..distributed import driver_target
+        from ..evaluation.distributed import driver_target
 
         target, shape = driver_target(config)
     else:

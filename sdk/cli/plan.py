@@ -17,7 +17,7 @@ class PlanFlags:
     """``worldstep plan`` (its model flags default to ``--env worldstep/Pusher-v0``)."""
 
     proposal: str = flag("graded pusher policy whose chunks the planner scores (see "
-                         "worldstep.fidelity.policies.graded_policies), or your own noisy policy: module:attr or "
+                         "worldstep.envs.push_policies.graded_policies), or your own noisy policy: module:attr or "
                          "path/to/file.py:attr", default="noisy0.8")
     candidates: int = flag("chunks imagined per window", default=8, type=positive_int)
     approach_weight: float = flag("weight of the effector-to-block distance in the cost", default=0.0)
@@ -33,11 +33,12 @@ class PlanFlags:
 def cmd_plan(args: argparse.Namespace) -> int:
     import copy
 
-    from ..distributed import action_shape
-    from ..fidelity.policies import graded_policies
+    from worldstep.envs.push_policies import graded_policies
+
+    from ..evaluation.distributed import action_shape
     from ..planning import BlockToGoal, ModelPredictivePlanner, closed_loop
     from ..policies import make_policy
-    from ..user_policy import is_user_spec
+    from ..policies.user import is_user_spec
     from ..world import make_env
 
     proposals = {p.name: p for p in graded_policies()}

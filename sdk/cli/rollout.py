@@ -41,7 +41,7 @@ class RolloutFlags:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from ..policies import check_policy_spec, make_policy
+    from ..policies.builtin import check_policy_spec, make_policy
 
     check_policy_spec(args.policy)  # before the config and torch load
     from ..evaluation.local import rollout

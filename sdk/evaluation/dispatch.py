@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..distributed import evaluate_ray
 from ..episodes import EpisodeConfig, EvalReport
 from ..policies import Policy, as_policy
 from ..trust.ppi import check_pairs, with_corrected_rate
+from .distributed import evaluate_ray
 from .local import evaluate_local
 
 __all__ = ["evaluate"]

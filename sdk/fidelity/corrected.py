@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..flags import flag, int_at_least
+from ..measures.ranks import spearman
 from ..trust.ppi import ppi_rate
-from .metrics import spearman
 from .ranking import outcome_table
 
 
@@ -56,10 +56,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import json
     from pathlib import Path
 
+    from worldstep.envs.push_policies import FLOOR, graded_policies
+    from worldstep.envs.push_seeds import range_of
+
     from ..flags import parse_flags
-    from .policies import FLOOR, graded_policies
     from .records import read_records
-    from .seeds import range_of
 
     args = parse_flags(CorrectedArgs, argv, prog="python -m worldstep.fidelity.corrected", description=__doc__)
     run = Path(args.run)

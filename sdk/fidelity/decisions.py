@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..measures.intervals import bootstrap
 from .rollouts import EpisodeOutcome
-from .stats import bootstrap
 
 HAZARD_BIN = 4  # windows per hazard bin (a 16-window episode: 1-4, 5-8, 9-12, 13-16)
 

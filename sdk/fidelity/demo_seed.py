@@ -15,10 +15,10 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+from worldstep.envs.push_seeds import VALIDATION
 
 from ..flags import flag, parse_flags, positive_int
-from .seeds import VALIDATION
-from .stats import rate_dict
+from ..measures.intervals import rate_dict
 
 
 @dataclass

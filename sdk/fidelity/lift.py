@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .stats import bootstrap, rate_dict
+from ..measures.intervals import bootstrap, rate_dict
 
 
 def lift_summary(planner: np.ndarray, base_sim: np.ndarray, base_model_loop: np.ndarray | None,

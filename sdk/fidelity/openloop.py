@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from worldstep.envs.push_sim import render_state
+from worldstep.envs.push_sim import detect_objects, render_state
 from worldstep.train.data import clips_from_seeds, rollout_states
 
-from .metrics import object_errors, psnr, ssim
-from .stats import Estimate, bootstrap, nanmean, per_window_estimates
+from ..measures.frames import psnr, ssim
+from ..measures.intervals import Estimate, bootstrap, nanmean, per_window_estimates
 
 VANISHED_PX = 32.0  # error charged to a frame whose block the detector cannot find (half the frame width)
 MOVED_PX = 1.0  # a block counts as moved once its centre is this far from where it started
@@ -78,6 +78,18 @@ def score_frames(pred: np.ndarray, held: HeldOut) -> FrameScores:
     moved = np.linalg.norm(held.states[:, :, 1] - held.start[:, None, 1], axis=-1) >= MOVED_PX  # [N, T]
     return FrameScores(psnr(flat_p, flat_t).reshape(n, t), ssim(flat_p, flat_t).reshape(n, t),
                        errors["effector"].reshape(n, t), errors["block"].reshape(n, t), moved)
+
+
+def object_errors(frames: np.ndarray, states: np.ndarray) -> dict[str, np.ndarray]:
+    """Centroid error (px) of the effector and block detected in `frames` `[N, H, W, 3]` vs true
+    `states` `[N, 3, 2]` (effector, block, goal); NaN where the object is not detected."""
+    out = {"effector": np.full(len(frames), np.nan), "block": np.full(len(frames), np.nan)}
+    for i, frame in enumerate(frames):
+        found = detect_objects(frame)
+        for j, name in enumerate(("effector", "block")):
+            if found[name] is not None:
+                out[name][i] = float(np.linalg.norm(found[name] - states[i, j]))
+    return out
 
 
 def per_window(values: np.ndarray, chunk: int) -> np.ndarray:

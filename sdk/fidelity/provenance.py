@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .seeds import split_range
+from worldstep.envs.push_seeds import split_range
 
 SDK = Path(__file__).resolve().parents[1]  # the `worldstep` package folder (sdk/ in the repository)
 CODE = ("fidelity", "planning.py", "train", "trust")

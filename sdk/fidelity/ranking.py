@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ..measures.intervals import bootstrap, rate_dict
+from ..measures.ranks import pearson, spearman
 from .decisions import decision_stats, episode_tables, hazard, lost_rate
-from .metrics import pearson, spearman
 from .rollouts import EpisodeOutcome
-from .stats import bootstrap, rate_dict
 
 
 def outcome_table(results: list[EpisodeOutcome], names: list[str], seeds: list[int],

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worldstep.envs.push_seeds import range_of
+
 from ..flags import flag, parse_flags
 from .records import read_records
 from .report import FidelityArgs, sections
-from .seeds import range_of
 
 
 def differences(a: Any, b: Any, where: str = "", added: list[str] | None = None) -> list[str]:

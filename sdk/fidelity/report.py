@@ -1,7 +1,7 @@
 """`python -m worldstep.fidelity`: does the world model tell the truth about the pusher simulator?
 
 Every number carries a 95% bootstrap interval and comes from one seed range (`--split`): `validation`
-for development, `test` (sealed) once, for the figures a report states (see `worldstep.fidelity.seeds`).
+for development, `test` (sealed) once, for the figures a report states (see `worldstep.envs.push_seeds`).
 
 1. Open loop: held-out clips through the simulator and the model, scored per window (PSNR, SSIM,
    object-vanish rate, block error on frames where the block moved) against controls: shuffled
@@ -25,13 +25,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from worldstep.envs.push_policies import FLOOR, graded_policies
+from worldstep.envs.push_seeds import SPLITS, split_range
 from worldstep.envs.push_sim import PUSHER_EMBODIMENT
 
 from ..flags import add_flags, flag, from_namespace
 from ..outputs import json_safe
+from ..recipes.open_loop import RolloutRecipe
 from .corrected import corrected_section
 from .journal import Journal, StretchSpent
 from .lift import lift_summary
+from .media import write_media
 from .openloop import (
     FrameScores,
     HeldOut,
@@ -42,13 +46,10 @@ from .openloop import (
     series,
     summarize,
 )
-from .plots import write_media
-from .policies import FLOOR, graded_policies
 from .provenance import provenance
 from .ranking import outcome_table, policy_report
 from .records import Records, write_records
-from .rollouts import RolloutRecipe, sim_episodes
-from .seeds import SPLITS, split_range
+from .rollouts import sim_episodes
 from .tasks import EpisodesTask, OpenLoopTask, PlannerTask, ReconstructTask, run_tasks
 from .trust_study import load_rule, selective_section
 
@@ -328,7 +329,7 @@ def _by_confirm_windows(results: list, confirm_windows: int, base_sim: np.ndarra
 def _rank_by_window(per_episode: list[list], windows: int) -> dict[str, list]:
     """Per window: the mean (over episodes that reached it with a defined value) Spearman between imagined and
     simulator-replayed candidate costs, with its 95% interval, and how many episodes it averages."""
-    from .stats import bootstrap
+    from ..measures.intervals import bootstrap
 
     out: dict[str, list] = {"value": [], "ci95": [], "episodes": []}
     for w in range(windows):

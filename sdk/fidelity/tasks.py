@@ -17,13 +17,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from worldstep.envs.push_policies import graded_policies
 
 from ..planning import ModelPredictivePlanner, closed_loop
+from ..recipes.open_loop import RolloutRecipe, open_loop
+from ..recipes.vae_round_trip import vae_round_trip
 from ..trust.rule import SelectiveRule
 from ..trust.signals import trained_horizon_for
 from .journal import Journal, StretchSpent
-from .policies import graded_policies
-from .rollouts import RolloutRecipe, model_episodes, open_loop
+from .rollouts import model_episodes
 
 
 @dataclass
@@ -89,14 +91,6 @@ class ReconstructTask:
 
     def run(self, worker: Worker) -> np.ndarray:
         return np.stack([vae_round_trip(worker.world.vae, clip) for clip in self.frames])
-
-
-@torch.no_grad()
-def vae_round_trip(vae: torch.nn.Module, clip: np.ndarray) -> np.ndarray:
-    """One clip `[1 + T, H, W, 3]` uint8 through the VAE (encode, posterior mean, decode) -> frames 1..T."""
-    x = torch.from_numpy(clip).float().div(127.5).sub(1).permute(3, 0, 1, 2)[None]  # [1, 3, 1 + T, H, W]
-    y = vae.decode(vae.encode(x).latent_dist.mean).sample[0].clamp(-1, 1)  # [3, 1 + T, H, W]
-    return ((y.permute(1, 2, 3, 0).numpy() + 1) * 127.5).round().astype(np.uint8)[1:]
 
 
 @dataclass(frozen=True)

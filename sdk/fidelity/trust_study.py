@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from worldstep.envs.push_policies import FLOOR
 
 from ..flags import flag, int_at_least, parse_flags
+from ..measures.intervals import wilson
 from ..trust.rule import SelectiveRule
 from ..trust.signals import TrustSignals
 from ..trust.trackers import block_residual
 from .journal import Journal
-from .policies import FLOOR
 from .records import read_records
 from .rollouts import EpisodeOutcome
-from .stats import wilson
 
 TRAINED_HORIZON = 8  # the shipped pusher's training clips: 8 windows (its worldstep.json records it)
 MIN_PRECISION_LOW = 0.90  # the fit: most coverage whose precision interval stays above this

@@ -6,7 +6,7 @@ the task as the prompt open a session; window ``w`` feeds action rows ``w*chunk 
 ``t`` is the action taken at frame ``t``) and yields frames ``w*chunk + 1 ..``, compared with the recorded
 frames there, cover-cropped the same way. Two baselines are scored on the same frames: the first frame
 held (a model that moves nothing) and the VAE round trip of the recorded clip (the ceiling: every model
-frame goes through that decoder). Metrics are PSNR and SSIM per frame (``worldstep.fidelity.metrics``,
+frame goes through that decoder). Metrics are PSNR and SSIM per frame (``worldstep.measures.frames``,
 the numbers of the fidelity report), averaged per window; ``replay_report`` aggregates them over episodes
 with bootstrap intervals. Episodes are read one at a time and let go, so memory holds one episode's frames.
 """
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..fidelity.plots import side_by_side_mp4
-from ..fidelity.rollouts import RolloutRecipe, open_loop
-from ..fidelity.tasks import vae_round_trip
+from ..recipes.open_loop import RolloutRecipe, open_loop
+from ..recipes.side_by_side import side_by_side_mp4
+from ..recipes.vae_round_trip import vae_round_trip
 from .fit import check_fits
 from .reader import RobotDataset
 from .replay_report import replay_report, write_replay

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..fidelity.plots import line_chart
-from ..fidelity.stats import mean_estimate, per_window_estimates
+from ..charts import line_chart
+from ..measures.intervals import mean_estimate, per_window_estimates
 from ..outputs import write_json
 from .replay_scores import METRICS, SERIES, EpisodeScores
 

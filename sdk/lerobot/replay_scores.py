@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fidelity.metrics import psnr, ssim
+from ..measures.frames import psnr, ssim
 
 SERIES = ("model", "first_frame_held", "vae_round_trip")
 METRICS = {"psnr_db": psnr, "ssim": ssim}

@@ -14,8 +14,8 @@ import copy
 
 import numpy as np
 import torch
+from worldstep.envs.push_policies import FLOOR, graded_policies
 from worldstep.envs.push_sim import PushSimEnv, PushState
-from worldstep.fidelity.policies import FLOOR, graded_policies
 
 from .data import ClipSet
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from worldstep.envs.push_policies import FLOOR, graded_policies
 from worldstep.envs.push_sim import (
     BLOCK,
     EFFECTOR,
@@ -19,7 +20,6 @@ from worldstep.envs.push_sim import (
     push_oracle,
     render_state,
 )
-from worldstep.fidelity.policies import FLOOR, graded_policies
 
 STEER_NOISE = (0.0, 0.2, 0.5, 1.0, 2.0)  # action-noise std of steered clips: the graded policies' range
 
@@ -77,7 +77,7 @@ def generate_clips(num_clips: int, steps: int, seed: int, steer_share: float = 0
     return ClipSet(starts, actions, seeds)
 
 
-# Shares of the training mixture. Evaluation grades eight pixel policies (worldstep.fidelity.policies); a model
+# Shares of the training mixture. Evaluation grades eight pixel policies (worldstep.envs.push_policies); a model
 # trained on the expert's pushes alone had barely seen greedy's diagonal pushes or a noisy policy's contacts, and
 # over-reported them. So a share of clips is driven by each graded policy acting on the simulator's own frames,
 # and another share starts in contact with the block and pushes it in any direction.
@@ -85,7 +85,7 @@ CLIP_MIX = {"steered": 0.3, "random": 0.15, "policy": 0.35, "contact": 0.2}
 
 
 def policy_actions(policy, start: PushState, steps: int, chunk: int, seed: int) -> np.ndarray:
-    """`steps` actions of a pixel policy (`worldstep.fidelity.policies`) acting on rendered frames from `start`,
+    """`steps` actions of a pixel policy (`worldstep.envs.push_policies`) acting on rendered frames from `start`,
     a window of `chunk` actions at a time, run to the clip's end (a training clip does not stop on success)."""
     policy.reset(seed=seed)
     state, out = start, np.empty((steps, 2), dtype=np.float32)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
-from worldstep.fidelity.metrics import psnr
-from worldstep.fidelity.seeds import DAGGER
+from worldstep.envs.push_seeds import DAGGER
+from worldstep.measures.frames import psnr
 
 from .args import TrainArgs, check_resume_args, parse_args, run_value
 from .dagger import model_loop_clips

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
-from worldstep.fidelity.policies import FLOOR, PixelPushPolicy, graded_policies
-from worldstep.fidelity.seeds import DAGGER
+from worldstep.envs.push_policies import FLOOR, PixelPushPolicy, graded_policies
+from worldstep.envs.push_seeds import DAGGER
 
 from .dagger import model_loop
 from .data import ClipSet, clip_cells

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
-from ..fidelity.metrics import psnr
+from ..measures.frames import psnr
 
 ImageFormat = Literal["jpeg", "png"]
 IMAGE_FORMATS = ("jpeg", "png")

@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 from worldstep.engine.checks import check_int
 
-from ..policies import chunk_shape
+from ..builtin import chunk_shape
 from .client import PolicyClient, RemotePolicyProtocolError
 from .observations import DEFAULT_OBS_KEYS, ObsField, ObsSource, check_image_size, check_obs_keys
 

@@ -1,9 +1,9 @@
-"""Dependency-free PNG charts (PIL) and a side-by-side mp4 (av): matplotlib is not a worldstep dependency."""
+"""Dependency-free PNG charts (PIL): line and bar charts for replay and the fidelity report; matplotlib is not a
+worldstep dependency."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -88,61 +88,3 @@ def bar_chart(path: Path, labels: list[str], groups: dict[str, list[float]], tit
         draw.text((box[0] + i * width + 2, box[3] + 6 + 12 * (i % 3)), label[:16], fill=(0, 0, 0))
     img.save(path)
     return path
-
-
-def side_by_side_mp4(path: Path, columns: list[np.ndarray], fps: int = 8, scale: int = 4) -> Path:
-    """Write clips `[T, H, W, 3]` (equal T) next to each other, upscaled `scale`x (nearest), as H.264/MPEG-4."""
-    import av
-
-    frames = np.concatenate(columns, axis=2)  # [T, H, sum W, 3]
-    frames = frames.repeat(scale, axis=1).repeat(scale, axis=2)
-    height, width = frames.shape[1] - frames.shape[1] % 2, frames.shape[2] - frames.shape[2] % 2
-    with av.open(str(path), mode="w") as container:
-        try:
-            stream = container.add_stream("libx264", rate=fps)
-        except Exception:  # noqa: BLE001 - any missing encoder: fall back to MPEG-4 part 2
-            stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for f in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(f[:height, :width]), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
-
-
-def write_media(out: Path, open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
-                 videos: dict[str, np.ndarray] | None, video_clips: int) -> list[str]:
-    """The report's charts (and a truth | kv | VAE-copy mp4 of `video_clips` clips) for the sections it has."""
-    files = []
-    if open_loop is not None:
-        s = open_loop["series"]
-        names = ("kv", "kv_shuffled_actions", "copy_first_frame_vae", "vae_reconstruction_ceiling")
-        files += [
-            line_chart(out / "psnr.png", {k: s[k]["psnr_db"]["value"] for k in names}, "PSNR per window (dB)",
-                       "window", "dB"),
-            line_chart(out / "ssim.png", {k: s[k]["ssim"]["value"] for k in names}, "SSIM per window", "window",
-                       "SSIM"),
-            line_chart(out / "object_vanish.png", {f"{k} {obj}": s[k][f"{obj}_vanish_rate"]["value"]
-                                                   for k in ("kv", "vae_reconstruction_ceiling")
-                                                   for obj in ("effector", "block")},
-                       "share of frames where the detector loses the object", "window", "rate"),
-            line_chart(out / "moved_block_error.png",
-                       {k: s[k]["moved_block_error_px"]["value"] for k in ("kv", "copy_first_frame_vae",
-                                                                             "vae_reconstruction_ceiling")},
-                       "block error on frames where the block moved (vanished = 32 px)", "window", "px"),
-        ]
-        n = min(video_clips, len(videos["truth"]))
-        if n:
-            cols = [np.concatenate(list(videos[k][:n]), axis=0) for k in ("truth", "kv", "copy_first_frame_vae")]
-            files.append(side_by_side_mp4(out / "rollouts_sim_kv_copy.mp4", cols))
-    if policies is not None:
-        per = policies["per_policy"]
-        files.append(bar_chart(out / "policy_success.png", [p["policy"] for p in per],
-                               {"simulator": [p["sim_success"]["value"] for p in per],
-                                "world model": [p["model_success"]["value"] for p in per]},
-                               "success rate (bars: 95% bootstrap intervals)", "success",
-                               intervals={"simulator": [p["sim_success"]["ci95"] for p in per],
-                                          "world model": [p["model_success"]["ci95"] for p in per]}))
-    return [str(f) for f in files]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from worldstep.engine.checks import check_int
 
-from .wire import packb, unpackb
+from ..wire import packb, unpackb
 
 __all__ = ["PolicyServer", "demo_policy"]
 

@@ -16,10 +16,10 @@ import numpy as np
 from tqdm.auto import tqdm
 from worldstep.engine.checks import check_int
 
-from ..config import WorldstepConfig
-from ..episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
-from ..outputs import write_json
-from ..policies import Policy
+from ...config import WorldstepConfig
+from ...episodes import EpisodeConfig, EpisodeResult, EvalReport, episode_configs
+from ...outputs import write_json
+from ...policies import Policy
 from .shard_queue import ShardQueue
 from .worker import EpisodeOutput, EvalWorker, Shard
 
@@ -139,7 +139,7 @@ def _write_report(report: EvalReport, out_dir: Path, started: float) -> None:
 def driver_target(model: Any, **overrides: Any) -> tuple[Any, tuple[int, int]]:
     """What a Ray driver hands ``evaluate``: the config (loading the model only when the action shape
     cannot be read without it) and ``(chunk_size, action_width)`` for building the policy."""
-    from ..world import load, resolve_config
+    from ...world import load, resolve_config
 
     require_ray()
     config = resolve_config(model).with_overrides(**overrides)
@@ -175,7 +175,7 @@ def _embodiment_width(config: WorldstepConfig) -> int | None:
 
 
 def _config_of(model: Any) -> WorldstepConfig:
-    from ..world import resolve_config
+    from ...world import resolve_config
 
     return resolve_config(model)
 

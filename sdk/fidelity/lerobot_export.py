@@ -1,10 +1,11 @@
-"""PushSim episodes as a LeRobot dataset: the fidelity harness's held-out clips, or the pixel expert's episodes.
+"""PushSim episodes as a LeRobot dataset (``worldstep export-pushsim``): the fidelity harness's held-out clips, or
+the pixel expert's episodes. A study's export, built on the product's dataset writer (``worldstep.lerobot``).
 
 ``source="clips"`` (default): clip ``s`` is the one the fidelity report scores open loop
 (``worldstep.fidelity.openloop.held_out``): the start ``PushSimEnv.reset(seed=s)``, its actions drawn from
 ``np.random.default_rng(s)`` (steered towards the block, or smooth random), seeds from a split's clip seeds.
 ``source="expert"``: PushSim's pixel expert (``--policy push``) acting from ``PushSimEnv.reset(seed=s)``, seeds
-from the split's episode seeds. Seeds come from ``worldstep.fidelity.seeds`` (default ``validation``). Episode
+from the split's episode seeds. Seeds come from ``worldstep.envs.push_seeds`` (default ``validation``). Episode
 ``i`` holds the ``1 + steps`` simulator frames (64x64, ``observation.image``, at PushSim's 24 fps), the ``steps``
 actions (the last frame repeats the last one), ``observation.state`` (effector, block and goal centres, 6 numbers)
 and the pusher's prompt as its task.
@@ -12,12 +13,17 @@ and the pusher's prompt as its task.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from worldstep.envs.push_seeds import SPLITS
+from worldstep.flags import add_flags, flag, positive_int
 
-from .writer import DatasetWriter
+from ..lerobot.writer import DatasetWriter
 
 PROMPT = "A robot pushes a block to the goal."
 CHUNK = 4  # the pusher model's window
@@ -55,9 +61,10 @@ def export_pushsim(root: str | os.PathLike, episodes: int, steps: int, *, split:
     """Write ``episodes`` clips of ``steps`` actions (clip seeds ``offset ..`` of ``split``); returns the folder
     and the clip seeds. ``codec``, ``crf``, ``pix_fmt``: see ``DatasetWriter`` (``crf=0, pix_fmt="yuv444p"``
     keeps the frames within rounding of the colour conversion)."""
+    from worldstep.envs.push_seeds import CLIP_OFFSET, split_range
     from worldstep.envs.push_sim import FRAME_FPS
-    from worldstep.fidelity.openloop import held_out
-    from worldstep.fidelity.seeds import CLIP_OFFSET, split_range
+
+    from .openloop import held_out
 
     for name, value in (("episodes", episodes), ("steps", steps)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -82,3 +89,35 @@ def export_pushsim(root: str | os.PathLike, episodes: int, steps: int, *, split:
             writer.add_episode(frames={"observation.image": frames}, actions=actions,
                                state=states.astype(np.float32), task=PROMPT, success=None)
     return Path(root), seeds
+
+
+@dataclass
+class ExportFlags:
+    """``worldstep export-pushsim``."""
+
+    out: str = flag("dataset folder to create", metavar="DIR")
+    episodes: int = flag("episodes to export", default=20, type=positive_int)
+    steps: int = flag("actions per episode", default=32, type=positive_int)
+    split: str = flag("seed range (worldstep.envs.push_seeds): validation, test or a read one (test_read, "
+                      "test_read_2, test_read_3)", default="validation", choices=tuple(SPLITS))
+    codec: str = flag("video codec", default="h264", choices=("h264", "av1"))
+    crf: int = flag("encoder quality, 0 .. 51 (LeRobot's default: 30)", default=30)
+    pix_fmt: str = flag("yuv420p (LeRobot's) or yuv444p (full-resolution colour)", default="yuv420p",
+                        choices=("yuv420p", "yuv444p"))
+    source: str = flag("clips: the fidelity harness's held-out open-loop clips (clip seeds); expert: PushSim's pixel "
+                       "expert from the split's episode seeds", default="clips", choices=("clips", "expert"))
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    root, seeds = export_pushsim(args.out, args.episodes, args.steps, split=args.split, codec=args.codec,
+                                 crf=args.crf, pix_fmt=args.pix_fmt, source=args.source)
+    print(json.dumps({"dataset": str(root), "clip_seeds": seeds}))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``export-pushsim`` to ``worldstep``'s subcommands."""
+    p = sub.add_parser("export-pushsim", help="PushSim's held-out open-loop clips, or its expert's episodes, as a "
+                                              "LeRobot v3.0 dataset")
+    add_flags(p, ExportFlags)
+    p.set_defaults(func=cmd_export)

@@ -1,4 +1,7 @@
-"""Scripted pusher policies of graded quality that act from pixels only.
+"""PushSim's scripted policies: pusher policies of graded quality that act from pixels only.
+
+They live beside the simulator (``push_sim.py``) because they are PushSim's task code: the product's ``push``
+policy (``worldstep.policies``), the planner's tests and the fidelity and training studies all use them.
 
 Each reads frames with `detect_objects` (goal latched from the episode's first frame), so the same
 policy runs unchanged in the simulator and in the world model. Quality is graded four ways: seeded

@@ -1,4 +1,7 @@
-"""The seed ranges of fidelity evaluation: a validation range for development, a sealed test range for reports.
+"""PushSim's seed splits: a validation range for development, a sealed test range for reports.
+
+They live beside the simulator (``push_sim.py``) because they name its scenes: training keeps clear of them,
+and the fidelity studies and the dataset export draw their starts from them.
 
 Every start state of an evaluation (policy and planner episodes, held-out open-loop clips) is
 `PushSimEnv.reset(seed=s)` for a seed `s` of one range, so a range names a fixed set of scenes.

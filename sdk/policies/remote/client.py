@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ..wire import EXTRA_HINT, RemoteError, packb, unpackb
+from ...wire import EXTRA_HINT, RemoteError, packb, unpackb
 
 __all__ = [
     "PolicyClient",

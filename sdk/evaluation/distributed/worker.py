@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import WorldstepConfig
-from ..episodes import EpisodeConfig, EpisodeResult
+from ...config import WorldstepConfig
+from ...episodes import EpisodeConfig, EpisodeResult
 
 
 @dataclass
@@ -49,7 +49,7 @@ class EvalWorker:
                  record_video: bool, max_windows: int, threads: int) -> None:
         import torch
 
-        from ..world import load
+        from ...world import load
 
         torch.set_num_threads(threads)
         self.world = load(config)
@@ -63,8 +63,8 @@ class EvalWorker:
         return f"{socket.gethostname()}:{os.getpid()} ({self.world.model.device})"
 
     def run(self, shard: Shard) -> list[EpisodeOutput]:
-        from ..evaluation.local import evaluate_local
-        from ..world import make_env, make_vec_env
+        from ...world import make_env, make_vec_env
+        from ..local import evaluate_local
 
         if self.batched:
             env = make_vec_env(self.world, len(shard.episodes), **self.env_kwargs)

@@ -1,11 +1,11 @@
-"""Frame and object metrics shared by every fidelity number: PSNR, SSIM, centroid error, rank correlation."""
+"""Frame quality: PSNR and SSIM of predicted against true uint8 frames, one definition for every part (the env's
+truth overlay, replay, the viewer, the fidelity studies and training all score frames with these)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from worldstep.envs.push_sim import detect_objects
 
 
 def psnr(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -46,39 +46,3 @@ def ssim(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
     cov = blur(a * b) - mu_a * mu_b
     s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
     return s.mean(dim=(1, 2, 3)).numpy()
-
-
-def object_errors(frames: np.ndarray, states: np.ndarray) -> dict[str, np.ndarray]:
-    """Centroid error (px) of the effector and block detected in `frames` `[N, H, W, 3]` vs true
-    `states` `[N, 3, 2]` (effector, block, goal); NaN where the object is not detected."""
-    out = {"effector": np.full(len(frames), np.nan), "block": np.full(len(frames), np.nan)}
-    for i, frame in enumerate(frames):
-        found = detect_objects(frame)
-        for j, name in enumerate(("effector", "block")):
-            if found[name] is not None:
-                out[name][i] = float(np.linalg.norm(found[name] - states[i, j]))
-    return out
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share the mean rank), as Spearman's rho needs."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x), dtype=np.float64)
-    for value in np.unique(x):
-        tie = x == value
-        ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson r; NaN when either side is constant."""
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if x.std() == 0 or y.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman rho (Pearson on average ranks); NaN when either side is constant."""
-    return pearson(_ranks(np.asarray(x)), _ranks(np.asarray(y)))

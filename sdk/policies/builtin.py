@@ -1,4 +1,5 @@
-"""Policies: observation in, one window's action chunk ``(chunk_size, action_width)`` out.
+"""The policy protocol and the built-in policies: observation in, one window's action chunk
+``(chunk_size, action_width)`` out.
 
 A policy is anything with ``__call__(obs) -> actions`` and ``reset(seed=None)`` (:class:`Policy`); a plain
 function ``obs -> actions`` is one too (:func:`as_policy` wraps it in a :class:`FunctionPolicy`). The adapters
@@ -17,9 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from gymnasium import spaces
+from worldstep.envs.push_policies import PixelPushPolicy
 
-from .fidelity.policies import PixelPushPolicy
-from .user_policy import is_user_spec, load_user_policy
+from .user import is_user_spec, load_user_policy
 
 __all__ = ["FunctionPolicy", "PerStepPolicy", "Policy", "RandomPolicy", "ReplayPolicy", "SinePolicy", "as_policy",
            "make_policy"]
@@ -201,7 +202,7 @@ def make_policy(spec: str, action_space: spaces.Box | tuple[int, int], seed: int
     """A policy from a short spec (what the CLI's ``--policy`` takes): ``sine``, ``random``, ``replay:PATH``, or
     ``push`` (the PushSim expert acting from pixels: it finds effector, block and goal by colour in the latest
     frame, so it drives the simulator and a pusher world model alike; actions ``(chunk, 2)``), or a user's own
-    policy, ``module:attr`` or ``path/to/file.py:attr`` (:func:`worldstep.user_policy.load_user_policy`)."""
+    policy, ``module:attr`` or ``path/to/file.py:attr`` (:func:`worldstep.policies.user.load_user_policy`)."""
     if spec == "sine":
         return SinePolicy(action_space)
     if spec == "random":
