@@ -21,6 +21,7 @@ import torch
 
 from ..checks import check_int
 from ..devices import canonical_device
+from .allocator import PageAllocator
 from .errors import StaleStreamError
 from .offload import Offload
 from .stream import PageTable, StreamKey, check_stream_key
@@ -71,7 +72,7 @@ class PagedKVCache:
         return self.table.page_size
 
     @property
-    def allocator(self):
+    def allocator(self) -> PageAllocator:
         """The device pool's page ids (read-only use: tests and stats)."""
         return self.table.allocator
 
