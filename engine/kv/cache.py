@@ -63,13 +63,10 @@ class PagedKVCache:
                               device=self.device)
         self.offload = Offload(self.kv, cpu_offload_pages)
         self.lock = threading.RLock()  # the one lock over the table, the offload and the tensor
+        self.page_size = self.table.page_size  # tokens per page, fixed for the pool's life
         self.pages_for = self.table.pages_for  # pages ``tokens`` tokens take (arithmetic: the table's own method)
 
     # the pools
-
-    @property
-    def page_size(self) -> int:
-        return self.table.page_size
 
     @property
     def allocator(self) -> PageAllocator:
@@ -117,13 +114,13 @@ class PagedKVCache:
     @locked
     def page_table(self, key: StreamKey) -> PageTable:
         """A frozen snapshot; ``pages`` is empty while the session is offloaded."""
-        parked = self.offload.page_table(check_stream_key(key))
-        return parked if parked is not None else self.table.page_table(key)
+        if check_stream_key(key).session_id in self.offload.parked:
+            return self.offload.page_table(key)
+        return self.table.page_table(key)
 
     @locked
     def create_stream(self, key: StreamKey) -> None:
-        self._check_session_here(check_stream_key(key).session_id)
-        self.table.create_stream(key)
+        self.table.create_stream(self._live(key))
 
     @locked
     def remove(self, key: StreamKey) -> int:
@@ -155,13 +152,12 @@ class PagedKVCache:
 
     @locked
     def fork(self, src_key: StreamKey, dst_key: StreamKey) -> None:
-        self._live(src_key)
-        self._check_session_here(check_stream_key(dst_key).session_id)
-        self.table.fork(src_key, dst_key)
+        self.table.fork(self._live(src_key), self._live(dst_key))
 
     @locked
     def fork_session(self, src_session_id: str, dst_session_id: str) -> None:
-        self._check_session_here(dst_session_id)
+        if dst_session_id in self.offload.parked:
+            raise ValueError(f"session {dst_session_id!r} is offloaded to CPU; reload it first")
         self.table.fork_session(src_session_id, dst_session_id)
 
     @locked
@@ -264,14 +260,10 @@ class PagedKVCache:
     # private helpers
 
     def _live(self, key: StreamKey) -> StreamKey:
-        """``key``, when its stream is live; ValueError when it is parked (the table raises KeyError when absent)."""
-        if self.offload.page_table(check_stream_key(key)) is not None:
+        """``key``, unless its session is parked (ValueError; the table raises KeyError for a stream it lacks)."""
+        if check_stream_key(key).session_id in self.offload.parked:
             raise ValueError(f"session {key.session_id!r} is offloaded to CPU; reload it first")
         return key
-
-    def _check_session_here(self, session_id: str) -> None:
-        if session_id in self.offload.parked:
-            raise ValueError(f"session {session_id!r} is offloaded to CPU; reload it first")
 
     def _check_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         expected = (self.num_layers, self.num_kv_heads, self.head_dim)

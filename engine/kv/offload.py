@@ -32,11 +32,11 @@ class Offload:
     def stream_keys(self, session_id: str | None = None) -> list[StreamKey]:
         return [k for sid, states in self.parked.items() for k in states if session_id in (None, sid)]
 
-    def page_table(self, key: StreamKey) -> PageTable | None:
-        """The parked stream's snapshot, ``pages`` empty (its tokens are on host pages); None when not parked."""
+    def page_table(self, key: StreamKey) -> PageTable:
+        """The parked stream's snapshot, ``pages`` empty (its tokens are on host pages); KeyError when not parked."""
         state = self.parked.get(key.session_id, {}).get(key)
         if state is None:
-            return None
+            raise KeyError(f"no KV stream {key}; create_stream first")
         return PageTable(key, (), state.seq_len, state.protected_prefix_tokens, state.released_tokens,
                          state.prefix_epoch)
 
