@@ -105,16 +105,15 @@ def step_prepared(envs: Sequence[gym.Env], actions: Sequence[Any], pending: dict
         if strict:
             raise
         return {i: _step_alone(envs[i], actions[i], strict) for i in pending}
+    closed = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+    if strict and closed:  # raised before any other row steps alone, so the vector env's rows stay in step
+        raise closed[0]
     out: dict[int, Outcome | Exception] = {}
     for (i, p), outcome in zip(pending.items(), outcomes):
         if outcome is None:  # the batch failed, this episode is still open: it steps on its own
             out[i] = _step_alone(envs[i], actions[i], strict)
-        elif isinstance(outcome, Exception):  # its session was closed under the step
-            if strict:
-                raise outcome
-            out[i] = outcome
-        else:
-            out[i] = p.finish(outcome)
+        else:  # a window, a truncation, or the ClosedEnvironmentError of a session closed under the step
+            out[i] = outcome if isinstance(outcome, Exception) else p.finish(outcome)
     return out
 
 

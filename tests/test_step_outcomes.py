@@ -68,6 +68,7 @@ def test_the_vector_env_raises_gymnasiums_error(world, closing_step):  # noqa: F
     closing_step.append(1)
     with pytest.raises(gym.error.ClosedEnvironmentError, match="closed while step"):
         vec.step(np.zeros(vec.action_space.shape, np.float32))
+    assert vec.envs[0].unwrapped.episode.windows == 0  # raised before the open row stepped alone: rows stay in step
     vec.close()
 
 
