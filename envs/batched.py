@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-from worldstep.engine.kv import KVPoolExhausted
 
 from .episode import Episode
+from .outcomes import Outcome, step_episodes
 from .world_model_env import WorldModelEnv
 from .wrappers.episode import SplitStep
-
-Outcome = tuple  # (obs, reward, terminated, truncated, info)
 
 
 @dataclass
@@ -95,27 +93,27 @@ def step_prepared(envs: Sequence[gym.Env], actions: Sequence[Any], pending: dict
                   strict: bool) -> dict[int, Outcome | Exception]:
     """The outcomes of the ``prepare``d envs (``pending[i]`` of ``envs[i]``) from one ``model.step``.
 
-    ``strict`` (a vector env): a row the engine refuses (``ValueError``, ``TypeError``) is raised. Otherwise (envs
-    of different clients, ``step_batch``) each env goes through its own ``step`` and the env at fault gets its
-    error in its place. When the pool cannot hold every window (``KVPoolExhausted``), the envs whose sessions
-    it closed end by truncation and the others step alone."""
+    ``strict`` (a vector env): a row the engine refuses (``ValueError``, ``TypeError``) or a session closed under
+    the step (``ClosedEnvironmentError``) is raised. Otherwise (envs of different clients, ``step_batch``) each
+    env goes through its own ``step`` and the env at fault gets its error in its place. The engine's outcomes
+    map to gymnasium's in ``outcomes.step_episodes``: when the batch fails, the envs it left open step alone."""
     if not pending:
         return {}
-    out: dict[int, Outcome | Exception] = {}
-    model = next(iter(pending.values())).episode.rules.model
     try:
-        results = model.step([p.episode.session for p in pending.values()], [p.actions for p in pending.values()])
-    except KVPoolExhausted:  # a failed commit closed its group's sessions: those end as exhausted
-        for i, p in pending.items():
-            out[i] = _step_alone(envs[i], actions[i], strict) if p.episode.live else p.finish(p.episode.exhausted())
+        outcomes = step_episodes([p.episode for p in pending.values()], [p.actions for p in pending.values()])
     except (ValueError, TypeError):  # a bad row, refused before any window ran
         if strict:
             raise
-        for i in pending:
+        return {i: _step_alone(envs[i], actions[i], strict) for i in pending}
+    closed = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+    if strict and closed:  # raised before any other row steps alone, so the vector env's rows stay in step
+        raise closed[0]
+    out: dict[int, Outcome | Exception] = {}
+    for (i, p), outcome in zip(pending.items(), outcomes):
+        if outcome is None:  # the batch failed, this episode is still open: it steps on its own
             out[i] = _step_alone(envs[i], actions[i], strict)
-    else:
-        for (i, p), result in zip(pending.items(), results):
-            out[i] = p.finish(p.episode.outcome(result))
+        else:  # a window, a truncation, or the ClosedEnvironmentError of a session closed under the step
+            out[i] = outcome if isinstance(outcome, Exception) else p.finish(outcome)
     return out
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,9 +10,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from worldstep.engine.checks import is_int
-from worldstep.engine.models.cosmos3 import SessionClosedError
-from worldstep.envs.batched import Pending, prepare, step_prepared
+from worldstep.envs.batched import prepare, step_prepared
 from worldstep.envs.episode import RESET_OPTION_KEYS, reset_request
+from worldstep.envs.info import flat_records
 from worldstep.envs.make import make_world_model_env
 
 
@@ -104,7 +103,7 @@ class WorldModelVectorEnv(VectorEnv):
         for i in np.flatnonzero(mask):
             self._observations[i], info = self.envs[i].reset(seed=seeds[i], options=per_env[i])
             self._options[i], self._autoreset[i] = per_env[i], False
-            infos = self._add_info(infos, _flat_records(info), i)
+            infos = self._add_info(infos, flat_records(info), i)
         return self._stack(self._observations), infos
 
     def step(self, actions: np.ndarray):
@@ -124,7 +123,7 @@ class WorldModelVectorEnv(VectorEnv):
         for i in np.flatnonzero(self._autoreset):  # NEXT_STEP: this step is the reset
             obs, info = self.envs[i].reset(options=self._options[i])
             outcomes[i] = (obs, 0.0, False, False, info)
-        outcomes.update(self._step_live(live, actions))
+        outcomes.update(step_prepared(self.envs, actions, live, strict=True))  # one engine call
 
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -134,10 +133,10 @@ class WorldModelVectorEnv(VectorEnv):
         for i in range(self.num_envs):
             obs, rewards[i], terminations[i], truncations[i], info = outcomes[i]
             if mode is AutoresetMode.SAME_STEP and (terminations[i] or truncations[i]):
-                infos = self._add_info(infos, {"final_obs": obs, "final_info": _flat_records(info)}, i)
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": flat_records(info)}, i)
                 obs, info = self.envs[i].reset(options=self._options[i])
             observations.append(obs)
-            infos = self._add_info(infos, _flat_records(info), i)
+            infos = self._add_info(infos, flat_records(info), i)
         self._observations = observations
         self._autoreset = (terminations | truncations) & (mode is not AutoresetMode.SAME_STEP)
         return self._stack(observations), rewards, terminations, truncations, infos
@@ -153,19 +152,6 @@ class WorldModelVectorEnv(VectorEnv):
             env.close()
 
     # --- helpers ---------------------------------------------------------------------------
-
-    def _step_live(self, live: dict[int, Pending], actions: np.ndarray) -> dict[int, tuple]:
-        """One engine call for the live sub-environments (the engine checks each row's actions once; a refused
-        row raises before any of them steps).
-
-        When the page pool cannot hold the whole batch, each sub-environment is stepped on its own, so
-        only those that do not fit end by truncation.
-        """
-        try:
-            return step_prepared(self.envs, actions, live, strict=True)
-        except SessionClosedError as err:
-            raise gym.error.ClosedEnvironmentError(
-                "the vector env was closed while step() ran; call reset() to start new episodes") from err
 
     def _reset_mask(self, mask: Any) -> np.ndarray:
         if not (isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.shape == (self.num_envs,)
@@ -227,7 +213,3 @@ def check_autoreset_mode(mode: Any) -> AutoresetMode:
                      f"{', '.join(repr(m.name.lower()) for m in AutoresetMode)} or an AutoresetMode")
 
 
-def _flat_records(info: dict[str, Any]) -> dict[str, Any]:
-    """``timings`` (``PhaseTimings``) and ``kv`` (``KVStats``) as dicts of numbers, so vector infos hold one number
-    array per field."""
-    return {k: dataclasses.asdict(v) if k in ("timings", "kv") else v for k, v in info.items()}

@@ -11,13 +11,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from worldstep.engine.checks import check_image, check_prompt
-from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.models.cosmos3 import (
     Conditioning,
     Cosmos3WorldModel,
     ModelSpec,
     RolloutKnobs,
-    SessionClosedError,
     frame_for_size,
 )
 from worldstep.envs.episode import (
@@ -29,6 +27,7 @@ from worldstep.envs.episode import (
     first_frame,
     reset_request,
 )
+from worldstep.envs.outcomes import step_episodes
 from worldstep.envs.scene import SimulatorScene
 
 DEFAULT_PROMPT = "A robot arm pushes a block across a table."
@@ -230,14 +229,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     def step_live(self, actions: np.ndarray, episode: Episode):
         """``step`` on ``episode``, taken from ``live_episode()`` once by the caller (this env's ``step``, or the
         outermost ``SplitStep`` wrapper): a ``close()`` in another thread cannot pull it away mid-step."""
-        try:
-            result = self.model.step([episode.session], [actions])[0]
-        except KVPoolExhausted:
-            return episode.exhausted()
-        except SessionClosedError as err:
-            raise gym.error.ClosedEnvironmentError(
-                "the env was closed while env.step() ran; call env.reset() to start a new episode") from err
-        return episode.outcome(result)
+        outcome = step_episodes([episode], [actions])[0]
+        if isinstance(outcome, Exception):  # the session was closed under the step
+            raise outcome
+        return outcome
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:

@@ -10,36 +10,23 @@ obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata as _metadata
 
+from . import world
+from .config import (
+    CacheConfig,
+    ConfigError,
+    DecoderOptions,
+    EnvConfig,
+    ModelConfig,
+    RolloutKnobs,
+    WorldstepConfig,
+    load_config,
+)
+from .episodes import EpisodeConfig
+from .registration import register_envs as register_envs
 from .registration import register_when_gymnasium_loads
-
-# Exported on first use, so that ``import worldstep.engine...`` (which runs this file first) loads neither
-# gymnasium nor the envs; the structure test resolves this table like any import.
-_EXPORTS = {
-    "CacheConfig": ".config",
-    "ConfigError": ".config",
-    "DecoderOptions": ".config",
-    "EnvConfig": ".config",
-    "ModelConfig": ".config",
-    "RolloutKnobs": ".config",
-    "WorldstepConfig": ".config",
-    "load_config": ".config",
-    "EpisodeConfig": ".episodes",
-    "evaluate": ".evaluation.dispatch",
-    "RemoteWorldModelEnv": ".serve.client",
-    "register_envs": ".registration",
-    "World": ".world",
-    "load": ".world",
-    "make_env": ".world",
-    # submodules users reach as attributes after `import worldstep` (worldstep.world.make_vec_env, ...)
-    "world": ".world",
-    "policies": ".policies",
-    "planning": ".planning",
-    "wrappers": ".wrappers",
-    "truth": ".truth",
-}
+from .world import World, load, make_env
 
 register_when_gymnasium_loads()
 
@@ -72,8 +59,31 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(_EXPORTS[name], __name__)
-        return module if _EXPORTS[name] == f".{name}" else getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The names whose modules load gymnasium (and some torch), imported on first use: ``import worldstep.engine``
+    runs this file first and must load neither, and gymnasium registers the ids only when it is imported
+    (``registration``). Every import is spelled out, so tools and the structure test see each edge."""
+    if name == "evaluate":
+        from .evaluation.dispatch import evaluate
 
+        return evaluate
+    if name == "RemoteWorldModelEnv":
+        from .serve.client import RemoteWorldModelEnv
+
+        return RemoteWorldModelEnv
+    if name == "planning":
+        import worldstep.planning as planning  # (``from . import`` would ask this function again)
+
+        return planning
+    if name == "policies":
+        import worldstep.policies as policies  # (``from . import`` would ask this function again)
+
+        return policies
+    if name == "truth":
+        import worldstep.truth as truth  # (``from . import`` would ask this function again)
+
+        return truth
+    if name == "wrappers":
+        import worldstep.wrappers as wrappers  # (``from . import`` would ask this function again)
+
+        return wrappers
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

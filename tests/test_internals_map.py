@@ -63,7 +63,7 @@ def test_the_check_fails_on_an_unnamed_module_and_a_stale_name(tmp_path):
     assert map_problems(doc, tree) == [
         f"docs/internals.md does not name these modules; add under {SECTION!r}:\n"
         "- `engine/new_helper.py`: \n- `sdk/serve/new_part.py`: "]
-    gone = doc.replace("- `engine/kv/plans.py`:", "- `engine/kv/plans.py`: x\n- `engine/kv/gone.py`:")
+    gone = doc.replace("- `engine/kv/offload.py`:", "- `engine/kv/offload.py`: x\n- `engine/kv/gone.py`:")
     assert map_problems(gone, modules(ROOT)) == ["docs/internals.md names modules that do not exist:\n"
                                                  "engine/kv/gone.py"]
 

@@ -65,4 +65,4 @@ def test_one_env_step_crosses_no_forwarder():
     assert len(trace.codes) == trace.functions > 50
     assert {call: stmt for call, code in trace.codes.items() if (stmt := forwards(code))} == {}
     closures = [call for call in trace.calls if "<locals>" in call and not call.endswith(INLINE)]
-    assert closures == ["engine/kv/locking.py:locked.<locals>.call"]  # the one lock's decorator, nothing else
+    assert closures == ["engine/kv/cache.py:locked.<locals>.call"]  # the one lock's decorator, nothing else

@@ -32,7 +32,7 @@ def test_the_module_walk_sees_the_whole_package():
             "worldstep.engine.models.cosmos3.model"} <= set(TREE.modules)
     g = _graph()
     assert "worldstep.engine.kv" in g["worldstep.engine.models.cosmos3.session"]
-    # lazy exports count as imports: the tables are resolved
+    # imports deferred into a package's __getattr__ count as imports
     assert "worldstep.engine.models.cosmos3.model" in g["worldstep.engine.models.cosmos3"]
     assert "worldstep.world" in g["worldstep"] and "worldstep.envs.episode" in g["worldstep.envs"]
 

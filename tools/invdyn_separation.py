@@ -31,8 +31,8 @@ def spearman(x: list[float], y: list[float]) -> float:
 
 def main() -> None:
     import worldstep
-    from worldstep.envs.push_sim import PushSimEnv
     from worldstep.envs.push_seeds import VALIDATION
+    from worldstep.envs.push_sim import PushSimEnv
     from worldstep.trust import InverseDynamicsTracker, PushTracker
 
     parser = argparse.ArgumentParser()

@@ -1,5 +1,6 @@
-"""Paged KV cache: page ids (`PageAllocator`), which pages hold which stream (`StreamTable`), the table with the one
-K/V tensor (`PagedKVCache`), CPU offload (`Offload`), and the snapshots consumers read streams by (`PageTable`)."""
+"""Paged KV cache: page ids (`PageAllocator`), which pages hold which live stream's tokens (`StreamTable`), parked
+sessions on host pages (`Offload`), the cache that holds both with the one K/V tensor (`PagedKVCache`), and the
+snapshots consumers read streams by (`PageTable`)."""
 
 from .allocator import PageAllocator
 from .cache import PagedKVCache

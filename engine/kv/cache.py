@@ -1,29 +1,50 @@
-"""`PagedKVCache`: the one K/V tensor many streams share, over the `StreamTable` it is, and the CPU offload.
+"""`PagedKVCache`: the one K/V tensor many streams share, the `StreamTable` that says which pages hold which
+stream, and the `Offload` that parks whole sessions on host pages.
 
-Layout: ``kv[layer, page, 0 | 1, slot, kv_head, dim]`` (flashinfer's NHD paged layout per layer). As a
-`StreamTable` the cache knows which pages hold which stream's tokens, parked sessions' included; its `Offload`
-(``offload``) is the host page pool they are parked in. This class adds what needs the tensor: appends (atomic,
-copy-on-write of a tail page shared with a fork), gathers, and moving sessions to the host pool and back. It is
-the one API over the pool for code outside ``engine/kv``, which never reads ``offload``. One lock (``lock``,
-re-entrant) covers the table, the tensor and the offload: every public method holds it across what it reads and
-writes.
+Layout: ``kv[layer, page, 0 | 1, slot, kv_head, dim]`` (flashinfer's NHD paged layout per layer). The cache
+holds its two parts and coordinates them: its table (``table``) keeps the live streams' page ids, its offload
+(``offload``) the parked sessions and their host pages; a stream lives in exactly one of them. The cache adds
+what needs the tensor: appends (atomic, copy-on-write of a tail page shared with a fork), gathers, and moving
+sessions between the parts. It is the one API over the pool for code outside ``engine/kv``, which reads neither
+part. One lock (``lock``, re-entrant) covers both parts and the tensor: every public method holds it across
+what it reads and writes.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from ..checks import check_int
 from ..devices import canonical_device
-from .locking import locked
+from .allocator import PageAllocator
+from .errors import StaleStreamError
 from .offload import Offload
 from .stream import PageTable, StreamKey, check_stream_key
 from .table import StreamTable
 
+if TYPE_CHECKING:
+    from ..windowing import RetentionPolicy
 
-class PagedKVCache(StreamTable):
+F = TypeVar("F", bound=Callable)
+
+
+def locked(method: F) -> F:
+    """``method`` run while holding ``self.lock`` (re-entrant: a locked method may call another)."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+class PagedKVCache:
     """A page pool of ``num_pages`` pages of ``page_size`` tokens for every layer, plus ``cpu_offload_pages``
     host pages for offloaded sessions."""
 
@@ -33,7 +54,7 @@ class PagedKVCache(StreamTable):
         self.num_layers = check_int("num_layers", num_layers, 1)
         self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
         self.head_dim = check_int("head_dim", head_dim, 1)
-        super().__init__(num_pages, page_size)
+        self.table = StreamTable(num_pages, page_size)
         check_int("cpu_offload_pages", cpu_offload_pages, 0)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype!r} is invalid; allowed: a floating torch.dtype")
@@ -41,12 +62,28 @@ class PagedKVCache(StreamTable):
         self.kv = torch.zeros(num_layers, num_pages, 2, page_size, num_kv_heads, head_dim, dtype=dtype,
                               device=self.device)
         self.offload = Offload(self.kv, cpu_offload_pages)
+        self.lock = threading.RLock()  # the one lock over the table, the offload and the tensor
+        self.page_size = self.table.page_size  # tokens per page, fixed for the pool's life
+        self.pages_for = self.table.pages_for  # pages ``tokens`` tokens take (arithmetic: the table's own method)
 
     # the pools
 
     @property
+    def allocator(self) -> PageAllocator:
+        """The device pool's page ids (read-only use: tests and stats)."""
+        return self.table.allocator
+
+    @property
     def num_pages(self) -> int:
-        return self.allocator.num_pages
+        return self.table.allocator.num_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.table.num_free_pages
+
+    @property
+    def num_used_pages(self) -> int:
+        return self.table.num_used_pages
 
     @property
     def num_cpu_pages(self) -> int:
@@ -58,6 +95,11 @@ class PagedKVCache(StreamTable):
         return self.offload.allocator.num_free
 
     @locked
+    def pages_in_use(self, session_id: str) -> int:
+        """Distinct device pages the session's streams reference (0 while offloaded; shared pages count too)."""
+        return len({p for key in self.table.stream_keys(session_id) for p in self.table.page_table(key).pages})
+
+    @locked
     def held_pages(self, session_id: str) -> int:
         """Device pages the session's streams need (when offloaded: to come back)."""
         return sum(self.pages_for(self.page_table(key).seq_len) for key in self.stream_keys(session_id))
@@ -67,25 +109,74 @@ class PagedKVCache(StreamTable):
     @locked
     def stream_keys(self, session_id: str | None = None) -> list[StreamKey]:
         """Every stream of the pool (or of one session), offloaded ones included."""
-        parked = [k for sid, states in self.parked().items() for k in states if session_id is None or sid == session_id]
-        return super().stream_keys(session_id) + parked
+        return self.table.stream_keys(session_id) + self.offload.stream_keys(session_id)
+
+    @locked
+    def page_table(self, key: StreamKey) -> PageTable:
+        """A frozen snapshot; ``pages`` is empty while the session is offloaded."""
+        if check_stream_key(key).session_id in self.offload.parked:
+            return self.offload.page_table(key)
+        return self.table.page_table(key)
+
+    @locked
+    def create_stream(self, key: StreamKey) -> None:
+        self.table.create_stream(self._live(key))
 
     @locked
     def remove(self, key: StreamKey) -> int:
         """Drop one stream, offloaded or not; returns device pages that went back to the free pool."""
-        if self.is_offloaded(check_stream_key(key).session_id):
-            self.offload.allocator.free(self._forget_parked(key).cpu_pages or ())
+        if check_stream_key(key).session_id in self.offload.parked:
+            self.offload.forget(key)
             return 0
-        return super().remove(key)
+        return self.table.remove(key)
 
     @locked
     def remove_session(self, session_id: str) -> int:
         """Drop every stream of a session, offloaded or not (idempotent); returns device pages freed."""
-        for state in self._drop_parked(session_id).values():
-            self.offload.allocator.free(state.cpu_pages or ())
-        return super().remove_session(session_id)
+        self.offload.forget_session(session_id)
+        return self.table.remove_session(session_id)
+
+    # protection, release, forks, staleness: the table's, for live streams
+
+    @locked
+    def protect_prefix(self, key: StreamKey, n_tokens: int) -> None:
+        self.table.protect_prefix(self._live(key), n_tokens)
+
+    @locked
+    def release_oldest(self, key: StreamKey, n_tokens: int) -> int:
+        return self.table.release_oldest(self._live(key), n_tokens)
+
+    @locked
+    def apply_retention(self, key: StreamKey, policy: RetentionPolicy | None) -> int:
+        return self.table.apply_retention(self._live(key), policy)
+
+    @locked
+    def fork(self, src_key: StreamKey, dst_key: StreamKey) -> None:
+        self.table.fork(self._live(src_key), self._live(dst_key))
+
+    @locked
+    def fork_session(self, src_session_id: str, dst_session_id: str) -> None:
+        if dst_session_id in self.offload.parked:
+            raise ValueError(f"session {dst_session_id!r} is offloaded to CPU; reload it first")
+        self.table.fork_session(src_session_id, dst_session_id)
+
+    @locked
+    def check_current(self, table: PageTable) -> None:
+        """Raise `StaleStreamError` unless ``table`` still describes its stream exactly."""
+        if table.key.session_id in self.offload.parked:
+            raise StaleStreamError(f"KV stream {table.key} is offloaded; reload it first")
+        self.table.check_current(table)
+
+    @locked
+    def check_live(self, key: StreamKey) -> None:
+        """KeyError when there is no such stream, ValueError when its session is offloaded."""
+        self.table.check_live(self._live(key))
 
     # offload
+
+    @locked
+    def is_offloaded(self, session_id: str) -> bool:
+        return session_id in self.offload.parked
 
     @locked
     def offload_session(self, session_id: str) -> bool:
@@ -94,38 +185,29 @@ class PagedKVCache(StreamTable):
         Pages shared with another session (a fork) are copied and only this session's references are dropped,
         so the other session keeps reading them; pages shared between streams of this session are saved once.
         """
-        if self.is_offloaded(session_id):
+        if session_id in self.offload.parked:
             raise ValueError(f"session {session_id!r} is offloaded to CPU already; reload it first")
-        keys = super().stream_keys(session_id)
+        keys = self.table.stream_keys(session_id)
         if not keys:
             raise KeyError(f"no KV streams for session {session_id!r}")
-        device = list(dict.fromkeys(p for key in keys for p in self.page_table(key).pages))
-        host = self.offload.save(device)
-        if host is None:
+        if not self.offload.park(session_id, [self.table.page_table(key) for key in keys]):
             return False
-        on_host = dict(zip(device, host))
-        for state in self._detach(session_id).values():
-            state.cpu_pages, state.pages = [on_host[p] for p in state.pages], []
-            self.offload.allocator.share(state.cpu_pages)
-        self.offload.allocator.free(host)  # the streams hold their own references now
+        self.table.remove_session(session_id)
         return True
 
     @locked
     def reload_session(self, session_id: str) -> None:
         """Bring a parked session back onto fresh device pages, every stream at a new epoch, or raise
         `KVPoolExhausted` (it stays parked, intact)."""
-        states = self.parked().get(session_id)
-        if states is None:
-            raise ValueError(f"session {session_id!r} is not offloaded")
-        host = list(dict.fromkeys(p for s in states.values() for p in s.cpu_pages or ()))
-        device = self.allocator.allocate(len(host))
-        self.offload.restore(host, device)
-        on_device = dict(zip(host, device))
-        self._attach(session_id, {key: dataclasses.replace(s, pages=[on_device[p] for p in s.cpu_pages or ()],
-                                                           cpu_pages=None) for key, s in states.items()})
-        self.allocator.free(device)  # the streams hold their own references now
-        for s in states.values():
-            self.offload.allocator.free(s.cpu_pages or ())
+        device = self.table.allocator.allocate(self.offload.device_pages_needed(session_id))
+        try:
+            states = self.offload.unpark(session_id, device)
+        except BaseException:
+            self.table.allocator.free(device)
+            raise
+        for key, state in states.items():
+            self.table.restore_stream(key, state)
+        self.table.allocator.free(device)  # the streams hold their own references now
 
     # write and read
 
@@ -140,7 +222,7 @@ class PagedKVCache(StreamTable):
         if k.shape[1] == 0:
             return
         with self.lock:
-            plan = self._reserve_append(key, k.shape[1])
+            plan = self.table.reserve_append(self._live(key), k.shape[1])
             try:
                 if plan.copy is not None:
                     self.kv[:, plan.copy[1]] = self.kv[:, plan.copy[0]]
@@ -150,15 +232,18 @@ class PagedKVCache(StreamTable):
                 self.kv[:, pages, 0, slots] = k  # [L, n, Hkv, D]
                 self.kv[:, pages, 1, slots] = v
             except BaseException:
-                self.allocator.free(plan.new_pages)  # the reservation goes back
+                self.table.cancel_append(plan)
                 raise
-            self._commit_append(plan)
+            self.table.commit_append(plan)
+
+    @locked
+    def can_append(self, key: StreamKey, n_tokens: int) -> bool:
+        return self.table.can_append(self._live(key), n_tokens)
 
     def gather(self, key: StreamKey, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A copy of one layer's committed K and V, each ``[seq_len, kv_heads, head_dim]``."""
         with self.lock:
-            self.check_live(key)
-            table = self.page_table(key)
+            table = self.table.page_table(self._live(key))
             return self._gather_pages(table.pages, table.seq_len, layer, None, None)
 
     def gather_table(self, table: PageTable, layer: int, out_k: torch.Tensor | None = None,
@@ -173,6 +258,12 @@ class PagedKVCache(StreamTable):
             return self._gather_pages(table.pages, table.seq_len, layer, out_k, out_v)
 
     # private helpers
+
+    def _live(self, key: StreamKey) -> StreamKey:
+        """``key``, unless its session is parked (ValueError; the table raises KeyError for a stream it lacks)."""
+        if check_stream_key(key).session_id in self.offload.parked:
+            raise ValueError(f"session {key.session_id!r} is offloaded to CPU; reload it first")
+        return key
 
     def _check_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         expected = (self.num_layers, self.num_kv_heads, self.head_dim)

@@ -16,9 +16,8 @@ def check_invariants(cache: PagedKVCache) -> None:
     protected prefix fits inside it.
     """
     with cache.lock:
-        live = cache.states()
-        parked = {key: s for states in cache.parked().values() for key, s in states.items()}
-        _check_pool(cache.allocator, (s.pages for s in live.values()))
+        live, parked = cache.table.states(), cache.offload.states()
+        _check_pool(cache.table.allocator, (s.pages for s in live.values()))
         _check_pool(cache.offload.allocator, (s.cpu_pages or () for s in parked.values()))
         for key, state in [*live.items(), *parked.items()]:
             on_cpu = key in parked
@@ -28,8 +27,8 @@ def check_invariants(cache: PagedKVCache) -> None:
                 raise AssertionError(f"{key}: {state} does not match seq_len {state.seq_len}")
             if not 0 <= state.protected_prefix_tokens <= state.seq_len:
                 raise AssertionError(f"{key}: protected prefix exceeds seq_len: {state}")
-            if on_cpu != cache.is_offloaded(key.session_id):
-                raise AssertionError(f"{key}: parked in the offload pool but not marked so in the table")
+            if on_cpu != (key.session_id in cache.offload.parked) or (on_cpu and key in live):
+                raise AssertionError(f"{key}: both parked and live, or parked under a session not marked so")
 
 
 def _check_pool(allocator: PageAllocator, stream_pages: Iterable[Iterable[int]]) -> None:

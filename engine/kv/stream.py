@@ -72,10 +72,8 @@ class StreamState:
     cpu_pages: list[int] | None = None
 
 
-def check_snapshot(table: PageTable, state: StreamState | None, parked: bool) -> None:
+def check_snapshot(table: PageTable, state: StreamState | None) -> None:
     """Raise `StaleStreamError` unless ``table`` still describes ``state`` (None: the stream is gone) exactly."""
-    if parked:
-        raise StaleStreamError(f"KV stream {table.key} is offloaded; reload it first")
     if state is None:
         raise StaleStreamError(f"KV stream {table.key} was removed since this page table")
     if state.released_tokens != table.released_tokens:

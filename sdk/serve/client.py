@@ -19,10 +19,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from worldstep.envs.info import records_from
 
 from ..wire import EXTRA_HINT, RemoteError, packb, unpackb
 from .backoff import Backoff
-from .protocol import OPEN_KEYS, PROTOCOL_VERSION, SHUTDOWN_CLOSE_CODE, ErrorKind, decode_info, decode_space
+from .protocol import OPEN_KEYS, PROTOCOL_VERSION, SHUTDOWN_CLOSE_CODE, ErrorKind, decode_space
 
 __all__ = [
     "RemoteEnvAuthError",
@@ -367,13 +368,13 @@ class RemoteWorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         super().reset(seed=seed)
         reply = self._request("reset", seed=seed, options=options)
         self._frames = reply["obs"].get("frames")  # None in latent mode: render() asks the server
-        return _writable(reply["obs"]), decode_info(reply["info"])
+        return _writable(reply["obs"]), records_from(reply["info"])
 
     def step(self, actions: np.ndarray):
         reply = self._request("step", actions=np.asarray(actions))
         self._frames = reply["obs"].get("frames")
         return (_writable(reply["obs"]), float(reply["reward"]), reply["terminated"], reply["truncated"],
-                decode_info(reply["info"]))
+                records_from(reply["info"]))
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:

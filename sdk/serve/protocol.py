@@ -10,7 +10,6 @@ must be ``hello`` with the client's ``protocol``; docs/serving.md lists every op
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -222,21 +221,3 @@ def decode_space(data: dict[str, Any]) -> spaces.Space:
     if data["kind"] == "dict":
         return spaces.Dict({k: decode_space(s) for k, s in data["spaces"].items()})
     return spaces.Box(np.array(data["low"]), np.array(data["high"]), dtype=np.dtype(data["dtype"]))
-
-
-RECORD_KEYS = ("timings", "kv")  # info keys holding the engine's PhaseTimings and KVStats records
-
-
-def encode_info(info: dict[str, Any]) -> dict[str, Any]:
-    return {k: dataclasses.asdict(v) if k in RECORD_KEYS and dataclasses.is_dataclass(v) else v
-            for k, v in info.items()}
-
-
-def decode_info(info: dict[str, Any]) -> dict[str, Any]:
-    """The env's info: ``timings`` and ``kv`` become the engine's ``PhaseTimings`` and ``KVStats`` again."""
-    if not any(k in info for k in RECORD_KEYS):
-        return info
-    from worldstep.engine.models.cosmos3 import KVStats, PhaseTimings
-
-    records = {"timings": PhaseTimings, "kv": KVStats}
-    return {k: records[k](**v) if k in records and isinstance(v, dict) else v for k, v in info.items()}

@@ -26,6 +26,7 @@ import gymnasium as gym
 from pydantic import Field
 from worldstep.engine.kv import KVPoolExhausted
 from worldstep.engine.settings import StrictModel
+from worldstep.envs.info import flat_records
 from worldstep.envs.wrappers import fork_env
 
 from ..world import World, make_env
@@ -42,7 +43,6 @@ from .protocol import (
     Request,
     decode_request,
     encode_error,
-    encode_info,
     encode_reply,
     encode_space,
 )
@@ -335,11 +335,11 @@ class WorldModelServer:
         f, env = request.fields, session.env
         if request.op is Op.RESET:
             obs, info = self.loop.call(lambda: env.reset(seed=f["seed"], options=f["options"]))
-            reply = {"obs": obs, "info": encode_info(info)}
+            reply = {"obs": obs, "info": flat_records(info)}
         elif request.op is Op.STEP:
             obs, reward, terminated, truncated, info = self.loop.step(env, f["actions"])
             reply = {"obs": obs, "reward": reward, "terminated": bool(terminated), "truncated": bool(truncated),
-                     "info": encode_info(info)}
+                     "info": flat_records(info)}
         else:  # Op.FORK
             reply = self._open_session(state, lambda: fork_env(env, seed=f["seed"]))
         session.model_calls += 1
