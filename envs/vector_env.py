@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from worldstep.engine.checks import is_int
-from worldstep.engine.models.cosmos3 import SessionClosedError
+from worldstep.engine.session import SessionClosedError
 from worldstep.envs.batched import Pending, prepare, step_prepared
 from worldstep.envs.episode import RESET_OPTION_KEYS, reset_request
 from worldstep.envs.make import make_world_model_env
@@ -95,7 +95,7 @@ class WorldModelVectorEnv(VectorEnv):
         for i in np.flatnonzero(mask):  # every check before any session opens
             env, opts = self.envs[i].unwrapped, per_env[i]
             request = reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
-            env.rules.conditioning(request.domain_id)
+            env.rules.check_domain(request.domain_id)
             if request.image is not None:
                 env.rules.check_frame(request.image, "options['image']")
         if mask.all():

@@ -11,15 +11,13 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from worldstep.engine.checks import check_image, check_prompt
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.embodiment.conditioning import Conditioning
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import (
-    Conditioning,
-    Cosmos3WorldModel,
-    ModelSpec,
-    RolloutKnobs,
-    SessionClosedError,
-    frame_for_size,
-)
+from worldstep.engine.models.cosmos3.first_frame import frame_for_size
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
+from worldstep.engine.session import SessionClosedError
+from worldstep.engine.spec import ModelSpec
 from worldstep.envs.episode import (
     ACTION_BOUNDS,
     OBSERVATIONS,
@@ -119,7 +117,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
       caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
       (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment,
       its width and the allowed names. None: the checkpoint's only embodiment when it registers exactly one (the
-      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's.
+      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's. The env resolves it once, here, into
+      the ``Conditioning`` record every episode is opened with.
+    - ``domain_id``, ``action_width``, ``fps``: with a name or id, resolved with it (a domain id alone stands for
+      its embodiment; an explicit width must be the embodiment's; an explicit fps overrides its default).
     - ``prompt``, ``image``: defaults of the reset options of the same names (an option that is missing or None
       takes its default; an unknown option key raises ``ValueError``).
     - ``resolution_tier``: None keeps the model's frame size (the first frame is cover-cropped). 256, 480, 704, 720
@@ -156,6 +157,9 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         knobs: RolloutKnobs | None = None,
         *,
         embodiment: str | int | Conditioning | None = None,
+        domain_id: int | None = None,
+        action_width: int | None = None,
+        fps: float | None = None,
         prompt: str = DEFAULT_PROMPT,
         image: np.ndarray | None = None,
         resolution_tier: int | str | None = None,
@@ -170,14 +174,13 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.observation_mode = observation
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
-        cond = env_conditioning(model, knobs, embodiment)
+        cond = env_conditioning(model, knobs, embodiment, domain_id=domain_id, action_width=action_width, fps=fps)
         self.domain_id, self.conditioning = cond.domain_id, cond
         size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference
         frame = frame_for_size(spec, model.transformer.config.latent_patch_size, *size, resolution_tier)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
-        self.rules = EpisodeRules(model, knobs, cond.action_width, embodiment=cond.embodiment.name, fps=cond.fps,
-                                  frame=frame, observation=observation)
+        self.rules = EpisodeRules(model, knobs, cond, frame=frame, observation=observation)
         check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
         # the frames play at the session's fps (the embodiment's); render() returns one frame per window
@@ -205,9 +208,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
-        cond = self.rules.conditioning(request.domain_id)  # an id the embodiment contradicts: before any work
+        self.rules.check_domain(request.domain_id)  # an id the embodiment contradicts: before any work
         if request.prompt != self.prompt:
-            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", cond, self.rules.frame)
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", self.conditioning,
+                       self.rules.frame)
         if request.image is not None:
             self.rules.check_frame(request.image, "options['image']" if options and "image" in options else "image")
         super().reset(seed=seed)
@@ -360,11 +364,16 @@ def observation_space(knobs: RolloutKnobs, spec: ModelSpec, observation: str) ->
     return spaces.Dict({"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
 
 
-def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any) -> Conditioning:
-    """The env's checked conditioning: the engine's resolution of a name or domain id, or a given
-    ``Conditioning`` checked to be the one the engine resolves for this model and these knobs."""
+def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any, **given: Any) -> Conditioning:
+    """The env's checked conditioning, resolved once: the engine's resolution of a name or domain id (with
+    ``given``'s ``domain_id``, ``action_width``, ``fps``), or a given ``Conditioning`` checked to be the one the
+    engine resolves for this model and these knobs."""
     if not isinstance(embodiment, Conditioning):
-        return model.conditioning(knobs, env_rule=True, embodiment=embodiment)
+        return model.conditioning(knobs, env_rule=True, embodiment=embodiment, **given)
+    extra = sorted(k for k, v in given.items() if v is not None)
+    if extra:
+        raise ValueError(f"{extra[0]}={given[extra[0]]!r} is invalid with embodiment={embodiment!r}; allowed: None "
+                         "(the Conditioning holds it)")
     allowed = ("allowed: model.conditioning(knobs, env_rule=True, embodiment=..., domain_id=..., action_width=..., "
                "fps=...) of this model and knobs")
     if embodiment.embodiment is None:

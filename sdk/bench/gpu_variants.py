@@ -82,7 +82,7 @@ def graph_backend(backend: str, device: torch.device) -> tuple[str, str | None]:
     """The attention backend a CUDA-graphs path runs on: ``backend`` where the engine captures graphs with it,
     else sdpa (which it does), and the reason."""
     from worldstep.engine.attention import AttentionBackendName
-    from worldstep.engine.models.cosmos3.graphs import check_cuda_graphs
+    from worldstep.engine.graphs import check_cuda_graphs
 
     if device.type != "cuda" or backend == "sdpa":
         return backend, None

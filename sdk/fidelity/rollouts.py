@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from worldstep.engine.models.cosmos3 import RolloutKnobs
+from worldstep.engine.config import RolloutKnobs
 from worldstep.envs.push_sim import PushSimEnv, frame_success
 
 from ..episodes import EpisodeResult

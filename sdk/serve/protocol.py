@@ -236,7 +236,7 @@ def decode_info(info: dict[str, Any]) -> dict[str, Any]:
     """The env's info: ``timings`` and ``kv`` become the engine's ``PhaseTimings`` and ``KVStats`` again."""
     if not any(k in info for k in RECORD_KEYS):
         return info
-    from worldstep.engine.models.cosmos3 import KVStats, PhaseTimings
+    from worldstep.engine.spec import KVStats, PhaseTimings
 
     records = {"timings": PhaseTimings, "kv": KVStats}
     return {k: records[k](**v) if k in records and isinstance(v, dict) else v for k, v in info.items()}

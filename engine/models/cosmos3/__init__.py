@@ -1,49 +1,12 @@
-"""Cosmos3 forward dynamics rolled out window by window over the paged KV cache.
+"""Cosmos3: the maths of a window, the loader and the checkpoint layout, and `model.Cosmos3WorldModel`, the engine
+loop over them.
 
-The settings models (`RolloutKnobs`, `Cosmos3Architecture`) import without torch, so the YAML config can use
-them; everything else loads on first use.
+The package re-exports the settings models the YAML config uses, which import without torch; import the rest
+from its module (``from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel``).
 """
 
 from __future__ import annotations
 
-import importlib
-
 from .architecture import FAMILY_SWITCHES, Cosmos3Architecture, PipelineOptions
-from .knobs import RolloutKnobs
 
-_LAZY = {
-    "ActionConvention": ".action_convention",
-    "ActionNormalizer": ".action_normalizer",
-    "ActionRangeWarning": ".action_normalizer",
-    "ActionStats": ".action_stats",
-    "Conditioning": ".conditioning",
-    "FramePlan": ".canvas",
-    "plan_first_frame": ".canvas",
-    "SessionFrame": ".first_frame",
-    "frame_for_size": ".first_frame",
-    "Embodiment": ".embodiment",
-    "EmbodimentRegistry": ".embodiments",
-    "build_checkpoint": ".checkpoint",
-    "build_pipeline": ".checkpoint",
-    "ensure_embedded_checkpoint": ".checkpoint",
-    "CheckpointNotFoundError": ".loader",
-    "Cosmos3Components": ".loader",
-    "load_components": ".loader",
-    "model_spec": ".loader",
-    "Cosmos3WorldModel": ".model",
-    "resolve_device": ".loader",
-    "RolloutSession": ".session",
-    "SessionClosedError": ".session",
-    "KVStats": ".spec",
-    "ModelSpec": ".spec",
-    "PhaseTimings": ".spec",
-    "WindowResult": ".spec",
-}
-
-__all__ = ["FAMILY_SWITCHES", "Cosmos3Architecture", "PipelineOptions", "RolloutKnobs", *_LAZY]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["FAMILY_SWITCHES", "Cosmos3Architecture", "PipelineOptions"]

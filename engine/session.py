@@ -1,8 +1,8 @@
 """A rollout session: the record of one rollout that the model steps.
 
 A session holds ids, its RNG, its decoder session and a `WindowSchedule` cursor that gives the next
-window's geometry. It holds no reference to the model and has no verbs that do work: the model opens,
-steps, forks and closes sessions (`Cosmos3WorldModel.step(sessions, actions)`).
+window's geometry. It holds no reference to the loop or the model and has no verbs that do work: the loop
+opens, steps, forks and closes sessions (`RolloutLoop.step(sessions, actions)`).
 """
 
 from __future__ import annotations
@@ -14,21 +14,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...kv import StreamKey, StreamLabel
-from ...vae import DecodeSession
-from ...windowing import RetentionPolicy, WindowPlan
-from .conditioning import Conditioning
-from .first_frame import SessionFrame
-from .geometry import LEAD_FRAMES, LatentWindows
-from .knobs import RolloutKnobs
-from .spec import ModelSpec
-from .tokens import window_tokens
+from .config import RolloutKnobs
+from .embodiment.conditioning import Conditioning
+from .kv import StreamKey, StreamLabel
+from .latent_windows import LEAD_FRAMES, LatentWindows
+from .spec import ModelSpec, SessionFrame, window_tokens
+from .vae.session import DecodeSession
+from .windowing import RetentionPolicy, WindowPlan
 
 
 class SessionClosedError(RuntimeError):
     """The session was closed (possibly from another thread) before or while a window ran.
 
-    ``committed``: windows of the step had already committed (the model then closes the step's sessions).
+    ``committed``: windows of the step had already committed (the loop then closes the step's sessions).
     """
 
     def __init__(self, message: str, *, committed: bool = False) -> None:
@@ -72,7 +70,7 @@ class RolloutSession:
 
     Resolved once when the session is made (constant while it lives, so a step only reads them): ``labels``
     and ``keys`` (its KV streams) and ``retention`` (what a commit of each stream keeps). ``plan`` is the one
-    cursor: only the model's postprocess moves it.
+    cursor: only the loop's postprocess moves it.
     """
 
     session_id: str
@@ -88,7 +86,7 @@ class RolloutSession:
     decoder_session: DecodeSession | None
     first_frame: np.ndarray | None
     schedule: LatentWindows
-    plan: WindowPlan | None = None  # the next window (None: the first); only the model's postprocess moves it
+    plan: WindowPlan | None = None  # the next window (None: the first); only the loop's postprocess moves it
     last_latents: torch.Tensor | None = None
     closed: bool = False
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while a window runs
