@@ -1,11 +1,6 @@
-"""The engine loop: a model adapter (`adapter.ModelAdapter`) behind sessions, the shared KV page pool, the warm
-decoder, and the verbs that open, step, fork and close rollout sessions.
-
-The loop allocates what every session shares, once, from the adapter's `adapter.KVLayout` and the config
-sections it is given (`config.CacheConfig`, `config.RuntimeConfig`, `vae.DecoderOptions`), and hands them to the
-adapter as arguments (`adapter.LoopParts`). A step reads as three calls: schedule (`scheduler.Scheduler`), run
-(`runner.StepRunner`) and postprocess (here, the one place a session's cursor moves).
-"""
+"""The engine loop: a model adapter (`adapter.ModelAdapter`) behind sessions, with what every session shares
+(the KV page pool, allocated here from the adapter's `KVLayout` and the config sections; the warm decoder) and
+the verbs that open, step, fork and close them. A step is schedule, run (`runner.StepRunner`), postprocess."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ import torch
 
 from .adapter import KVLayout, LoopParts, ModelAdapter
 from .attention import AttentionBackendName, resolve_backend
-from .checks import check_actions, check_image, check_prompt
+from .checks import check_image, check_prompt
 from .config import CacheConfig, RolloutKnobs, RuntimeConfig
 from .devices import canonical_device
 from .embodiment.conditioning import Conditioning, resolve_conditioning, resolve_env_conditioning
@@ -29,7 +24,7 @@ from .kv import PagedKVCache, StreamKey, StreamLabel
 from .lanes import DecodeLane
 from .runner import StepRunner, WindowOutput
 from .scheduler import Scheduler, StepBatch
-from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
+from .session import RolloutSession, SessionClosedError, check_step_actions, new_session_id, window_schedule
 from .spec import KVStats, ModelSpec, PhaseTimings, SessionFrame, WindowResult, charge_step_overhead, window_tokens
 from .vae import DecoderOptions
 from .vae.decoder import WarmWanDecoder
@@ -48,6 +43,7 @@ class RolloutLoop:
         self.device = device = canonical_device(device)
         self.spec: ModelSpec = adapter.spec
         self.embodiments = adapter.embodiments  # the names this checkpoint takes
+        self._resolved: set[tuple[Conditioning, str | None]] = set()  # `conditioning`'s records, with their view
         layout: KVLayout = adapter.kv_layout
         self.dtype = layout.dtype
         self.kv = PagedKVCache(num_layers=layout.num_layers, num_pages=cache.num_pages, page_size=cache.page_size,
@@ -155,8 +151,16 @@ class RolloutLoop:
         ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names.
         ``env_rule``: an env's (`conditioning.env_embodiment`: a domain id stands for its embodiment). An env
         resolves it once, when it is made, and hands the record down (`open_checked`)."""
+        knobs = knobs if knobs is not None else RolloutKnobs()
         resolve = resolve_env_conditioning if env_rule else resolve_conditioning
-        return resolve(self.embodiments, self.spec, knobs if knobs is not None else RolloutKnobs(), **given)
+        cond = resolve(self.embodiments, self.spec, knobs, **given)
+        self._resolved.add((cond, knobs.view_point))
+        return cond
+
+    def resolved_here(self, conditioning: Conditioning, knobs: RolloutKnobs) -> bool:
+        """Whether ``conditioning`` is a record `conditioning` resolved for knobs like ``knobs``: a caller handed
+        one takes it as it is, without resolving it again."""
+        return (conditioning, knobs.view_point) in self._resolved
 
     def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None, conditioning: Conditioning | None = None,
                   frame: SessionFrame | None = None) -> int:
@@ -193,13 +197,7 @@ class RolloutLoop:
             generator.set_state(session.generator.get_state())
         parent = session.decoder_session
         decoder_session = None if parent is None else self.decoder.fork_session(parent)
-        fork = RolloutSession(
-            session_id=new_session_id(), knobs=session.knobs, domain_id=session.domain_id,
-            conditioning=session.conditioning, frame=session.frame,
-            action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
-            text_lens=dict(session.text_lens), first_latent=session.first_latent, decoder_session=decoder_session,
-            first_frame=session.first_frame, schedule=session.schedule, plan=session.plan,
-            last_latents=session.last_latents)
+        fork = session.branch(new_session_id(), generator, decoder_session)
         try:
             if self.kv.is_offloaded(session.session_id):
                 self.scheduler.admit([session.session_id], 0)
@@ -251,7 +249,7 @@ class RolloutLoop:
         """Step every session one window: schedule, run, postprocess. Sessions that share steps, shift, mode
         and window shape run ONE batched forward per denoise step. With ``decode=False`` the frames are left
         to `decode`."""
-        started, sessions, checked = time.perf_counter(), list(sessions), self._check_actions(sessions, actions)
+        started, sessions, checked = time.perf_counter(), list(sessions), check_step_actions(sessions, actions)
         with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
             for s in sorted(sessions, key=attrgetter("session_id")):
                 stack.enter_context(s.busy)
@@ -269,18 +267,6 @@ class RolloutLoop:
                 self._close_all_locked(sessions)
                 raise
             return charge_step_overhead(self._postprocess(batch, outputs), time.perf_counter() - started)
-
-    def _check_actions(self, sessions: Sequence[RolloutSession], actions: Sequence) -> list:
-        sessions, actions = list(sessions), list(actions)
-        if len(sessions) != len(actions) or len(set(map(id, sessions))) != len(sessions):
-            raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
-                             "action array per distinct session")
-        checked = []  # each session is checked open once, under its window lock (`step`)
-        for i, (s, a) in enumerate(zip(sessions, actions)):
-            low, high = s.action_bounds or (None, None)
-            field = "actions" if len(sessions) == 1 else f"actions[{i}]"
-            checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
-        return checked
 
     def _postprocess(self, batch: StepBatch[RolloutSession], outputs: list[WindowOutput]) -> list[WindowResult]:
         """Advance each session past its window (the one place a cursor moves) and report the window."""

@@ -27,12 +27,18 @@ from .vae.decoder import WarmWanDecoder
 
 
 def denoise_window(ctx: WindowOps, group: tuple[ScheduledWindow[RolloutSession], ...]) -> DenoisedGroup:
-    """The runner's call into the adapter for a group's denoise (one seam, which tests and profilers wrap)."""
+    """A group's denoise through the adapter, unless a session of it was closed (from another thread) since the
+    step began: then nothing of the group runs."""
+    for w in group:
+        w.session.check_open()
     return ctx.denoise(group)
 
 
-def commit_window(ctx: WindowOps, window: DenoisedGroup) -> None:
-    """The runner's call into the adapter for a group's commit."""
+def commit_window(ctx: WindowOps, group: tuple[ScheduledWindow[RolloutSession], ...], window: DenoisedGroup) -> None:
+    """A group's commit through the adapter, unless a session of it was closed since its denoise: then nothing of
+    the window reaches any stream."""
+    for w in group:
+        w.session.check_open()
     ctx.commit(window)
 
 
@@ -90,9 +96,9 @@ class StepRunner:
                 clock.mark("denoise_end")
                 if self.decode_after_denoise:
                     run = self._decode_group(group, window.latents, clock, decode)
-                    committed = self._commit(window, clock)
+                    committed = self._commit(group, window, clock)
                 else:
-                    committed = self._commit(window, clock)
+                    committed = self._commit(group, window, clock)
                     run = self._decode_group(group, window.latents, clock, decode)
                 done.append(run)
             self.lane.join()
@@ -104,10 +110,11 @@ class StepRunner:
                 raise
             raise SessionClosedError(str(e), committed=True) from e
 
-    def _commit(self, window: DenoisedGroup, clock: PhaseClock) -> bool:
+    def _commit(self, group: tuple[ScheduledWindow[RolloutSession], ...], window: DenoisedGroup,
+                clock: PhaseClock) -> bool:
         """Commit the group's window, timed from ``commit_start`` (on a CPU a decode queued before it ran in place)."""
         clock.mark("commit_start")
-        commit_window(self.ctx, window)
+        commit_window(self.ctx, group, window)
         clock.mark("commit_end")
         return True
 

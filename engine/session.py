@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .checks import check_actions
 from .config import RolloutKnobs
 from .embodiment.conditioning import Conditioning
 from .kv import StreamKey, StreamLabel
@@ -136,6 +138,30 @@ class RolloutSession:
         return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, float(knobs.context_noise), plan.units,
                 plan.cond_units, spec.latent_height, spec.latent_width, spec.patch_grid)
 
+    def branch(self, session_id: str, generator: torch.Generator,
+               decoder_session: DecodeSession | None) -> RolloutSession:
+        """A record continuing this one under ``session_id`` (the loop's `fork` shares its KV pages)."""
+        return RolloutSession(
+            session_id=session_id, knobs=self.knobs, domain_id=self.domain_id, conditioning=self.conditioning,
+            frame=self.frame, action_shape=self.action_shape, action_bounds=self.action_bounds, generator=generator,
+            text_lens=dict(self.text_lens), first_latent=self.first_latent, decoder_session=decoder_session,
+            first_frame=self.first_frame, schedule=self.schedule, plan=self.plan, last_latents=self.last_latents)
+
     def check_open(self) -> None:
         if self.closed or self.abort.is_set():
             raise SessionClosedError(f"session {self.session_id} is closed; open a new one (env.reset)")
+
+
+def check_step_actions(sessions: Sequence[RolloutSession], actions: Sequence) -> list[np.ndarray]:
+    """One action array per distinct session, each of its session's shape and within its bounds (the step's
+    entry check; each session is checked open once, under its window lock, by the loop)."""
+    sessions, actions = list(sessions), list(actions)
+    if len(sessions) != len(actions) or len(set(map(id, sessions))) != len(sessions):
+        raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
+                         "action array per distinct session")
+    checked = []
+    for i, (s, a) in enumerate(zip(sessions, actions)):
+        low, high = s.action_bounds or (None, None)
+        field = "actions" if len(sessions) == 1 else f"actions[{i}]"
+        checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
+    return checked

@@ -46,9 +46,10 @@ def make_world_model_env(
         knobs = knobs.model_copy(update={"decode": False})
     if max_windows is not None:
         check_int("max_windows", max_windows, 1)
-    env: Any = WorldModelEnv(model, knobs, embodiment=embodiment, domain_id=domain_id, action_width=action_width,
-                             fps=fps, prompt=prompt, image=image, resolution_tier=resolution_tier,
-                             simulator=simulator, render_mode=render_mode)
+    cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
+                              action_width=action_width, fps=fps)  # once: the env takes the record as it is
+    env: Any = WorldModelEnv(model, knobs, embodiment=cond, prompt=prompt, image=image,
+                             resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode)
     try:
         if action_normalizer is not None:
             env = NormalizeActions(env, action_normalizer)

@@ -117,10 +117,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
       caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
       (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment,
       its width and the allowed names. None: the checkpoint's only embodiment when it registers exactly one (the
-      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's. The env resolves it once, here, into
-      the ``Conditioning`` record every episode is opened with.
-    - ``domain_id``, ``action_width``, ``fps``: with a name or id, resolved with it (a domain id alone stands for
-      its embodiment; an explicit width must be the embodiment's; an explicit fps overrides its default).
+      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's. It is resolved once (here, or by
+      ``make_env``) into the ``Conditioning`` record every episode is opened with.
     - ``prompt``, ``image``: defaults of the reset options of the same names (an option that is missing or None
       takes its default; an unknown option key raises ``ValueError``).
     - ``resolution_tier``: None keeps the model's frame size (the first frame is cover-cropped). 256, 480, 704, 720
@@ -157,9 +155,6 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         knobs: RolloutKnobs | None = None,
         *,
         embodiment: str | int | Conditioning | None = None,
-        domain_id: int | None = None,
-        action_width: int | None = None,
-        fps: float | None = None,
         prompt: str = DEFAULT_PROMPT,
         image: np.ndarray | None = None,
         resolution_tier: int | str | None = None,
@@ -174,7 +169,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.observation_mode = observation
         self.prompt = check_prompt("prompt", prompt)
         self.image = None if image is None else check_image("image", image)
-        cond = env_conditioning(model, knobs, embodiment, domain_id=domain_id, action_width=action_width, fps=fps)
+        cond = env_conditioning(model, knobs, embodiment)
         self.domain_id, self.conditioning = cond.domain_id, cond
         size = (spec.height, spec.width) if self.image is None else self.image.shape[:2]  # the canvas's reference
         frame = frame_for_size(spec, model.transformer.config.latent_patch_size, *size, resolution_tier)
@@ -364,24 +359,16 @@ def observation_space(knobs: RolloutKnobs, spec: ModelSpec, observation: str) ->
     return spaces.Dict({"frames": spaces.Box(0, 255, (knobs.chunk_size, spec.height, spec.width, 3), np.uint8)})
 
 
-def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any, **given: Any) -> Conditioning:
-    """The env's checked conditioning, resolved once: the engine's resolution of a name or domain id (with
-    ``given``'s ``domain_id``, ``action_width``, ``fps``), or a given ``Conditioning`` checked to be the one the
-    engine resolves for this model and these knobs."""
+def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any) -> Conditioning:
+    """The env's checked conditioning, resolved once: the engine's resolution of a name or domain id, or a given
+    ``Conditioning`` that the engine resolved for this model and knobs like these (taken as it is)."""
     if not isinstance(embodiment, Conditioning):
-        return model.conditioning(knobs, env_rule=True, embodiment=embodiment, **given)
-    extra = sorted(k for k, v in given.items() if v is not None)
-    if extra:
-        raise ValueError(f"{extra[0]}={given[extra[0]]!r} is invalid with embodiment={embodiment!r}; allowed: None "
-                         "(the Conditioning holds it)")
+        return model.conditioning(knobs, env_rule=True, embodiment=embodiment)
     allowed = ("allowed: model.conditioning(knobs, env_rule=True, embodiment=..., domain_id=..., action_width=..., "
                "fps=...) of this model and knobs")
     if embodiment.embodiment is None:
         raise ValueError(f"embodiment={embodiment!r} is invalid: it names no embodiment; {allowed}")
-    checked = model.conditioning(knobs, env_rule=True, embodiment=embodiment.embodiment.name,
-                                 domain_id=embodiment.domain_id, action_width=embodiment.action_width,
-                                 fps=embodiment.fps)
-    if checked != embodiment:
-        raise ValueError(f"embodiment={embodiment!r} is invalid for this model and knobs (they give {checked!r}); "
-                         f"{allowed}")
-    return checked
+    if not model.resolved_here(embodiment, knobs):
+        raise ValueError(f"embodiment={embodiment!r} is invalid for this model and knobs (this model resolved no "
+                         f"such record for view point {knobs.view_point!r}); {allowed}")
+    return embodiment

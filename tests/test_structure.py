@@ -33,7 +33,7 @@ def test_the_module_walk_sees_the_whole_package():
     g = _graph()
     assert "worldstep.engine.kv" in g["worldstep.engine.session"]
     # lazy exports count as imports: the tables are resolved
-    assert "worldstep.engine.models.cosmos3.model" in g["worldstep.engine.models.cosmos3"]
+    assert "worldstep.engine.models.cosmos3.architecture" in g["worldstep.engine.models.cosmos3"]
     assert "worldstep.world" in g["worldstep"] and "worldstep.envs.episode" in g["worldstep.envs"]
 
 

@@ -54,10 +54,26 @@ class WindowContext:
     graphs: GraphCache | None = None  # the loop's captured denoise steps and commits, with `cuda_graphs` (graphs.py)
 
     def denoise(self, group: Sequence[ScheduledWindow[RolloutSession]]) -> DenoisedWindow:
-        return denoise_window(self, group)
+        """Denoise one scheduled group's windows as one batched window (no wait for the device).
+
+        Args:
+            group: windows of open sessions with equal `RolloutSession.group_key` (the scheduler grouped them by it),
+                admitted into the page pool; their ``actions`` are ``[chunk, width]`` float32, already checked.
+        """
+        jobs = [_prepare(self, w.session, w.plan, w.actions) for w in group]
+        rows = [(job, label) for job in jobs for label in job.session.labels]
+        tables = [self.cache.page_table(k) for job in jobs for k in job.session.keys]
+        batch = PagedAttentionBatch(self.cache, tables, [job.num_tokens for job, _ in rows], self.backend, self.kernels)
+        rotaries = [_row_rotary(self, job, label) for job, label in rows]
+        cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
+        graphed, forward = _denoise(self, jobs, batch, cos, sin)
+        return DenoisedWindow(jobs, batch, cos, sin, graphed, forward)
 
     def commit(self, window: DenoisedWindow) -> None:
-        commit_window(self, window)
+        """In kv mode, append each row's clean-window K/V to its streams and release beyond the horizon (see `_commit`);
+        chained windows commit nothing."""
+        if window.jobs[0].session.knobs.window_mode == "kv":
+            _commit(self, window)
 
 
 @dataclass
@@ -87,30 +103,6 @@ class DenoisedWindow:
     def latents(self) -> list[torch.Tensor]:
         """Per window its new latents ``[C, n, h, w]``, float32, on the device (the commit leaves them as they are)."""
         return [job.latents[:, job.clean:].float() for job in self.jobs]
-
-
-def denoise_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSession]]) -> DenoisedWindow:
-    """Denoise one scheduled group's windows as one batched window (no wait for the device).
-
-    Args:
-        group: windows of open sessions with equal `RolloutSession.group_key` (the scheduler grouped them by it),
-            admitted into the page pool; their ``actions`` are ``[chunk, width]`` float32, already checked.
-    """
-    jobs = [_prepare(ctx, w.session, w.plan, w.actions) for w in group]
-    rows = [(job, label) for job in jobs for label in job.session.labels]
-    tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.keys]
-    batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend, ctx.kernels)
-    rotaries = [_row_rotary(ctx, job, label) for job, label in rows]
-    cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
-    graphed, forward = _denoise(ctx, jobs, batch, cos, sin)
-    return DenoisedWindow(jobs, batch, cos, sin, graphed, forward)
-
-
-def commit_window(ctx: WindowContext, window: DenoisedWindow) -> None:
-    """In kv mode, append each row's clean-window K/V to its streams and release beyond the horizon (see `_commit`);
-    chained windows commit nothing."""
-    if window.jobs[0].session.knobs.window_mode == "kv":
-        _commit(ctx, window)
 
 
 def _prepare(ctx: WindowContext, session: RolloutSession, plan: WindowPlan, actions: np.ndarray) -> _Job:
