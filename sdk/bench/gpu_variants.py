@@ -70,7 +70,7 @@ def configured(knobs: dict[str, Any], base: str = "cosmos3_edge"):
 def model_kwargs(knobs: dict[str, Any], base: str = "cosmos3_edge") -> dict[str, Any]:
     """`Cosmos3WorldModel` keywords of a path: its config's decoder section, and each ``model.*`` knob by name."""
     config = configured(knobs, base)
-    kwargs: dict[str, Any] = {"decoder_options": config.decoder}
+    kwargs: dict[str, Any] = {"decoder": config.decoder}
     for key in knobs:
         section, name = split_key(key)
         if section == "model":
