@@ -219,8 +219,9 @@ class RolloutLoop:
         """Close every session and free the captured CUDA graphs (recaptured when needed)."""
         for session in self.scheduler.sessions():
             self.close(session)
-        if self.parts.graphs is not None:
-            self.parts.graphs.clear()
+        graphs = self.runner.ctx.graphs  # the bound ops' (the loop's parts', unless replaced)
+        if graphs is not None:
+            graphs.clear()
 
     def kv_stats(self, session: RolloutSession) -> KVStats:
         if session.closed:

@@ -134,7 +134,7 @@ def test_vector_env_and_config_take_the_embodiment(world):  # noqa: F811
         worldstep.make_env(world, embodiment="pusht", domain_id=7)
 
 
-_REGISTRY_NAMES = sorted(worldstep.engine.models.cosmos3.EmbodimentRegistry.default().names)
+_REGISTRY_NAMES = sorted(worldstep.engine.embodiment.EmbodimentRegistry.default().names)
 
 
 @settings(max_examples=60, deadline=None)
