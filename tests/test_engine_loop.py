@@ -193,3 +193,20 @@ def test_a_window_primes_its_batch_once(world, monkeypatch):  # noqa: F811
         assert len(primes) == 1  # before the denoise loop; every forward of the window reuses it
     finally:
         env.close()
+
+
+def _members(protocol: type) -> set[str]:
+    """The attributes and methods a Protocol declares."""
+    declared = set(getattr(protocol, "__annotations__", {}))
+    return declared | {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+
+
+def test_cosmos3_implements_the_adapter_contract(world):  # noqa: F811
+    from worldstep.engine.adapter import ModelAdapter, WindowOps
+
+    adapter, ops = world.model.adapter, world.model.runner.ctx
+    assert {"spec", "kv_layout", "vae", "prefill", "bind", "denoise", "commit"} <= _members(ModelAdapter) | _members(
+        WindowOps)
+    assert [n for n in sorted(_members(ModelAdapter)) if not hasattr(adapter, n)] == []
+    assert [n for n in sorted(_members(WindowOps)) if not hasattr(ops, n)] == []
+    assert world.model.kv_bytes_per_token == adapter.kv_layout.bytes_per_token > 0
