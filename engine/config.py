@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .checks import MAX_PROMPT_CHARS
 from .settings import ConfigError, NonNegativeInt, PositiveInt, StrictModel, UnknownKeyError, unknown_key_message
 
 WindowMode = Literal["kv", "chained"]
@@ -43,6 +44,13 @@ class RolloutKnobs(StrictModel):
     """flow-matching level at which a committed window's latents are noised before the commit pass, given to the
     model as their timestep (kv mode; a model fine-tuned with context noise, ``--context-level``); 0: committed
     clean with no timestep, as released Cosmos3 checkpoints expect"""
+
+    @field_validator("negative_prompt")
+    @classmethod
+    def _negative_prompt(cls, value: str) -> str:
+        if len(value) > MAX_PROMPT_CHARS:  # checked here, where the knobs enter, not again at every open
+            raise ValueError(f"a string of at most {MAX_PROMPT_CHARS} characters (got {len(value)})")
+        return value
 
     @field_validator("chunk_size")
     @classmethod

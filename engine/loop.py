@@ -96,7 +96,6 @@ class RolloutLoop:
         elif not isinstance(conditioning, Conditioning):
             raise ValueError(f"conditioning={conditioning!r} is invalid; allowed: a Conditioning or None")
         prompt, image = check_prompt("prompt", prompt), check_image("image", image)
-        check_prompt("negative_prompt", knobs.negative_prompt, allow_empty=True)
         return self.open_checked(image, prompt, conditioning, knobs=knobs, generator=generator,
                                  action_bounds=action_bounds, tier=tier)
 
