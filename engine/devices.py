@@ -43,3 +43,11 @@ def canonical_device(spec: str | int | torch.device, *, name: str = "device") ->
         if device.index is None:
             return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def resolve_device(spec: str | int | torch.device, *, name: str = "device") -> torch.device:
+    """``"auto"`` (CUDA when this machine has it, else the CPU) or any `canonical_device` spelling, as its
+    canonical device: the one place ``auto`` is decided. ValueError naming ``name`` as `canonical_device`."""
+    if isinstance(spec, str) and spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    return canonical_device(spec, name=name)

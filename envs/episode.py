@@ -15,15 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 from worldstep.engine.checks import check_image, check_int, check_prompt
-from worldstep.engine.models.cosmos3 import (
-    Conditioning,
-    Cosmos3WorldModel,
-    RolloutKnobs,
-    RolloutSession,
-    SessionFrame,
-    WindowResult,
-    plan_first_frame,
-)
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.embodiment.conditioning import Conditioning
+from worldstep.engine.models.cosmos3.canvas import plan_first_frame
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
+from worldstep.engine.session import RolloutSession
+from worldstep.engine.spec import SessionFrame, WindowResult
 
 from .latent_frames import LatentFrames
 from .scene import SimulatorScene, draw_tabletop
@@ -43,11 +40,19 @@ class EpisodeRules:
 
     model: Cosmos3WorldModel
     knobs: RolloutKnobs
-    action_width: int
-    embodiment: str | None = None  # the embodiment's name
-    fps: float | None = None  # an explicit fps (None: the embodiment's, else the model's)
+    conditioning: Conditioning  # resolved once, when the env was made; every episode is opened with it
     frame: SessionFrame | None = None  # the env's fixed canvas (None: the model's frame size, cover-cropped)
     observation: str = "frames"  # one of OBSERVATIONS; "latents": the knobs say decode=False
+
+    @property
+    def action_width(self) -> int:
+        return self.conditioning.action_width
+
+    @property
+    def embodiment(self) -> str | None:
+        """The embodiment's name."""
+        found = self.conditioning.embodiment
+        return None if found is None else found.name
 
     @property
     def latent_mode(self) -> bool:
@@ -72,10 +77,9 @@ class EpisodeRules:
                 f"{got.canvas[0]}x{got.canvas[1]} canvas and {got.output_size[0]}x{got.output_size[1]} frames; "
                 f"allowed: an image that gives the env's, e.g. {want.source[0]}x{want.source[1]}")
 
-    def conditioning(self, domain_id: int) -> Conditioning:
-        """The checked conditioning of an episode in ``domain_id`` (a ValueError before any model work)."""
-        return self.model.conditioning(self.knobs, embodiment=self.embodiment, domain_id=domain_id,
-                                       action_width=self.action_width, fps=self.fps)
+    def check_domain(self, domain_id: int) -> None:
+        """A ValueError, before any model work, when a reset's ``domain_id`` is not the env's embodiment's."""
+        self.conditioning.check_domain(domain_id)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,8 @@ class ResetRequest:
 def reset_request(options: Any, image: np.ndarray | None, prompt: str, domain_id: int,
                   num_domains: int) -> ResetRequest:
     """Reset options over the env's defaults (a missing or None key takes the default); unknown keys and bad
-    values raise ValueError before anything changes."""
+    values raise ValueError before anything changes. The defaults were checked when the env was made: only an
+    image or a prompt the options give is checked here, where it enters."""
     if options is not None and not isinstance(options, Mapping):
         raise ValueError(f"options={options!r} is invalid; allowed: a dict with keys {RESET_OPTION_KEYS}")
     unknown = sorted(set(options or {}) - set(RESET_OPTION_KEYS), key=str)
@@ -100,10 +105,9 @@ def reset_request(options: Any, image: np.ndarray | None, prompt: str, domain_id
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ValueError(f"options[{key!r}] is invalid{hint}; allowed keys: {', '.join(RESET_OPTION_KEYS)}")
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    image = given.get("image", image)
     return ResetRequest(
-        image=None if image is None else check_image("options['image']", image),
-        prompt=check_prompt("options['prompt']", given.get("prompt", prompt)),
+        image=check_image("options['image']", given["image"]) if "image" in given else image,
+        prompt=check_prompt("options['prompt']", given["prompt"]) if "prompt" in given else prompt,
         domain_id=check_int("options['domain_id']", given.get("domain_id", domain_id), 0, num_domains),
     )
 
@@ -146,10 +150,8 @@ class Episode:
         """Open the engine session (its diffusion noise seeded from ``np_random``; ``action_bounds``: what the
         engine holds each window's actions to, None for none)."""
         generator = torch.Generator().manual_seed(int(np_random.integers(2**63)))
-        session = rules.model.open_session(image, request.prompt, request.domain_id, knobs=rules.knobs,
-                                           generator=generator, embodiment=rules.embodiment,
-                                           action_width=rules.action_width, fps=rules.fps,
-                                           action_bounds=action_bounds, tier=rules.tier)
+        session = rules.model.open_checked(image, request.prompt, rules.conditioning, knobs=rules.knobs,
+                                           generator=generator, action_bounds=action_bounds, tier=rules.tier)
         if not rules.latent_mode:
             return cls(rules, session, image)
         try:
@@ -232,7 +234,7 @@ def check_pool(model: Cosmos3WorldModel, knobs: RolloutKnobs, prompt: str, field
                conditioning: Conditioning | None = None, frame: SessionFrame | None = None) -> None:
     """ValueError, before anything opens, when the page pool cannot hold one episode's prompt, first frame and
     first window."""
-    needed = model.min_pages(prompt, knobs, conditioning, frame)
+    needed = model.pages_needed(prompt, knobs, conditioning, frame)  # the prompt was checked where it entered
     pool = model.kv.num_pages
     if needed > pool:
         raise ValueError(f"cache.num_pages={pool} is invalid for {field} of {len(prompt)} characters; allowed: "

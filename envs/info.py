@@ -20,7 +20,7 @@ def records_from(info: dict[str, Any]) -> dict[str, Any]:
     """``info`` with each record's dict of numbers made the engine's record again (the inverse of `flat_records`)."""
     if not any(k in info for k in RECORD_KEYS):
         return info
-    from worldstep.engine.models.cosmos3 import KVStats, PhaseTimings
+    from worldstep.engine.spec import KVStats, PhaseTimings
 
     records = dict(zip(RECORD_KEYS, (PhaseTimings, KVStats)))
     return {k: records[k](**v) if k in records and isinstance(v, dict) else v for k, v in info.items()}

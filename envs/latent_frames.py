@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from worldstep.engine.vae import DecodeSession, WarmWanDecoder
+from worldstep.engine.vae.decoder import WarmWanDecoder
+from worldstep.engine.vae.session import DecodeSession
 
 
 class LatentFrames:

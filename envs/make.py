@@ -9,7 +9,9 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 from worldstep.engine.checks import check_int
-from worldstep.engine.models.cosmos3 import ActionNormalizer, Cosmos3WorldModel, RolloutKnobs
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
 from .world_model_env import DEFAULT_PROMPT, WorldModelEnv, check_model_and_knobs
 from .wrappers.episode import JudgeSuccess, NormalizeActions, WindowLimit
@@ -36,8 +38,8 @@ def make_world_model_env(
 ) -> gym.Env:
     """``WindowLimit(JudgeSuccess(NormalizeActions(WorldModelEnv(...))))`` (``NormalizeActions`` only with an
     ``action_normalizer``; no ``WindowLimit`` with ``max_windows=None``: an outer ``TimeLimit`` counts the windows).
-    ``embodiment``, ``domain_id``, ``action_width`` and ``fps`` are resolved by the engine into the env's
-    conditioning (errors name the argument given); the rest are the env's and the wrappers' (``observation``:
+    ``embodiment``, ``domain_id``, ``action_width`` and ``fps`` are resolved by the engine, once, into the env's
+    conditioning record (errors name the argument given); the rest are the env's and the wrappers' (``observation``:
     ``"frames"`` or ``"latents"``, see ``WorldModelEnv``)."""
     knobs = check_model_and_knobs(model, knobs, observation)
     if observation == "latents":  # the engine decodes nothing; the env's render() does
@@ -45,7 +47,7 @@ def make_world_model_env(
     if max_windows is not None:
         check_int("max_windows", max_windows, 1)
     cond = model.conditioning(knobs, env_rule=True, embodiment=embodiment, domain_id=domain_id,
-                              action_width=action_width, fps=fps)
+                              action_width=action_width, fps=fps)  # once: the env takes the record as it is
     env: Any = WorldModelEnv(model, knobs, embodiment=cond, prompt=prompt, image=image,
                              resolution_tier=resolution_tier, simulator=simulator, render_mode=render_mode)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import SessionClosedError
+from worldstep.engine.session import SessionClosedError
 from worldstep.envs.episode import Episode
 
 Outcome = tuple  # (obs, reward, terminated, truncated, info)

@@ -7,7 +7,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from worldstep.engine.models.cosmos3.action_convention import ActionConvention, ActionKind
+from worldstep.engine.embodiment.action_convention import ActionConvention, ActionKind
 
 from .pose import compose, matrix_to_rot6d, rot6d_to_matrix
 

@@ -94,7 +94,7 @@ class WorldModelVectorEnv(VectorEnv):
         for i in np.flatnonzero(mask):  # every check before any session opens
             env, opts = self.envs[i].unwrapped, per_env[i]
             request = reset_request(opts, env.image, env.prompt, env.domain_id, self.model.spec.num_domains)
-            env.rules.conditioning(request.domain_id)
+            env.rules.check_domain(request.domain_id)
             if request.image is not None:
                 env.rules.check_frame(request.image, "options['image']")
         if mask.all():

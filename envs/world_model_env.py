@@ -11,13 +11,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 from worldstep.engine.checks import check_image, check_prompt
-from worldstep.engine.models.cosmos3 import (
-    Conditioning,
-    Cosmos3WorldModel,
-    ModelSpec,
-    RolloutKnobs,
-    frame_for_size,
-)
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.embodiment.conditioning import Conditioning
+from worldstep.engine.models.cosmos3.first_frame import frame_for_size
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
+from worldstep.engine.spec import ModelSpec
 from worldstep.envs.episode import (
     ACTION_BOUNDS,
     OBSERVATIONS,
@@ -118,7 +116,8 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
       caption and ``metadata["frame_fps"]`` (its ``default_fps``, else the model's), and the caption's view point
       (unless ``knobs.view_point`` is set). A bad name, id or width is a ``ValueError`` naming the embodiment,
       its width and the allowed names. None: the checkpoint's only embodiment when it registers exactly one (the
-      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's.
+      shipped ``pusher``). A reset's ``domain_id`` must be the embodiment's. It is resolved once (here, or by
+      ``make_env``) into the ``Conditioning`` record every episode is opened with.
     - ``prompt``, ``image``: defaults of the reset options of the same names (an option that is missing or None
       takes its default; an unknown option key raises ``ValueError``).
     - ``resolution_tier``: None keeps the model's frame size (the first frame is cover-cropped). 256, 480, 704, 720
@@ -175,8 +174,7 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         frame = frame_for_size(spec, model.transformer.config.latent_patch_size, *size, resolution_tier)
         self.simulator = simulator
         self._scene = None if simulator is None else SimulatorScene(simulator)
-        self.rules = EpisodeRules(model, knobs, cond.action_width, embodiment=cond.embodiment.name, fps=cond.fps,
-                                  frame=frame, observation=observation)
+        self.rules = EpisodeRules(model, knobs, cond, frame=frame, observation=observation)
         check_pool(model, knobs, self.prompt, "prompt", cond, frame)
         self.render_mode = render_mode
         # the frames play at the session's fps (the embodiment's); render() returns one frame per window
@@ -204,9 +202,10 @@ class WorldModelEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         request = reset_request(options, self.image, self.prompt, self.domain_id, self.model.spec.num_domains)
-        cond = self.rules.conditioning(request.domain_id)  # an id the embodiment contradicts: before any work
+        self.rules.check_domain(request.domain_id)  # an id the embodiment contradicts: before any work
         if request.prompt != self.prompt:
-            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", cond, self.rules.frame)
+            check_pool(self.model, self.knobs, request.prompt, "options['prompt']", self.conditioning,
+                       self.rules.frame)
         if request.image is not None:
             self.rules.check_frame(request.image, "options['image']" if options and "image" in options else "image")
         super().reset(seed=seed)
@@ -356,18 +355,15 @@ def observation_space(knobs: RolloutKnobs, spec: ModelSpec, observation: str) ->
 
 
 def env_conditioning(model: Cosmos3WorldModel, knobs: RolloutKnobs, embodiment: Any) -> Conditioning:
-    """The env's checked conditioning: the engine's resolution of a name or domain id, or a given
-    ``Conditioning`` checked to be the one the engine resolves for this model and these knobs."""
+    """The env's checked conditioning, resolved once: the engine's resolution of a name or domain id, or a given
+    ``Conditioning`` that the engine resolved for this model and knobs like these (taken as it is)."""
     if not isinstance(embodiment, Conditioning):
         return model.conditioning(knobs, env_rule=True, embodiment=embodiment)
     allowed = ("allowed: model.conditioning(knobs, env_rule=True, embodiment=..., domain_id=..., action_width=..., "
                "fps=...) of this model and knobs")
     if embodiment.embodiment is None:
         raise ValueError(f"embodiment={embodiment!r} is invalid: it names no embodiment; {allowed}")
-    checked = model.conditioning(knobs, env_rule=True, embodiment=embodiment.embodiment.name,
-                                 domain_id=embodiment.domain_id, action_width=embodiment.action_width,
-                                 fps=embodiment.fps)
-    if checked != embodiment:
-        raise ValueError(f"embodiment={embodiment!r} is invalid for this model and knobs (they give {checked!r}); "
-                         f"{allowed}")
-    return checked
+    if not model.resolved_here(embodiment, knobs):
+        raise ValueError(f"embodiment={embodiment!r} is invalid for this model and knobs (this model resolved no "
+                         f"such record for view point {knobs.view_point!r}); {allowed}")
+    return embodiment

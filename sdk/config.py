@@ -2,11 +2,12 @@
 
 A config file has five sections (see ``configs/tiny.yaml``)::
 
-    model:   name, checkpoint, architecture, height, width, fps, device, dtype, attention_backend, cuda_graphs,
-             decode_after_denoise, trained_horizon
+    model:   name, height, width, fps, attention_backend, cuda_graphs, decode_after_denoise, overlap_decode
+             (the engine's ``RuntimeConfig``), checkpoint, architecture, device, dtype,
+             trained_horizon
     rollout: chunk_size, num_steps, guidance_scale, context_frames, window_mode, flow_shift, negative_prompt,
              view_point, decode                                  (the engine's ``RolloutKnobs``)
-    cache:   page_size, num_pages, cpu_offload_pages
+    cache:   page_size, num_pages, cpu_offload_pages                (the engine's ``CacheConfig``)
     decoder: warm_cache, latents_per_call, channels_last, cudnn_benchmark, fused, onednn_conv, max_warm_sessions,
              context_latents, dtype                              (the engine's ``DecoderOptions``)
     env:     max_windows, prompt, domain_id, embodiment, resolution_tier, image, action_width, simulator,
@@ -28,7 +29,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import field_validator, model_validator
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture, RolloutKnobs
+from worldstep.engine.config import CacheConfig, RolloutKnobs, RuntimeConfig
+from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.settings import (
     ConfigError,
     NonNegativeInt,
@@ -55,8 +57,9 @@ EMBEDDED_PREFIX = "embedded:"
 _DEVICE_PATTERN = re.compile(r"auto|(cpu|cuda)(:\d+)?")
 
 
-class ModelConfig(StrictModel):
-    """Which checkpoint to load and where to run it."""
+class ModelConfig(RuntimeConfig):
+    """Which checkpoint to load and where to run it; the engine's `RuntimeConfig` (frame size, fps, attention
+    backend, the loop's switches) is this model's base, so the engine takes the section as it is."""
 
     name: str
     """a label for reports and videos"""
@@ -64,23 +67,10 @@ class ModelConfig(StrictModel):
     """``embedded:<name>`` (built on first use from ``architecture``), a diffusers-layout directory, or a hub id"""
     architecture: Cosmos3Architecture | None = None
     """the engine's checkpoint builder input; required for ``embedded:`` checkpoints"""
-    height: PositiveInt | None = None
-    """frame height in pixels (None: the checkpoint's)"""
-    width: PositiveInt | None = None
-    """frame width in pixels (None: the checkpoint's)"""
-    fps: PositiveInt | None = None
-    """frames per second the model is conditioned on (None: the checkpoint's)"""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` (``cpu:N`` is the same CPU), ``cuda`` or ``cuda:N``"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """weights and activations dtype (None: float32, the engine's default)"""
-    attention_backend: Literal["sdpa", "flashinfer", "auto"] = "auto"
-    """``sdpa`` runs anywhere, ``flashinfer`` uses paged kernels on CUDA, ``auto`` picks"""
-    cuda_graphs: bool = False
-    """replay each window's denoise steps and commit from CUDA graphs captured once per (window geometry, batch)
-    (CUDA with ``sdpa`` only)"""
-    decode_after_denoise: bool = True
-    """queue a window's decode as soon as it is denoised, its commit beside it (False: decode after the commit)"""
     trained_horizon: PositiveInt | None = None
     """windows the checkpoint's training clips cover (the ``horizon`` trust signal, ``worldstep.trust``); overrides
     the checkpoint's ``worldstep.json`` ``trained_horizon_windows``; None: that value, else no ``horizon``"""
@@ -111,17 +101,6 @@ class ModelConfig(StrictModel):
         if self.checkpoint.startswith(EMBEDDED_PREFIX):
             return self.checkpoint[len(EMBEDDED_PREFIX) :]
         return None
-
-
-class CacheConfig(StrictModel):
-    """The paged KV cache shared by every session of one loaded model."""
-
-    page_size: PositiveInt = 16
-    """tokens per page"""
-    num_pages: PositiveInt = 512
-    """pages in the device pool"""
-    cpu_offload_pages: NonNegativeInt = 0
-    """pages in the CPU pool sessions can be offloaded to"""
 
 
 class EnvConfig(StrictModel):

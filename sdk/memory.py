@@ -7,9 +7,8 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from worldstep.engine.models.cosmos3 import RolloutKnobs
-from worldstep.engine.models.cosmos3.knobs import TEMPORAL_COMPRESSION
-from worldstep.engine.models.cosmos3.tokens import window_tokens
+from worldstep.engine.config import TEMPORAL_COMPRESSION, RolloutKnobs
+from worldstep.engine.spec import window_tokens
 
 from .config import WorldstepConfig
 
@@ -65,7 +64,7 @@ def peak_pages(text_tokens: int, tokens_per_frame: int, knobs: RolloutKnobs, win
     exactly."""
     from worldstep.engine.kv.stream import StreamKey, StreamLabel
     from worldstep.engine.kv.table import StreamTable
-    from worldstep.engine.models.cosmos3.session import window_schedule
+    from worldstep.engine.session import window_schedule
 
     schedule = window_schedule(knobs)
     per_window = [window_tokens(p.units, tokens_per_frame, knobs.chunk_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import weakref
@@ -43,13 +44,17 @@ class World:
         """The rollout knobs of this world's sessions (``config.rollout``, the engine's ``RolloutKnobs``)."""
         return self.config.rollout
 
+    @functools.cached_property
+    def conditioning(self):
+        """The engine's ``Conditioning`` of this world's envs (their config's embodiment), resolved once."""
+        env = self.config.env
+        return self.model.conditioning(self.knobs, env_rule=True, embodiment=env.embodiment,
+                                       domain_id=env.domain_id, action_width=env.action_width)
+
     @property
     def action_shape(self) -> tuple[int, int]:
         """``(chunk_size, action_width)`` of this world's envs."""
-        env = self.config.env
-        cond = self.model.conditioning(self.knobs, env_rule=True, embodiment=env.embodiment,
-                                       domain_id=env.domain_id, action_width=env.action_width)
-        return self.config.rollout.chunk_size, cond.action_width
+        return self.config.rollout.chunk_size, self.conditioning.action_width
 
     def __deepcopy__(self, memo: dict) -> World:
         return self
@@ -142,7 +147,7 @@ def embedded_checkpoint(name: str, architecture: dict) -> Path:
     present; otherwise a random-weight checkpoint built once from `architecture` (e.g. `tiny`)."""
     from importlib.resources import files
 
-    from worldstep.engine.models.cosmos3 import ensure_embedded_checkpoint
+    from worldstep.engine.models.cosmos3.checkpoint import ensure_embedded_checkpoint
 
     shipped = Path(str(files("worldstep.configs") / "models" / name))
     if (shipped / "model_index.json").is_file():
@@ -152,26 +157,22 @@ def embedded_checkpoint(name: str, architecture: dict) -> Path:
 
 def _load_model(config: WorldstepConfig, share: bool):
     import torch
-    from worldstep.engine.devices import canonical_device
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.devices import resolve_device
+    from worldstep.engine.models.cosmos3.loader import load_components
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
     m = config.model
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if m.device == "auto" else m.device
-    check_device(device)
-    device = str(canonical_device(device, name="model.device"))  # one model per device, however it is spelled
-    key = json.dumps([{**m.model_dump(mode="json"), "device": device}, config.cache.model_dump(),
+    check_device(m.device)
+    device = resolve_device(m.device, name="model.device")  # once: one model per device, however it is spelled
+    key = json.dumps([{**m.model_dump(mode="json"), "device": str(device)}, config.cache.model_dump(),
                       config.decoder.model_dump()], sort_keys=True)
     model = _SHARED.get(key) if share else None
     if model is not None:
         return model
     path = m.checkpoint if m.embedded_name is None else embedded_checkpoint(m.embedded_name, m.architecture)
-    model = Cosmos3WorldModel.from_pretrained(
-        path, device=device, dtype=None if m.dtype is None else getattr(torch, m.dtype),
-        num_pages=config.cache.num_pages, page_size=config.cache.page_size,
-        cpu_offload_pages=config.cache.cpu_offload_pages, attention_backend=m.attention_backend,
-        decoder_options=config.decoder, height=m.height, width=m.width, fps=m.fps, name=m.name,
-        cuda_graphs=m.cuda_graphs, decode_after_denoise=m.decode_after_denoise,
-    )
+    components = load_components(path, device=device, dtype=None if m.dtype is None else getattr(torch, m.dtype))
+    # the config's sections are the engine's: the model section is its RuntimeConfig
+    model = Cosmos3WorldModel(components, device=device, cache=config.cache, decoder=config.decoder, runtime=m)
     if share:
         _SHARED[key] = model
     return model

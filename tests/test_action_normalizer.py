@@ -7,10 +7,10 @@ import warnings
 
 import numpy as np
 import pytest
-from worldstep.engine.models.cosmos3.action_normalizer import ActionNormalizer, ActionRangeWarning
-from worldstep.engine.models.cosmos3.action_stats import ActionStats
-from worldstep.engine.models.cosmos3.embodiment import NormalizationKind
-from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer, ActionRangeWarning
+from worldstep.engine.embodiment.action_stats import ActionStats
+from worldstep.engine.embodiment.embodiment import NormalizationKind
+from worldstep.engine.embodiment.embodiments import EmbodimentRegistry
 
 REGISTRY = EmbodimentRegistry.default()
 

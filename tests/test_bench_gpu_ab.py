@@ -100,7 +100,7 @@ def test_a_gain_is_the_ratio_of_medians_with_a_paired_interval():
 
 def test_a_paths_knobs_go_through_the_config():
     kwargs = model_kwargs({"decoder.channels_last": True, "model.cuda_graphs": False})
-    assert kwargs["decoder_options"].channels_last is True and kwargs["cuda_graphs"] is False
+    assert kwargs["decoder"].channels_last is True and kwargs["cuda_graphs"] is False
     with pytest.raises(ValueError, match="decoder.dtype"):
         model_kwargs({"decoder.dtype": "float64"})
     with pytest.raises(ValueError, match="'env.seed' is invalid"):
@@ -111,7 +111,7 @@ def test_a_paths_knobs_go_through_the_config():
 def test_a_refused_knob_is_named_on_a_cpu_and_an_error_on_cuda():
     built = []
 
-    def make(backend, decoder_options, **model):
+    def make(backend, decoder, **model):
         if model.get("cuda_graphs"):
             raise ValueError("cuda_graphs=True is invalid on device='cpu'")
         built.append(model)

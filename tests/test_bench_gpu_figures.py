@@ -47,7 +47,7 @@ def test_n_sessions_take_one_forward_of_n_and_a_split_would_show(tiny):
     rows = measure_sessions(bench_model, arch, settings, QUIET)
     assert [r["one_forward_of_n"] for r in rows] == [True, True]
     assert rows[0]["forwards_per_window"] == rows[1]["forwards_per_window"] > 0
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
     split = Cosmos3WorldModel(components, device=CPU, page_size=arch.page_size, attention_backend="sdpa",
                               overlap_decode=True)  # what CUDA does by default: halves

@@ -10,13 +10,13 @@ import torch
 import yaml
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import build_pipeline
 from worldstep.engine.models.cosmos3.canvas import (
     choose_tier,
     plan_first_frame,
     prepare_first_frame,
     resolution_bins,
 )
+from worldstep.engine.models.cosmos3.checkpoint import build_pipeline
 
 BOUND = 1e-6  # measured 0 on the dev box; the pipeline interpolates chunk + 1 copies in one batch, we one
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from worldstep.action_data import load_lerobot_actions, relative_pose_actions
 from worldstep.cli import main
-from worldstep.engine.models.cosmos3.action_stats import ActionStats
+from worldstep.engine.embodiment.action_stats import ActionStats
 
 
 def _rows(seed=0, shape=(3, 40, 10)):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.engine.settings import ConfigError
 
 

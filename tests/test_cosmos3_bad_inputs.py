@@ -11,7 +11,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
 CHUNK, ACTION_DIM, DOMAINS = 4, 16, 32
 IMAGE = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)

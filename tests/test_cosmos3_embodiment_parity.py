@@ -13,13 +13,11 @@ import yaml
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import (
-    Cosmos3Architecture,
-    Cosmos3WorldModel,
-    RolloutKnobs,
-    build_checkpoint,
-)
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3.canvas import plan_first_frame
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
 TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 BOUND = 1e-4  # tests/test_cosmos3_parity.py's bound

@@ -12,9 +12,11 @@ import yaml
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture, build_checkpoint, load_components
+from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3 import inverse_dynamics as invdyn
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
 from worldstep.engine.models.cosmos3.inverse_dynamics import ActionQuery, clip_pixels, encode_clip, infer_actions
+from worldstep.engine.models.cosmos3.loader import load_components
 from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
 
 DROID = ActionQuery(domain_id=8, action_width=10, fps=24.0)  # diffusers' "droid_lerobot": domain 8, 10 wide

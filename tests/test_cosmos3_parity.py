@@ -12,12 +12,10 @@ from cosmos3_reference import dense_kv_rollout
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import (
-    Cosmos3Architecture,
-    Cosmos3WorldModel,
-    RolloutKnobs,
-    build_checkpoint,
-)
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3 import Cosmos3Architecture
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
 DROID = 8  # diffusers' domain id of "droid_lerobot" (10-wide actions)
 TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]

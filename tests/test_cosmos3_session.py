@@ -10,14 +10,11 @@ import pytest
 import torch
 import yaml
 from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
+from worldstep.engine.config import RolloutKnobs
 from worldstep.engine.kv import KVPoolExhausted
-from worldstep.engine.models.cosmos3 import (
-    CheckpointNotFoundError,
-    Cosmos3WorldModel,
-    RolloutKnobs,
-    build_checkpoint,
-    ensure_embedded_checkpoint,
-)
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint, ensure_embedded_checkpoint
+from worldstep.engine.models.cosmos3.loader import CheckpointNotFoundError
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.engine.vae import DecoderOptions
 
 
@@ -97,7 +94,7 @@ def test_a_batched_step_with_stacked_decode_matches_one_by_one_within_the_bound(
     """`decoder.batch_sessions`: the group's sessions decode in one set of calls; frames within the batched bound of
     each session stepped alone on the per-session path, and every page and warm cache comes back on close."""
     stacked = Cosmos3WorldModel(model.components, device=model.device, num_pages=256, page_size=16,
-                                decoder_options=DecoderOptions(batch_sessions=True))
+                                decoder=DecoderOptions(batch_sessions=True))
     singles = []
     for seed in (1, 2, 3):
         with _session(model, seed=seed) as session:
@@ -297,7 +294,7 @@ def test_close_from_another_thread_stops_the_window_and_returns_everything(model
     import threading
 
     from worldstep.engine.models.cosmos3 import window
-    from worldstep.engine.models.cosmos3.session import SessionClosedError
+    from worldstep.engine.session import SessionClosedError
 
     session = _open(model, num_steps=3, decode=False)
     other = _open(model, seed=5, num_steps=3, decode=False)

@@ -35,8 +35,10 @@ import yaml
 from cosmos3_reference import dense_kv_rollout
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture, Cosmos3WorldModel, RolloutKnobs
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3.checkpoint import build_pipeline, build_tokenizer, components_of
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
 
 EDGE = yaml.safe_load(files("worldstep.configs").joinpath("cosmos3_edge.yaml").read_text())["model"]["architecture"]

@@ -16,7 +16,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionConditi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from worldstep.engine.models.cosmos3.embodiment import (
+from worldstep.engine.embodiment.embodiment import (
     Embodiment,
     EmbodimentSource,
     NormalizationKind,
@@ -24,7 +24,7 @@ from worldstep.engine.models.cosmos3.embodiment import (
     embodiment_to_json,
     view_points,
 )
-from worldstep.engine.models.cosmos3.embodiments import (
+from worldstep.engine.embodiment.embodiments import (
     EXTRAS,
     TRAINING_DEFAULTS,
     EmbodimentRegistry,

@@ -13,7 +13,7 @@ import pytest
 import worldstep
 from gymnasium.envs.registration import register, registry
 from tiny_world import FAST, cache_dir, world, zeros  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import KVStats, PhaseTimings
+from worldstep.engine.spec import KVStats, PhaseTimings
 from worldstep.envs import RecordRollout, WindowLimit, WorldModelEnv, WorldModelVectorEnv, fork_env
 
 

@@ -13,7 +13,9 @@ import worldstep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_world import cache_dir, ramp, world  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionRangeWarning, ActionStats, RolloutKnobs
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer, ActionRangeWarning
+from worldstep.engine.embodiment.action_stats import ActionStats
 from worldstep.envs import NormalizeActions, WorldModelEnv, WorldModelVectorEnv, make_world_model_env
 
 
@@ -132,7 +134,7 @@ def test_vector_env_and_config_take_the_embodiment(world):  # noqa: F811
         worldstep.make_env(world, embodiment="pusht", domain_id=7)
 
 
-_REGISTRY_NAMES = sorted(worldstep.engine.models.cosmos3.EmbodimentRegistry.default().names)
+_REGISTRY_NAMES = sorted(worldstep.engine.embodiment.EmbodimentRegistry.default().names)
 
 
 @settings(max_examples=60, deadline=None)
@@ -242,7 +244,7 @@ def _frame(size, seed=0) -> np.ndarray:
 
 def test_the_canvas_fixes_the_observation_to_the_content_and_crops_the_padding(world):  # noqa: F811
     from gymnasium.utils.env_checker import check_env
-    from worldstep.engine.models.cosmos3 import plan_first_frame
+    from worldstep.engine.models.cosmos3.canvas import plan_first_frame
 
     plan = plan_first_frame(120, 200, tier=256)  # floored to 112x192, padded into the 192x320 bin
     env = gym.make("worldstep/Tiny-v0", model=world, embodiment="droid_lerobot", resolution_tier=256,

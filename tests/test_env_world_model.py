@@ -11,7 +11,8 @@ import pytest
 import worldstep
 from gymnasium.utils.env_checker import check_env
 from tiny_world import FAST, cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import CheckpointNotFoundError, KVStats, PhaseTimings
+from worldstep.engine.models.cosmos3.loader import CheckpointNotFoundError
+from worldstep.engine.spec import KVStats, PhaseTimings
 from worldstep.envs import JudgeSuccess, WindowLimit, WorldModelEnv, fork_env, make_world_model_env
 
 

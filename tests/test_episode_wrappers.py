@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import worldstep
 from tiny_world import cache_dir, ramp, world, zeros  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import ActionNormalizer, ActionRangeWarning, ActionStats
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer, ActionRangeWarning
+from worldstep.engine.embodiment.action_stats import ActionStats
 from worldstep.envs import JudgeSuccess, NormalizeActions, WindowLimit, WorldModelEnv
 from worldstep.envs.batched import step_batch
 

@@ -116,7 +116,7 @@ class SimWorld:
 
 
 def test_continued_windows_and_forks_are_recorded_beside_unchanged_outcomes():
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.envs.push_policies import graded_policies
     from worldstep.fidelity.rollouts import model_episodes
     from worldstep.recipes.open_loop import RolloutRecipe

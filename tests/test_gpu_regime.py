@@ -20,7 +20,9 @@ import torch
 import yaml
 from host_sync import HostSyncError, refuse_host_syncs
 from tiny_world import BATCHED_LATENTS_ATOL, assert_frames_match_batched
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.engine.scheduler import Scheduler
 
 IMAGE = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
@@ -118,7 +120,7 @@ def test_overlap_splits_a_group_of_8_only_when_it_decodes(checkpoint, monkeypatc
                                                           groups):
     """With overlap on (CUDA's default), 8 sessions that are not decoded run as ONE window: one forward of 8 per
     denoise step; only a decoding step splits them (two forwards of 4, one half's decode overlapping the other)."""
-    from worldstep.engine.models.cosmos3 import stepping
+    from worldstep.engine import runner as stepping
 
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, overlap_decode=True)
     knobs = RolloutKnobs(num_steps=1, decode=decoding_sessions)
@@ -132,7 +134,7 @@ def test_overlap_splits_a_group_of_8_only_when_it_decodes(checkpoint, monkeypatc
 
 
 def test_nan_latents_are_caught_when_frames_are_fetched_and_everything_comes_back(checkpoint, monkeypatch):
-    from worldstep.engine.models.cosmos3 import stepping
+    from worldstep.engine import runner as stepping
 
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32)
     sessions = [model.open_session(IMAGE, "go", 0, knobs=RolloutKnobs(num_steps=1)) for _ in range(2)]
@@ -240,7 +242,7 @@ def _emulated_graphs(model, monkeypatch):
     from dataclasses import replace
     from unittest import mock
 
-    from worldstep.engine.models.cosmos3 import graphs
+    from worldstep.engine import graphs
 
     def capture(steps, collect_kv):
         out = steps.forward(collect_kv)
@@ -278,7 +280,7 @@ def test_graphs_are_captured_once_per_geometry_and_batch_and_replayed_after(chec
     makes it longer) replays ONE pair of graphs (denoise step, commit), its context padded to the retention bound
     and masked: at most 2 captures in the rollout; the latents and the committed K/V equal eager, and close_all
     frees the graphs."""
-    from worldstep.engine.models.cosmos3 import graphs
+    from worldstep.engine import graphs
 
     kwargs = dict(device="cpu", height=32, width=32, page_size=3)
     eager_model = Cosmos3WorldModel.from_pretrained(checkpoint, **kwargs)
@@ -329,8 +331,8 @@ def test_new_weights_drop_the_graphs_and_capture_anew(checkpoint, monkeypatch):
 
 def test_a_graph_refuses_a_context_longer_than_its_room(checkpoint):
     """A row's static buffers hold its padded length: binding a table that outgrew it is refused, not truncated."""
+    from worldstep.engine.graphs import PaddedContext
     from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
-    from worldstep.engine.models.cosmos3.graphs import PaddedContext
 
     cache = PagedKVCache(num_layers=1, num_pages=8, page_size=4, num_kv_heads=1, head_dim=4, dtype=torch.float32)
     key = StreamKey("s", StreamLabel.MAIN)
@@ -361,8 +363,8 @@ def test_graph_replays_count_per_group_when_decodes_overlap(checkpoint, monkeypa
 def test_graph_key_is_the_rows_fresh_tokens_and_padded_context(checkpoint):
     """A row's padded length is its retention bound in whole pages (never less than it holds); without a policy,
     its pages now. The key is per row (fresh tokens, padded length): the committed length itself is not in it."""
+    from worldstep.engine.graphs import graph_key, padded_length
     from worldstep.engine.kv import StreamKey, StreamLabel
-    from worldstep.engine.models.cosmos3.graphs import graph_key, padded_length
     from worldstep.engine.windowing import RetentionPolicy
 
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32, page_size=4)
@@ -381,7 +383,7 @@ def test_graph_key_is_the_rows_fresh_tokens_and_padded_context(checkpoint):
 
 def test_padded_context_masks_exactly_the_padding(checkpoint):
     """Masked attention over a row padded with junk keys equals sdpa over the row's own keys; unmasked, it does not."""
-    from worldstep.engine.models.cosmos3.graphs import masked_gqa_attention
+    from worldstep.engine.graphs import masked_gqa_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(5, 4, 16, generator=g), torch.randn(9, 2, 16, generator=g), torch.randn(9, 2, 16, generator=g)
@@ -421,7 +423,7 @@ def test_the_decode_is_queued_after_the_denoise_or_the_commit_with_the_same_fram
     """`decode_after_denoise` (the default) queues a window's decode before its commit, so on CUDA the commit runs
     beside it on the other lane; off, the old order. Either way the frames, latents and committed K/V are the
     same bits (the two touch disjoint tensors), and the phases are timed apart: the commit from its own start."""
-    from worldstep.engine.models.cosmos3 import stepping
+    from worldstep.engine import runner as stepping
 
     model = Cosmos3WorldModel.from_pretrained(checkpoint, device="cpu", height=32, width=32,
                                               decode_after_denoise=after_denoise)

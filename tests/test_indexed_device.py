@@ -22,11 +22,12 @@ import worldstep
 import yaml
 from tiny_world import FAST, assert_frames_match_batched, ramp
 from worldstep.engine.attention import resolve_backend
-from worldstep.engine.devices import canonical_device
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.devices import canonical_device, resolve_device
 from worldstep.engine.flashinfer_kernels import FlashinferKernels
 from worldstep.engine.kv import PagedKVCache
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
-from worldstep.engine.models.cosmos3.loader import resolve_device
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.serve.server import WorldModelServer
 
 ROOT = Path(__file__).resolve().parents[1]

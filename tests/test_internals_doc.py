@@ -13,7 +13,7 @@ import numpy as np
 import worldstep
 from gymnasium.vector import AutoresetMode
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures
-from worldstep.engine.models.cosmos3 import ActionNormalizer
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer
 from worldstep.world import make_vec_env
 
 ROOT = Path(__file__).parent.parent

@@ -60,8 +60,8 @@ def test_an_env_resets_to_a_recorded_start(world, droid, monkeypatch):  # noqa: 
     ds = RobotDataset(droid[0])
     env = worldstep.make_env(world, embodiment="droid_lerobot", robot_state=True, cameras=("exterior", "wrist"))
     prompts, model = [], env.unwrapped.model
-    real = model.open_session
-    monkeypatch.setattr(model, "open_session", lambda image, prompt, *a, **k: prompts.append(prompt)
+    real = model.open_checked  # the env opens its episodes with inputs it checked itself
+    monkeypatch.setattr(model, "open_checked", lambda image, prompt, *a, **k: prompts.append(prompt)
                         or real(image, prompt, *a, **k))
     obs, _ = env.reset(seed=0, options=start_options(ds, StartState(1, 5), cameras=env.cameras, state=True))
     np.testing.assert_allclose(obs["state"][0], droid[1][1].state[5], atol=1e-6)  # the recorded robot state

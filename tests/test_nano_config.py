@@ -48,7 +48,7 @@ def test_info_plans_nano_memory(tmp_path, capsys):
 
 def test_builder_refuses_bad_family_and_pipeline_options():
     import pytest
-    from worldstep.engine.models.cosmos3 import build_pipeline
+    from worldstep.engine.models.cosmos3.checkpoint import build_pipeline
 
     tiny = load_config("tiny").model.architecture
     with pytest.raises(ValueError, match="family='mini' is invalid; allowed: \\['edge', 'nano'\\]"):

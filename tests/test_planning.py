@@ -15,7 +15,7 @@ from worldstep.planning import BlockToGoal, ModelPredictivePlanner, closed_loop
 @pytest.fixture(scope="module")
 def pusher_checkpoint(tmp_path_factory):
     """A tiny random 64x64 checkpoint that runs with the pusher config (fast; its frames are noise)."""
-    from worldstep.engine.models.cosmos3 import build_checkpoint
+    from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
     from worldstep.fidelity.report import TINY_64
 
     path = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny64", TINY_64, seed=0)
@@ -292,7 +292,7 @@ def test_a_model_loop_refuses_an_env_that_judges_success_itself(pusher_env):
 
 
 def test_the_fidelity_planner_env_judges_nothing(pusher_checkpoint):
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.fidelity.tasks import Worker
     from worldstep.planning import judges_success
     from worldstep.recipes.open_loop import RolloutRecipe

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.spatial.transform import Rotation
 from tiny_world import cache_dir, world  # noqa: F401 - fixtures (a private WORLDSTEP_CACHE, the tiny model)
-from worldstep.engine.models.cosmos3.action_convention import ActionConvention, ActionKind, RotationKind
-from worldstep.engine.models.cosmos3.embodiment import Embodiment
-from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
+from worldstep.engine.embodiment.action_convention import ActionConvention, ActionKind, RotationKind
+from worldstep.engine.embodiment.embodiment import Embodiment
+from worldstep.engine.embodiment.embodiments import EmbodimentRegistry
 from worldstep.envs import RobotStateObservation
 from worldstep.envs.pose import compose, matrix_to_rot6d, relative, rot6d_to_matrix
 
@@ -194,7 +194,7 @@ def test_injected_violation_without_the_check_a_bad_state_reaches_the_env(world,
 
 
 def test_a_checkpoint_declares_its_embodiments_convention_in_worldstep_json():
-    from worldstep.engine.models.cosmos3.embodiment import embodiment_from_json, embodiment_to_json
+    from worldstep.engine.embodiment.embodiment import embodiment_from_json, embodiment_to_json
 
     entry = {"name": "arm", "domain_id": 3, "raw_width": 10, "convention": {
         "kind": "absolute", "position": [0, 3], "rotation": [3, 9], "gripper": 9, "source": "our lab's logger"}}

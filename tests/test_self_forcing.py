@@ -61,7 +61,7 @@ def test_fine_tune_trains_on_its_own_rollouts_and_refreshes_them(base, tmp_path)
 
 
 def test_own_latents_are_what_the_model_commits(base):
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.envs.push_sim import PushSimEnv
     from worldstep.train.dagger import model_loop

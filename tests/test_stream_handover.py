@@ -19,7 +19,9 @@ import pytest
 import torch
 import yaml
 from worldstep.engine import lanes
-from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+from worldstep.engine.config import RolloutKnobs
+from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.engine.vae import decoder as decoder_module
 from worldstep.engine.vae.cache import session_tensors
 

@@ -83,7 +83,7 @@ def test_text_kv_is_differentiable_and_equals_engine_prefill():
 
 
 def test_smoke_run_loss_falls_and_checkpoint_steps(tmp_path):
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.envs.push_sim import PushSimEnv
     from worldstep.train import main
@@ -141,7 +141,7 @@ def test_shipped_pusher_checkpoint_follows_actions():
     """The embedded `pusher` weights load from package data and move the effector the way actions say."""
     from pathlib import Path
 
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.envs.push_sim import PushSimEnv, detect_objects
 
@@ -174,8 +174,10 @@ def test_training_forward_equals_the_rollout_forward(tmp_path, monkeypatch, leve
     equal the nominal horizon the training mask uses (`context_frames` latent frames). With context noise at
     `level`, the windows the engine committed (noised, the level as their timestep) are the training's context.
     """
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel, RolloutKnobs, build_checkpoint
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.engine.models.cosmos3 import window as window_module
+    from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
     from worldstep.engine.models.cosmos3.unipc import UniPCStepper
     from worldstep.envs.push_sim import PushSimEnv

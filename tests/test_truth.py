@@ -48,8 +48,8 @@ def test_pusher_env_resets_to_the_simulator_scene(pusher, monkeypatch):
     env = worldstep.make_env(pusher)
     model = env.unwrapped.model
     seen = []
-    real_open = model.open_session
-    monkeypatch.setattr(model, "open_session",
+    real_open = model.open_checked  # the env opens its episodes with inputs it checked itself
+    monkeypatch.setattr(model, "open_checked",
                         lambda image, *a, **k: seen.append(image) or real_open(image, *a, **k))
     _, info = env.reset(seed=11)
     assert info["scene_seed"] == 11 and np.array_equal(seen[-1], _sim_first_frame(11))

@@ -14,8 +14,11 @@ from vae_models import (
     tiny_wan21,
     tiny_wan22,
 )
-from worldstep.engine.vae import BATCHED_DECODE_ATOL, DecodePath, DecoderOptions, WarmWanDecoder
+from worldstep.engine.vae import DecoderOptions
 from worldstep.engine.vae.cache import slot_tensors
+from worldstep.engine.vae.decoder import WarmWanDecoder
+from worldstep.engine.vae.jobs import BATCHED_DECODE_ATOL
+from worldstep.engine.vae.session import DecodePath
 
 VAE = tiny_wan22(seed=2)
 GRID = (2, 2)

@@ -29,10 +29,11 @@ from vae_models import (
     tiny_wan22,
     whole_pixels,
 )
-from worldstep.engine.vae import DecoderOptions, WarmWanDecoder, frames_per_window
+from worldstep.engine.vae import DecoderOptions
 from worldstep.engine.vae.cache import count_slots, slot_tensors
 from worldstep.engine.vae.causal import run_decoder
-from worldstep.engine.vae.frames import pixels_from_decoder
+from worldstep.engine.vae.decoder import WarmWanDecoder
+from worldstep.engine.vae.frames import frames_per_window, pixels_from_decoder
 
 PATTERNS = [[1], [5], [1, 4], [1, 1, 1, 1, 1], [3, 2], [2, 3], [4, 1], [2, 2, 1]]
 # The patterns rerun under other CPU kernel selections (tests/test_cpu_kernels.py): a lone first latent,

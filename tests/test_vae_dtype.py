@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from vae_models import FAMILIES, decode_windows, random_latents
-from worldstep.engine.vae import BF16_DECODE_ATOL, BF16_DECODE_PSNR_DB, DecoderOptions, WarmWanDecoder
+from worldstep.engine.vae import BF16_DECODE_ATOL, BF16_DECODE_PSNR_DB, DecoderOptions
+from worldstep.engine.vae.decoder import WarmWanDecoder
 from worldstep.engine.vae.options import resolve_dtype, resolve_switch
 
 ROOT = Path(__file__).parent.parent

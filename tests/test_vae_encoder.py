@@ -12,7 +12,8 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     _preprocess_conditioning_image,
 )
 from vae_models import FAMILIES, tiny_wan22
-from worldstep.engine.vae import WarmWanDecoder, encode_first_frame, preprocess_first_frame
+from worldstep.engine.vae.decoder import WarmWanDecoder
+from worldstep.engine.vae.encoder import encode_first_frame, preprocess_first_frame
 
 
 def pipeline_latent(vae, image: np.ndarray, height: int, width: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from vae_models import diffusers_frames
-from worldstep.engine.vae import frames_from_pixels, frames_per_window
+from worldstep.engine.vae.frames import frames_from_pixels, frames_per_window
 
 
 def _pixels(dtype: torch.dtype) -> torch.Tensor:

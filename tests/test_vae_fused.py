@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 from vae_models import FAMILIES, decode_windows, random_latents, raw_latents, session_pixels, whole_pixels
-from worldstep.engine.vae import FUSED_DECODE_ATOL, DecoderOptions, WarmWanDecoder
+from worldstep.engine.vae import FUSED_DECODE_ATOL, DecoderOptions
+from worldstep.engine.vae.decoder import WarmWanDecoder
 from worldstep.engine.vae.fused import MAX_NORM_GRAPHS, reset_compiled
 
 

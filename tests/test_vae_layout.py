@@ -15,7 +15,8 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
 from torch import nn
 from vae_models import FAMILIES, decode_windows, random_latents
-from worldstep.engine.vae import DecoderOptions, WarmWanDecoder
+from worldstep.engine.vae import DecoderOptions
+from worldstep.engine.vae.decoder import WarmWanDecoder
 
 CL = torch.channels_last_3d
 

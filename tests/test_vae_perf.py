@@ -9,7 +9,8 @@ import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanRMS_norm
 from vae_models import ONEDNN_ATOL, random_latents, tiny_wan22
-from worldstep.engine.vae import DecoderOptions, WarmWanDecoder
+from worldstep.engine.vae import DecoderOptions
+from worldstep.engine.vae.decoder import WarmWanDecoder
 from worldstep.engine.vae.perf import decoder_copy
 
 # One replaced module vs the original on the same input: oneDNN and the fused norm sum in another order than

@@ -20,8 +20,10 @@ from vae_models import (
     tiny_wan22,
     whole_pixels,
 )
-from worldstep.engine.vae import DecodePath, DecoderOptions, WarmWanDecoder
+from worldstep.engine.vae import DecoderOptions
 from worldstep.engine.vae.cache import slot_tensors
+from worldstep.engine.vae.decoder import WarmWanDecoder
+from worldstep.engine.vae.session import DecodePath
 
 VAE = tiny_wan22(seed=2)
 GRID = (2, 2)

@@ -9,9 +9,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from worldstep.engine import windowing
+from worldstep.engine.config import RolloutKnobs
 from worldstep.engine.kv import PagedKVCache, StreamKey, StreamLabel
-from worldstep.engine.models.cosmos3 import RolloutKnobs
-from worldstep.engine.models.cosmos3.session import window_schedule
+from worldstep.engine.session import window_schedule
 from worldstep.engine.windowing import RetentionPolicy, WindowPlan, WindowSchedule
 
 

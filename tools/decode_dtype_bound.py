@@ -49,7 +49,7 @@ def edge_vae(seed: int = 0):
 
 def pusher_latents(vae, num_latents: int, seed: int = 0) -> torch.Tensor:
     """Normalised latents `[1, C, num_latents, 4, 4]` of a PushSim episode under random actions, encoded whole."""
-    from worldstep.engine.vae import LatentNorm
+    from worldstep.engine.vae.latents import LatentNorm
     from worldstep.envs.push_sim import PushSimEnv
 
     env = PushSimEnv()
@@ -73,7 +73,8 @@ def compare_dtypes(vae, z: torch.Tensor, latents_per_window: int, low: str = "bf
     Returns:
         one dict per window: max |diff| in [-1, 1] pixels, PSNR (dB, peak-to-peak 2) and the worst uint8 level.
     """
-    from worldstep.engine.vae import DecoderOptions, WarmWanDecoder
+    from worldstep.engine.vae import DecoderOptions
+    from worldstep.engine.vae.decoder import WarmWanDecoder
 
     decoders = [WarmWanDecoder(vae, DecoderOptions(dtype=d, **options)) for d in ("float32", low)]
     sessions = [d.open_session() for d in decoders]
@@ -91,7 +92,7 @@ def compare_dtypes(vae, z: torch.Tensor, latents_per_window: int, low: str = "bf
 
 
 def _u8(pixels: torch.Tensor) -> np.ndarray:
-    from worldstep.engine.vae import frames_from_pixels
+    from worldstep.engine.vae.frames import frames_from_pixels
 
     return frames_from_pixels(pixels)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry
+from worldstep.engine.embodiment.embodiments import EmbodimentRegistry
 
 BEGIN = "<!-- embodiment-table:begin (python tools/embodiment_table.py docs/embodiments.md) -->"
 END = "<!-- embodiment-table:end -->"

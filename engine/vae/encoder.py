@@ -35,7 +35,11 @@ def preprocess_first_frame(image: np.ndarray, height: int, width: int) -> torch.
     Returns:
         `[1, 3, height, width]` float32 on the CPU.
     """
-    image = check_image("image", image)
+    return cover_pixels(check_image("image", image), height, width)
+
+
+def cover_pixels(image: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """`preprocess_first_frame` of an image checked where it entered (`checks.check_image`): no check again."""
     _check_size(height, width)
     pixels = torch.from_numpy(np.ascontiguousarray(image)).unsqueeze(0).permute(0, 3, 1, 2)  # [1,3,H,W]
     pixels = pixels.to(torch.float32)
@@ -81,6 +85,12 @@ def encode_first_frame(vae: torch.nn.Module, image: np.ndarray, height: int, wid
     """
     _check_size(height, width, int(vae.config.scale_factor_spatial))
     return encode_pixels(vae, preprocess_first_frame(image, height, width))
+
+
+def encode_checked_image(vae: torch.nn.Module, image: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """`encode_first_frame` of an image checked where it entered (a session's: `checks.check_image` ran once)."""
+    _check_size(height, width, int(vae.config.scale_factor_spatial))
+    return encode_pixels(vae, cover_pixels(image, height, width))
 
 
 def encode_pixels(vae: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.registration import EnvSpec
 from worldstep.engine.checks import check_callable, check_int
-from worldstep.engine.models.cosmos3 import ActionNormalizer
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer
 
 SUCCESS_MODES = ("sim", "none")
 

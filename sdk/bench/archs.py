@@ -95,7 +95,7 @@ def bench_arch(name: str) -> BenchArch:
 def checkpoint_for(arch: BenchArch, cache_dir: str | Path | None = None) -> Path:
     """The random-weight checkpoint folder of `arch`, built on first use (a few seconds for small), or the
     trained weights it names."""
-    from worldstep.engine.models.cosmos3 import ensure_embedded_checkpoint
+    from worldstep.engine.models.cosmos3.checkpoint import ensure_embedded_checkpoint
 
     if arch.checkpoint is not None:
         return Path(arch.checkpoint)
@@ -106,13 +106,13 @@ def load_model(arch: BenchArch, *, height: int | None = None, width: int | None 
                cache_dir: str | Path | None = None, decoder: dict[str, Any] | None = None):
     """A `Cosmos3WorldModel` of `arch` from its checkpoint (frames `height`x`width`, default the arch's), decoding
     as its shipped config does (`small`: as `tiny`), with the `DecoderOptions` fields in ``decoder`` changed."""
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
     from worldstep.engine.vae import DecoderOptions
 
     return Cosmos3WorldModel.from_pretrained(
         checkpoint_for(arch, cache_dir), device="cpu", num_pages=num_pages, page_size=arch.page_size,
         height=height or arch.height, width=width or arch.width, name=f"bench-{arch.name}",
-        decoder_options=DecoderOptions(**{**arch.decoder, **(decoder or {})}),
+        decoder=DecoderOptions(**{**arch.decoder, **(decoder or {})}),
     )
 
 
@@ -127,7 +127,7 @@ def open_session(model, arch: BenchArch, knobs, seed: int = 0, image=None):
 
 def rollout_knobs(arch: BenchArch, num_steps: int, context_frames: int, **kwargs):
     """`RolloutKnobs` of the bench: the arch's window, `num_steps` denoise steps, a bounded context."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     return RolloutKnobs(chunk_size=arch.chunk_size, num_steps=num_steps, context_frames=context_frames, **kwargs)
 

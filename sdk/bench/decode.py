@@ -60,7 +60,8 @@ def _check(s: DecodeSettings) -> None:
 
 def run_decode(settings: DecodeSettings, progress: Progress) -> BenchResult:
     _check(settings)
-    from worldstep.engine.vae import WHOLE_CLIP_DECODE_ATOL, LatentNorm
+    from worldstep.engine.vae import WHOLE_CLIP_DECODE_ATOL
+    from worldstep.engine.vae.latents import LatentNorm
 
     result = BenchResult("decode", describe_machine(), settings=vars(settings).copy())
     vae = build_bench_vae(settings.base_dim)
@@ -86,7 +87,10 @@ def _timed(fn: Callable[[], torch.Tensor], wall: list[float], cpu: list[float]) 
 
 def _row(vae, norm, s: DecodeSettings, w: int) -> dict[str, Any]:
     """Decode `1 + K + timed_windows * w` latents; time the last `timed_windows` windows three ways."""
-    from worldstep.engine.vae import DecodePath, DecoderOptions, WarmWanDecoder, frames_from_pixels
+    from worldstep.engine.vae import DecoderOptions
+    from worldstep.engine.vae.decoder import WarmWanDecoder
+    from worldstep.engine.vae.frames import frames_from_pixels
+    from worldstep.engine.vae.session import DecodePath
     from worldstep.measures.frames import psnr
 
     k, n = s.context_latents, s.timed_windows

@@ -183,7 +183,7 @@ def _name(dtype: torch.dtype) -> str:
 
 def _measure(model, arch, settings: GpuSettings, steps: int, guidance: float, peak: float | None,
              progress: Progress) -> dict[str, Any]:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     progress(f"{steps} steps, guidance {guidance:g}: warm-up to full context + {settings.windows} windows")
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=steps, guidance_scale=guidance,
@@ -250,7 +250,7 @@ def _measure_backends(components, arch, settings: GpuSettings, device: torch.dev
                       progress: Progress) -> dict[str, Any]:
     """ms per denoise step, decode off, with each attention backend over the same modules and inputs."""
     from worldstep.engine.attention import AttentionBackendName, flashinfer_problems
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps, context_frames=8,
                          decode=False)

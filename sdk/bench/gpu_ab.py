@@ -66,7 +66,7 @@ def measure_ab(components, model, arch, settings: GpuSettings, peak: float | Non
 def compare(models: dict[str, Any], arch, settings: GpuSettings, mode: str, count: int,
             peak: float | None) -> dict[str, Any]:
     """One row: the paths interleaved at ``count`` sessions in ``mode``."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps,
                          context_frames=settings.context_frames, decode=mode == "frames")

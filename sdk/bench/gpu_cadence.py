@@ -29,7 +29,7 @@ MIN_WINDOWS = 16
 
 
 def measure_cadence(model, arch, settings, peak: float | None, progress: Progress) -> dict[str, Any]:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     windows = max(MIN_WINDOWS, settings.cadence_windows)
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps,

@@ -25,8 +25,8 @@ LATENTS_PER_WINDOW = 4  # a 16-action window of Edge: 4 latent frames
 def measure_decoder(model, settings: GpuSettings, progress: Progress) -> dict[str, Any]:
     from worldstep.engine.vae.decoder import WarmWanDecoder
 
-    def make(_backend: str, decoder_options, **_):
-        return WarmWanDecoder(model.vae, decoder_options)
+    def make(_backend: str, decoder, **_):
+        return WarmWanDecoder(model.vae, decoder)
 
     device, spec = model.device, model.spec
     grid = (model.vae.config.z_dim, LATENTS_PER_WINDOW, spec.latent_height, spec.latent_width)

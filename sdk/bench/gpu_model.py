@@ -25,7 +25,7 @@ def edge_model(components, arch, device: torch.device, backend: str, *, height: 
     Decode overlap is off: the engine's overlap splits a group of sessions in halves (two forwards per
     denoise step), and every figure here says "N sessions" for ONE forward of N.
     """
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
     return Cosmos3WorldModel(components, device=device, num_pages=num_pages, page_size=arch.page_size,
                              attention_backend=backend, height=height or arch.height,

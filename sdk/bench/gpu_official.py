@@ -19,7 +19,7 @@ from .settings import GpuSettings
 
 
 def measure_official(components, model, arch, settings: GpuSettings, progress: Progress) -> dict[str, Any]:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     from .official import OfficialRecipe, pipeline_from_components
 

@@ -21,7 +21,7 @@ from .settings import GpuSettings
 
 def measure_overlap(components, model, arch, settings: GpuSettings, progress: Progress) -> dict[str, Any]:
     """ms per decoding step of N = max(``settings.sessions``) sessions, one forward of N vs two halves overlapped."""
-    from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+    from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
     count = max(settings.sessions)
     one = dataclasses.replace(settings, sessions=[count])

@@ -22,7 +22,7 @@ from .settings import GpuSettings
 
 
 def measure_profile(components, model, arch, settings: GpuSettings, progress: Progress) -> dict[str, Any]:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     cuda = model.device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])

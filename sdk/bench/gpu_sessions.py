@@ -44,7 +44,7 @@ def _plan(model, arch, knobs, windows: int, text_tokens: int):
 
 
 def measure_sessions(model, arch, settings: GpuSettings, progress: Progress) -> list[dict[str, Any]]:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=settings.session_steps, context_frames=8)
     cuda = model.device.type == "cuda"

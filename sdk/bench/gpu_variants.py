@@ -70,7 +70,7 @@ def configured(knobs: dict[str, Any], base: str = "cosmos3_edge"):
 def model_kwargs(knobs: dict[str, Any], base: str = "cosmos3_edge") -> dict[str, Any]:
     """`Cosmos3WorldModel` keywords of a path: its config's decoder section, and each ``model.*`` knob by name."""
     config = configured(knobs, base)
-    kwargs: dict[str, Any] = {"decoder_options": config.decoder}
+    kwargs: dict[str, Any] = {"decoder": config.decoder}
     for key in knobs:
         section, name = split_key(key)
         if section == "model":
@@ -82,7 +82,7 @@ def graph_backend(backend: str, device: torch.device) -> tuple[str, str | None]:
     """The attention backend a CUDA-graphs path runs on: ``backend`` where the engine captures graphs with it,
     else sdpa (which it does), and the reason."""
     from worldstep.engine.attention import AttentionBackendName
-    from worldstep.engine.models.cosmos3.graphs import check_cuda_graphs
+    from worldstep.engine.graphs import check_cuda_graphs
 
     if device.type != "cuda" or backend == "sdpa":
         return backend, None

@@ -42,8 +42,8 @@ def build_components(arch: BenchArch, device: torch.device, dtype: torch.dtype, 
     """`Cosmos3Components` of `arch` with random weights: the transformer in `dtype`, the VAE in `vae_dtype`
     (default `dtype`; `load()` gives users a float32 VAE), both on `device`."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
-    from worldstep.engine.models.cosmos3 import Cosmos3Components
     from worldstep.engine.models.cosmos3.checkpoint import SCHEDULER_CONFIG, build_tokenizer
+    from worldstep.engine.models.cosmos3.loader import Cosmos3Components
 
     transformer_arch = dict(arch.architecture["transformer"])
     vae_arch = dict(arch.architecture["vae"])

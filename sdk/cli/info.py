@@ -36,7 +36,7 @@ def _bytes(n: int) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
-    from worldstep.engine.models.cosmos3 import CheckpointNotFoundError
+    from worldstep.engine.models.cosmos3.loader import CheckpointNotFoundError
     from worldstep.envs.video import frame_fps
 
     from ..memory import plan, plan_for_world, weights_from_architecture, weights_of_world

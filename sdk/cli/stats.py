@@ -24,7 +24,7 @@ class StatsFlags:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from worldstep.engine.models.cosmos3.action_stats import STAT_KEYS, ActionStats
+    from worldstep.engine.embodiment.action_stats import STAT_KEYS, ActionStats
 
     from ..action_data import load_array_actions, load_lerobot_actions
 

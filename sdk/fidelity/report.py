@@ -178,7 +178,8 @@ def parse_args(argv: list[str] | None) -> FidelityArgs:
 
 def _resolve(args: FidelityArgs, out: Path) -> tuple[Path, RolloutRecipe]:
     """The checkpoint folder (a tiny random one is built for `--budget small`) and the rollout recipe."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs, build_checkpoint
+    from worldstep.engine.config import RolloutKnobs
+    from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
 
     path = Path(args.checkpoint) if args.checkpoint else out / "tiny-random-checkpoint"
     if args.checkpoint is None and not (path / "model_index.json").exists():

@@ -42,13 +42,13 @@ class Worker:
     @property
     def world(self):
         if self._world is None:
-            from worldstep.engine.models.cosmos3 import Cosmos3WorldModel
+            from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
             from worldstep.world import resolve_config
 
             torch.set_num_threads(self.threads)
             decoder = resolve_config(self.path).decoder  # as the folder's config decodes
             self._world = Cosmos3WorldModel.from_pretrained(self.path, device="cpu", page_size=4, num_pages=32768,
-                                                            decoder_options=decoder)
+                                                            decoder=decoder)
         return self._world
 
     @property

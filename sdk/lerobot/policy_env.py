@@ -18,8 +18,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from worldstep.engine.models.cosmos3.action_normalizer import ActionNormalizer
-from worldstep.engine.models.cosmos3.action_stats import ActionStats
+from worldstep.engine.embodiment.action_normalizer import ActionNormalizer
+from worldstep.engine.embodiment.action_stats import ActionStats
 from worldstep.envs.cameras import CameraGrid
 from worldstep.serve.client import RemoteWorldModelEnv
 

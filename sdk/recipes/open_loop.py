@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from worldstep.engine.models.cosmos3 import RolloutKnobs
+from worldstep.engine.config import RolloutKnobs
 
 
 @dataclass(frozen=True)

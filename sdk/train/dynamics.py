@@ -29,13 +29,8 @@ from worldstep.engine.models.cosmos3.layout import (
     media_offset,
     vision_positions,
 )
-from worldstep.engine.models.cosmos3.tokens import (
-    action_tokens,
-    embed_timesteps,
-    unpatchify,
-    vision_tokens,
-    window_tokens,
-)
+from worldstep.engine.models.cosmos3.tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
+from worldstep.engine.spec import window_tokens
 
 
 @dataclass(frozen=True)

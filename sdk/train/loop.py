@@ -39,7 +39,7 @@ from .vae import encode_clips, latent_stats, make_vae, sample_vae_batch, vae_los
 
 def train_vae(args: TrainArgs, clips, held, vae_arch, log: RunLog, out: Path, budget_s: float,
               stretch: Stretch | None = None):
-    from worldstep.engine.vae import frames_from_pixels
+    from worldstep.engine.vae.frames import frames_from_pixels
 
     state_path = out / "vae_state.pt"
     vae = make_vae(vae_arch, args.seed)
@@ -228,7 +228,7 @@ def _head(clips: ClipSet, count: int) -> ClipSet:
 
 def dagger_round(args: TrainArgs, steps: int, out: Path, log: RunLog) -> ClipSet:
     """The DAgger round's clips (cached in the run folder, so a resumed run reuses them)."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.world import load
 
     path = out / "dagger_clips.npz"

@@ -92,7 +92,7 @@ def collect(checkpoint: str | Path, vae, seeds: list[int], windows: int, chunk: 
             domain_id: int, own_targets: str = "replay") -> OwnRollouts:
     """Own rollouts of the model in `checkpoint` (its config's rollout knobs) and their replay's latents; with
     `own_targets` "reanchored" also the targets re-anchored on the model's own frames."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
     from worldstep.world import load
 
     world = load(str(checkpoint), device="cpu")

@@ -33,7 +33,7 @@ ROLLOUT_BOUND = 5e-2
 
 
 def one_window(model, arch) -> list[torch.Tensor]:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=4, decode=False)
     session = open_sessions(model, arch, knobs, 1)[0]
@@ -45,7 +45,7 @@ def one_window(model, arch) -> list[torch.Tensor]:
 
 def rollout(model, arch, windows: int = 5) -> list[torch.Tensor]:
     """Latents of every (window, session) in order: two batched CFG sessions, a fork joining after window 1."""
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=4, guidance_scale=3.0, context_frames=2, decode=False)
     sessions = open_sessions(model, arch, knobs, 2, seed=7, domains=[arch.domain_id, 3])  # two embodiments

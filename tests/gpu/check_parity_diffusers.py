@@ -50,7 +50,7 @@ def diffusers_window(components, frame: np.ndarray, actions: np.ndarray, chunk: 
 
 
 def worldstep_window(model, arch, frame: np.ndarray, actions: np.ndarray) -> torch.Tensor:
-    from worldstep.engine.models.cosmos3 import RolloutKnobs
+    from worldstep.engine.config import RolloutKnobs
 
     knobs = RolloutKnobs(chunk_size=arch.chunk_size, num_steps=NUM_STEPS, decode=False)
     session = model.open_session(frame, PROMPT, arch.domain_id, knobs=knobs,

@@ -23,7 +23,8 @@ def _windows(spec, n: int, generator: torch.Generator) -> list[torch.Tensor]:
 
 def compare(arch_name: str, rounds: int = 6, warmup: int = 2) -> None:
     from worldstep.bench.archs import bench_arch, load_model
-    from worldstep.engine.vae import DecoderOptions, WarmWanDecoder
+    from worldstep.engine.vae import DecoderOptions
+    from worldstep.engine.vae.decoder import WarmWanDecoder
 
     arch = bench_arch(arch_name)
     model = load_model(arch)
@@ -45,7 +46,8 @@ def compare(arch_name: str, rounds: int = 6, warmup: int = 2) -> None:
 
 def profile(arch_name: str) -> None:
     from worldstep.bench.archs import bench_arch, load_model
-    from worldstep.engine.vae import DecoderOptions, WarmWanDecoder
+    from worldstep.engine.vae import DecoderOptions
+    from worldstep.engine.vae.decoder import WarmWanDecoder
 
     arch = bench_arch(arch_name)
     model = load_model(arch)

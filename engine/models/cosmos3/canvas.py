@@ -130,13 +130,19 @@ def prepare_first_frame(image: np.ndarray, tier: int | None = None,
     """
     _check_image(image)
     plan = plan_first_frame(int(image.shape[0]), int(image.shape[1]), tier, spatial)
+    return canvas_pixels(image, plan), plan
+
+
+def canvas_pixels(image: np.ndarray, plan: FramePlan) -> torch.Tensor:
+    """`prepare_first_frame`'s canvas of an image checked where it entered, on its plan: no check again.
+    Returns `[1, 3, canvas_h, canvas_w]` float32 in [-1, 1] on the CPU."""
     pixels = _floored_pixels(image, plan.floored)  # [1,3,h,w] in [-1,1]
     if plan.content != plan.floored:
         pixels = F.interpolate(pixels, size=plan.content, mode="bicubic", align_corners=False, antialias=True)
     pad_bottom, pad_right = plan.canvas[0] - plan.content[0], plan.canvas[1] - plan.content[1]
     if plan.pad_mode is not None:
         pixels = F.pad(pixels, (0, pad_right, 0, pad_bottom), mode=plan.pad_mode)  # [1,3,canvas_h,canvas_w]
-    return pixels, plan
+    return pixels
 
 
 def _floored_pixels(image: np.ndarray, floored: tuple[int, int]) -> torch.Tensor:

@@ -9,25 +9,14 @@ every frame it returns, is the content's (`FramePlan.output_size`); the caption 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from ...vae import encode_first_frame, encode_pixels
-from .canvas import FramePlan, plan_first_frame, prepare_first_frame
-from .spec import ModelSpec
+from ...spec import ModelSpec, SessionFrame
+from ...vae.encoder import encode_checked_image, encode_pixels
+from .canvas import canvas_pixels, plan_first_frame
 
 AUTO_TIER = "auto"
-
-
-@dataclass(frozen=True)
-class SessionFrame:
-    """Where a session's frames come from: its spec (latent grid, frame size), the caption's size, the plan."""
-
-    spec: ModelSpec
-    caption_size: tuple[int, int]
-    plan: FramePlan | None = None
 
 
 def plan_session_frame(spec: ModelSpec, patch: int, image: np.ndarray, tier: int | str | None) -> SessionFrame:
@@ -46,8 +35,8 @@ def frame_for_size(spec: ModelSpec, patch: int, height: int, width: int, tier: i
 
 
 def encode_session_frame(vae: torch.nn.Module, image: np.ndarray, frame: SessionFrame) -> torch.Tensor:
-    """The clean normalised latent frame 0, `[C, 1, h, w]` float32, on the session's grid."""
+    """The clean normalised latent frame 0, `[C, 1, h, w]` float32, on the session's grid (``image`` was checked
+    where it entered, once; ``frame`` was planned from it)."""
     if frame.plan is None:
-        return encode_first_frame(vae, image, frame.spec.height, frame.spec.width)[0].float()
-    pixels, plan = prepare_first_frame(image, frame.plan.tier, frame.spec.spatial_compression)
-    return plan.crop_latents(encode_pixels(vae, pixels))[0].float()
+        return encode_checked_image(vae, image, frame.spec.height, frame.spec.width)[0].float()
+    return frame.plan.crop_latents(encode_pixels(vae, canvas_pixels(image, frame.plan)))[0].float()

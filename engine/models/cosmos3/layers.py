@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from ...attention import PagedAttentionBatch, paged_attention, prime
+from ...attention import AttentionForward, PagedAttentionBatch, paged_attention, prime
 from .fused import gen_weights
 from .layout import text_positions
 
@@ -164,19 +164,24 @@ def gen_forward(
     sin: torch.Tensor,
     batch: PagedAttentionBatch,
     collect_kv: bool = False,
+    forward: AttentionForward | None = None,
 ) -> GenOutput:
     """Run every generation layer over packed window tokens of several streams (the rollout's path).
 
-    The batch is primed here, once per forward (checks, staleness, gathers or plan); each layer's attention then
-    only dispatches and computes.
+    The batch is primed once per forward at most (checks, staleness, gathers or plan), here unless ``forward``
+    is the batch's prime already (a window primes once before its denoise loop and reuses it for every step and
+    its commit: nothing commits to its tables in between); each layer's attention then only dispatches and
+    computes.
 
     Args:
         hidden: `[N, hidden]` tokens of all rows, packed in `batch` order.
         cos, sin: `[N, head_dim]` rotary tables of those tokens.
         batch: each row's committed context and its number of fresh tokens.
         collect_kv: keep each layer's K/V (the commit pass appends them to the cache).
+        forward: `attention.prime` of ``batch`` for this window (None: primed here).
     """
-    forward = prime(batch, transformer.config.num_attention_heads, hidden)
+    if forward is None:
+        forward = prime(batch, transformer.config.num_attention_heads, hidden)
     return gen_layers(transformer, hidden, cos, sin, partial(paged_attention, forward=forward), collect_kv)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ...devices import canonical_device
-from .spec import ModelSpec
+from ...spec import ModelSpec
 
 _REQUIRED = ("transformer", "vae", "scheduler", "text_tokenizer")
 
@@ -32,13 +32,6 @@ class Cosmos3Components:
     use_native_flow_schedule: bool = True
     default_use_system_prompt: bool = False
     media: dict[str, Any] = field(default_factory=dict)  # height/width/fps recorded by our builder
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``auto``: CUDA when there is one, else the CPU."""
-    if str(device) == "auto":
-        return canonical_device("cuda" if torch.cuda.is_available() else "cpu")
-    return canonical_device(device)
 
 
 def resolve_checkpoint(path_or_id: str | os.PathLike) -> Path:

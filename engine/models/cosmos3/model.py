@@ -1,299 +1,90 @@
-"""A loaded Cosmos3 world model: the modules, the shared KV page pool, the warm decoder, and the verbs that
-open, step, fork and close rollout sessions."""
+"""Cosmos3 as the engine loop drives it: `Cosmos3Adapter` (the loop's `adapter.ModelAdapter`: prompt ids, prefill,
+frame 0, and a window's denoise and commit over the diffusers modules) and `Cosmos3WorldModel`, the loop over it
+built from a checkpoint and the engine's config sections."""
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from operator import attrgetter
 
+import numpy as np
 import torch
 
-from ...attention import AttentionBackendName, resolve_backend
-from ...checks import check_actions, check_image, check_prompt
-from ...devices import canonical_device
-from ...flashinfer_kernels import FlashinferKernels
-from ...kv import PagedKVCache, StreamKey, StreamLabel
-from ...lanes import DecodeLane
-from ...scheduler import Scheduler, StepBatch
-from ...vae import DecoderOptions, WarmWanDecoder
-from .conditioning import Conditioning, resolve_conditioning, resolve_env_conditioning
-from .embodiments import folder_registry
-from .first_frame import SessionFrame, encode_session_frame, plan_session_frame
-from .graphs import GraphCache, check_cuda_graphs
-from .knobs import RolloutKnobs
+from ...adapter import KVLayout, LoopParts
+from ...config import CacheConfig, RolloutKnobs, RuntimeConfig, sections
+from ...devices import resolve_device
+from ...embodiment.conditioning import Conditioning
+from ...embodiment.embodiments import folder_registry
+from ...kv import StreamLabel
+from ...loop import RolloutLoop
+from ...spec import SessionFrame
+from ...vae import DecoderOptions
+from .first_frame import encode_session_frame, plan_session_frame
 from .layers import prefill_text
-from .loader import Cosmos3Components, load_components, model_spec, resolve_device
+from .loader import Cosmos3Components, load_components, model_spec
 from .prompt import session_prompt_ids
-from .session import RolloutSession, SessionClosedError, new_session_id, window_schedule
-from .spec import KVStats, ModelSpec, PhaseTimings, WindowResult, charge_step_overhead
-from .stepping import StepRunner, WindowOutput
-from .tokens import window_tokens
 from .window import WindowContext
 
 
-class Cosmos3WorldModel:
-    """Cosmos3 forward dynamics behind sessions: `open_session`, `step`, `fork`, `close`."""
+class Cosmos3Adapter:
+    """The loaded diffusers modules as the loop calls them (`adapter.ModelAdapter`). No I/O and no cache: the
+    loop's parts arrive in `bind`."""
 
-    def __init__(self, components: Cosmos3Components, *, device: str | torch.device, num_pages: int = 512,
-                 page_size: int = 16, cpu_offload_pages: int = 0, attention_backend: str = "auto",
-                 decoder_options: DecoderOptions | None = None, height: int | None = None,
-                 width: int | None = None, fps: float | None = None, name: str | None = None,
-                 overlap_decode: bool | None = None, cuda_graphs: bool = False,
-                 decode_after_denoise: bool = True) -> None:
-        """``overlap_decode``: split a group of sessions that all decode in halves so one half's decode (on its own
-        CUDA stream) overlaps the other's denoise; a step that does not decode always runs ONE forward per group.
-        None: on for CUDA, off on a CPU (where nothing can overlap).
-        ``cuda_graphs``: CUDA graphs (graphs.py). ``decode_after_denoise``: decode before the commit (`StepRunner`)."""
+    def __init__(self, components: Cosmos3Components, runtime: RuntimeConfig) -> None:
         self.components = components
-        self.device = device = canonical_device(device)
         self.transformer, self.vae = components.transformer, components.vae
         self.dtype = next(self.transformer.parameters()).dtype
-        self.spec = model_spec(components, height=height, width=width, fps=fps, name=name)
-        self.embodiments = folder_registry(components.path, self.spec.num_domains)  # names this checkpoint takes
+        self.spec = model_spec(components, height=runtime.height, width=runtime.width, fps=runtime.fps,
+                               name=runtime.name)
+        self.embodiments = folder_registry(components.path, self.spec.num_domains)
         config = self.transformer.config
-        self.kv = PagedKVCache(num_layers=config.num_hidden_layers, num_pages=num_pages, page_size=page_size,
-                               num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim, dtype=self.dtype,
-                               device=device, cpu_offload_pages=cpu_offload_pages)
-        self.overlap_decode = device.type == "cuda" if overlap_decode is None else bool(overlap_decode)
-        self.scheduler: Scheduler[RolloutSession] = Scheduler(self.kv, split_groups=self.overlap_decode)
-        self.decoder = WarmWanDecoder(self.vae, decoder_options or DecoderOptions())
-        backend = resolve_backend(attention_backend, device, dtype=self.dtype, head_dim=config.head_dim)
-        kernels = FlashinferKernels(device) if backend is AttentionBackendName.FLASHINFER else None
-        graphs = GraphCache() if check_cuda_graphs(cuda_graphs, device, backend) else None
-        ctx = WindowContext(self.transformer, self.kv, backend, self.spec, components.unipc_config,
-                            components.use_native_flow_schedule, device, self.dtype, kernels, graphs)
-        self.runner = StepRunner(ctx, self.decoder, DecodeLane(device), decode_after_denoise)
+        self.kv_layout = KVLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, self.dtype)
+
+    def plan_frame(self, image: np.ndarray, tier: int | str | None) -> SessionFrame:
+        return plan_session_frame(self.spec, self.transformer.config.latent_patch_size, image, tier)
+
+    def prompt_ids(self, prompt: str, knobs: RolloutKnobs, conditioning: Conditioning,
+                   frame: SessionFrame) -> dict[StreamLabel, list[int]]:
+        return session_prompt_ids(self.components.tokenizer, prompt, knobs, view_point=conditioning.view_point,
+                                  fps=conditioning.fps, size=frame.caption_size,
+                                  use_system_prompt=self.components.default_use_system_prompt)
+
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return prefill_text(self.transformer, ids)
+
+    def encode_first_frame(self, image: np.ndarray, frame: SessionFrame) -> torch.Tensor:
+        return encode_session_frame(self.vae, image, frame)
+
+    def bind(self, parts: LoopParts) -> WindowContext:
+        return WindowContext(self.transformer, parts.cache, parts.backend, self.spec, self.components.unipc_config,
+                             self.components.use_native_flow_schedule, parts.device, self.dtype, parts.kernels,
+                             parts.graphs)
+
+
+class Cosmos3WorldModel(RolloutLoop):
+    """The engine loop over Cosmos3 (`loop.RolloutLoop`): `open_session`, `step`, `fork`, `close`."""
+
+    def __init__(self, components: Cosmos3Components, *, device: str | torch.device, cache: CacheConfig | None = None,
+                 decoder: DecoderOptions | None = None, runtime: RuntimeConfig | None = None, **settings) -> None:
+        """The config sections the loop takes (``cache``, ``decoder``, ``runtime``; defaults: their models'), with
+        ``settings`` (any field of the cache or runtime section by name, e.g. ``num_pages=64, height=32``) over
+        them; an unknown name is a TypeError listing the allowed ones."""
+        cache, runtime = sections(cache, runtime, settings)
+        self.components = components
+        super().__init__(Cosmos3Adapter(components, runtime), device=device, cache=cache, decoder=decoder,
+                         runtime=runtime)
 
     @classmethod
     def from_pretrained(cls, path_or_id: str | os.PathLike, *, device: str | torch.device = "auto",
                         dtype: torch.dtype | None = None, **kwargs) -> Cosmos3WorldModel:
-        """Load a diffusers-layout checkpoint (local folder or offline hub id); ``kwargs`` as the constructor's."""
+        """Load a diffusers-layout checkpoint (local folder or offline hub id); ``kwargs`` as the constructor's.
+        ``device``: ``auto`` (CUDA when there is one) or a device, resolved here, once."""
         device = resolve_device(device)
         return cls(load_components(path_or_id, device=device, dtype=dtype), device=device, **kwargs)
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        config = self.transformer.config
-        return config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * self.dtype.itemsize
+    def transformer(self) -> torch.nn.Module:
+        return self.components.transformer
 
     @property
-    def backend(self) -> AttentionBackendName:
-        """The attention backend the model resolved to (``auto`` chose it for this device)."""
-        return self.runner.ctx.backend
-
-    @property
-    def live_sessions(self) -> int:
-        return self.scheduler.live_sessions
-
-    # --- sessions -----------------------------------------------------------------------------
-
-    @torch.no_grad()  # not inference_mode: a caller may edit the first latent in place
-    def open_session(self, image, prompt: str, domain_id: int | None = None, *, embodiment: str | int | None = None,
-                     knobs: RolloutKnobs | None = None, generator: torch.Generator | None = None,
-                     action_width: int | None = None, action_bounds: tuple[float, float] | None = None,
-                     fps: float | None = None, tier: int | str | None = None) -> RolloutSession:
-        """Check everything, prefill the prompt per CFG stream (then protect it), encode and decode frame 0.
-
-        ``embodiment`` (a name of ``self.embodiments``), ``domain_id``, ``action_width``, ``fps``: see
-        `resolve_conditioning`. ``action_bounds``: the range the actions must lie in, when one is declared.
-        ``tier``: None keeps the model's frame size; 256/480/704/720/"auto" use the pipeline's canvas (first_frame.py).
-        """
-        knobs = knobs if knobs is not None else RolloutKnobs()
-        if not isinstance(knobs, RolloutKnobs):
-            raise ValueError(f"knobs={knobs!r} is invalid; allowed: a RolloutKnobs")
-        spec = self.spec
-        cond = self.conditioning(knobs, embodiment=embodiment, domain_id=domain_id, action_width=action_width, fps=fps)
-        prompt, image = check_prompt("prompt", prompt), check_image("image", image)
-        frame = plan_session_frame(spec, self.transformer.config.latent_patch_size, image, tier)
-        check_prompt("negative_prompt", knobs.negative_prompt, allow_empty=True)
-        self.decoder.options.validate_for_window(knobs.latents_per_window)
-        generator = generator if generator is not None else torch.Generator().manual_seed(0)
-        ids = self._prompt_ids(prompt, knobs, cond, frame)
-        self.scheduler.make_room(self._pages_to_open(ids, knobs, frame.spec))  # or KVPoolExhausted, before opening
-        session = RolloutSession(
-            session_id=new_session_id(), knobs=knobs, domain_id=cond.domain_id, conditioning=cond, frame=frame,
-            action_shape=(knobs.chunk_size, cond.action_width),
-            action_bounds=action_bounds, generator=generator,
-            text_lens={label: len(label_ids) for label, label_ids in ids.items()}, first_latent=torch.empty(0),
-            decoder_session=self.decoder.open_session() if knobs.decode else None, first_frame=None,
-            schedule=window_schedule(knobs))
-        try:
-            for key in session.keys:
-                self._prefill(key, ids[key.label])
-            session.first_latent = encode_session_frame(self.vae, image, frame)
-            if session.decoder_session is not None:
-                session.first_frame = self.decoder.decode(session.decoder_session, session.first_latent[None])[0]
-        except BaseException:
-            self._release(session)
-            raise
-        self.scheduler.add(session)
-        return session
-
-    @contextmanager
-    def session(self, *args, **kwargs) -> Iterator[RolloutSession]:
-        """`open_session` as a context manager: the session is closed on any exit."""
-        session = self.open_session(*args, **kwargs)
-        try:
-            yield session
-        finally:
-            self.close(session)
-
-    def conditioning(self, knobs: RolloutKnobs | None = None, *, env_rule: bool = False, **given) -> Conditioning:
-        """The checked conditioning of a session opened with ``given`` (``embodiment``, ``domain_id``,
-        ``action_width``, ``fps``): a ValueError naming the embodiment, its width and the allowed names.
-        ``env_rule``: an env's (`conditioning.env_embodiment`: a domain id stands for its embodiment)."""
-        resolve = resolve_env_conditioning if env_rule else resolve_conditioning
-        return resolve(self.embodiments, self.spec, knobs if knobs is not None else RolloutKnobs(), **given)
-
-    def min_pages(self, prompt: str, knobs: RolloutKnobs | None = None, conditioning: Conditioning | None = None,
-                  frame: SessionFrame | None = None) -> int:
-        """KV pages one session needs to open (its prompt per CFG stream) and commit its first window, with the
-        page of slack admission keeps per stream: a pool smaller than this can never run an episode."""
-        knobs = knobs if knobs is not None else RolloutKnobs()
-        cond = conditioning if conditioning is not None else self.conditioning(knobs, domain_id=0)
-        frame = frame if frame is not None else SessionFrame(self.spec, (self.spec.height, self.spec.width))
-        ids = self._prompt_ids(check_prompt("prompt", prompt), knobs, cond, frame)
-        return self._pages_to_open(ids, knobs, frame.spec) + len(ids)
-
-    def _prompt_ids(self, prompt: str, knobs: RolloutKnobs, cond: Conditioning,
-                    frame: SessionFrame) -> dict[StreamLabel, list[int]]:
-        return session_prompt_ids(self.components.tokenizer, prompt, knobs, view_point=cond.view_point, fps=cond.fps,
-                                  size=frame.caption_size, use_system_prompt=self.components.default_use_system_prompt)
-
-    def _pages_to_open(self, ids: dict[StreamLabel, list[int]], knobs: RolloutKnobs, spec: ModelSpec) -> int:
-        first_window = window_tokens(window_schedule(knobs).window(0).units, spec.tokens_per_frame, knobs.chunk_size)
-        return self.scheduler.pages_to_open(len(label_ids) + first_window for label_ids in ids.values())
-
-    def _prefill(self, key: StreamKey, ids: list[int]) -> None:
-        self.kv.create_stream(key)
-        keys, values = prefill_text(self.transformer, torch.tensor(ids, dtype=torch.long, device=self.device))
-        self.kv.append(key, keys, values)
-        self.kv.protect_prefix(key, len(ids))
-
-    @torch.no_grad()
-    def fork(self, session: RolloutSession, generator: torch.Generator | None = None) -> RolloutSession:
-        """An independent session continuing from ``session``; committed KV pages are shared, not copied, and
-        the RNG continues identically unless ``generator`` is given."""
-        session.check_open()
-        if generator is None:
-            generator = torch.Generator()
-            generator.set_state(session.generator.get_state())
-        parent = session.decoder_session
-        decoder_session = None if parent is None else self.decoder.fork_session(parent)
-        fork = RolloutSession(
-            session_id=new_session_id(), knobs=session.knobs, domain_id=session.domain_id,
-            conditioning=session.conditioning, frame=session.frame,
-            action_shape=session.action_shape, action_bounds=session.action_bounds, generator=generator,
-            text_lens=dict(session.text_lens), first_latent=session.first_latent, decoder_session=decoder_session,
-            first_frame=session.first_frame, schedule=session.schedule, plan=session.plan,
-            last_latents=session.last_latents)
-        try:
-            if self.kv.is_offloaded(session.session_id):
-                self.scheduler.admit([session.session_id], 0)
-            self.kv.fork_session(session.session_id, fork.session_id)
-        except BaseException:
-            self._release(fork)
-            raise
-        self.scheduler.add(fork)
-        return fork
-
-    def close(self, session: RolloutSession) -> None:
-        """Return every page and decoder cache of ``session``; idempotent and safe from another thread (a
-        window running there stops at its next denoise step, or finishes its commit, first)."""
-        session.abort.set()
-        with session.busy:
-            self._close_locked(session)
-
-    def close_all(self) -> None:
-        """Close every session and free the captured CUDA graphs (recaptured when needed)."""
-        for session in self.scheduler.sessions():
-            self.close(session)
-        if self.runner.ctx.graphs is not None:
-            self.runner.ctx.graphs.clear()
-
-    def kv_stats(self, session: RolloutSession) -> KVStats:
-        if session.closed:
-            return KVStats(pages_in_use=0, protected_tokens=0, released_tokens=0, seq_len=0)
-        main = self.kv.page_table(session.keys[0])
-        return KVStats(self.kv.pages_in_use(session.session_id), main.protected_prefix_tokens, main.released_tokens,
-                       main.seq_len)
-
-    def _close_locked(self, session: RolloutSession) -> None:
-        if not session.closed:
-            session.closed = True
-            self._release(session)
-
-    def _release(self, session: RolloutSession) -> None:
-        self.scheduler.remove(session.session_id)
-        try:
-            if session.decoder_session is not None:
-                self.decoder.close_session(session.decoder_session)
-        finally:
-            self.kv.remove_session(session.session_id)
-
-    # --- stepping -----------------------------------------------------------------------------
-
-    @torch.inference_mode()
-    def step(self, sessions: Sequence[RolloutSession], actions: Sequence, *, decode: bool = True) -> list[WindowResult]:
-        """Step every session one window: schedule, run, postprocess. Sessions that share steps, shift, mode
-        and window shape run ONE batched forward per denoise step. With ``decode=False`` the frames are left
-        to `decode`."""
-        started, sessions, checked = time.perf_counter(), list(sessions), self._check_actions(sessions, actions)
-        with ExitStack() as stack:  # every session's window lock, in one order: concurrent batches cannot deadlock
-            for s in sorted(sessions, key=attrgetter("session_id")):
-                stack.enter_context(s.busy)
-            for s in sessions:
-                s.check_open()  # closed by another thread while we waited
-            decodes = [decode and s.decoder_session is not None for s in sessions]
-            batch = self.scheduler.schedule(sessions, checked, decodes)
-            try:
-                outputs = self.runner.run(batch, decode)
-            except SessionClosedError as e:
-                if e.committed:  # windows were committed with it: close the step's sessions
-                    self._close_all_locked(sessions)
-                raise
-            except BaseException:  # a failed window never leaves half-committed state behind
-                self._close_all_locked(sessions)
-                raise
-            return charge_step_overhead(self._postprocess(batch, outputs), time.perf_counter() - started)
-
-    def _check_actions(self, sessions: Sequence[RolloutSession], actions: Sequence) -> list:
-        sessions, actions = list(sessions), list(actions)
-        if len(sessions) != len(actions) or len(set(map(id, sessions))) != len(sessions):
-            raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
-                             "action array per distinct session")
-        checked = []  # each session is checked open once, under its window lock (`step`)
-        for i, (s, a) in enumerate(zip(sessions, actions)):
-            low, high = s.action_bounds or (None, None)
-            field = "actions" if len(sessions) == 1 else f"actions[{i}]"
-            checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
-        return checked
-
-    def _postprocess(self, batch: StepBatch[RolloutSession], outputs: list[WindowOutput]) -> list[WindowResult]:
-        """Advance each session past its window (the one place a cursor moves) and report the window."""
-        results = []
-        for w, out in zip(batch.windows, outputs):
-            s = w.session
-            s.last_latents, s.plan = out.latents, s.schedule.window(w.plan.index + 1)
-            start, end = s.frame_span(w.plan)
-            results.append(WindowResult(w.plan.index, out.host_latents, out.frames, start, end, out.timings,
-                                        self.kv_stats(s)))
-        return results
-
-    @torch.inference_mode()
-    def decode(self, session: RolloutSession, result: WindowResult) -> WindowResult:
-        """Fill in the frames of a window stepped with ``decode=False`` (windows of a session in order)."""
-        start = time.perf_counter()
-        frames = self.decoder.decode(session.decoder_session, result.latents.to(self.device)[None])
-        t = result.timings
-        result.frames, result.timings = frames, PhaseTimings(t.denoise_s, t.commit_s, time.perf_counter() - start,
-                                                                t.other_s, t.shared_by)
-        return result
-
-    def _close_all_locked(self, sessions: list[RolloutSession]) -> None:
-        for s in sessions:
-            s.abort.set()
-            self._close_locked(s)
+    def vae(self) -> torch.nn.Module:
+        return self.components.vae

@@ -32,12 +32,6 @@ def tokens_per_frame(latent_height: int, latent_width: int, patch: int) -> int:
     return -(-latent_height // patch) * -(-latent_width // patch)
 
 
-def window_tokens(units: int, tokens_per_frame: int, actions: int) -> int:
-    """Tokens of one row of a window (what it attends with, and what its kv commit appends): the vision tokens of
-    its ``units`` latent frames, then one token per action."""
-    return units * tokens_per_frame + actions
-
-
 def embed_timesteps(transformer, timesteps: torch.Tensor) -> torch.Tensor:
     """`[M]` diffusion timesteps (0..1000) -> `[M, hidden]` (the model's `timestep_scale` applied); differentiable."""
     t = timesteps * transformer.config.timestep_scale

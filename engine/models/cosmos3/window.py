@@ -1,4 +1,4 @@
-"""One window for a group of sessions: denoise, then commit. Decoding is the model's.
+"""One window for a group of sessions: denoise, then commit (the adapter's `WindowOps`). Decoding is the loop's.
 
 All rows (a session's ``main`` and, under CFG, ``uncond`` stream) are packed into one token sequence, so
 every denoise step is ONE forward of the generation layers for the whole group; each row's queries attend
@@ -12,23 +12,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ...attention import AttentionBackendName, PagedAttentionBatch, prime
+from ...attention import AttentionBackendName, AttentionForward, PagedAttentionBatch, prime
 from ...flashinfer_kernels import FlashinferKernels
+from ...graphs import GraphCache, GraphedSteps
 from ...kv import PagedKVCache, StreamLabel
 from ...scheduler import ScheduledWindow
+from ...session import RolloutSession, SessionClosedError
+from ...spec import ModelSpec, window_tokens
 from ...windowing import WindowPlan
-from .graphs import GraphCache, GraphedSteps
-from .layers import gen_forward, rotary
+from .fused import gen_weights
+from .layers import gen_forward, gen_layers, rotary
 from .layout import action_positions, media_offset, vision_positions
-from .session import RolloutSession, SessionClosedError
-from .spec import ModelSpec
-from .tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens, window_tokens
+from .tokens import action_tokens, embed_timesteps, unpatchify, vision_tokens
 from .unipc import UniPCStepper, unipc_plan
 
 denoise_loop_guard = nullcontext
@@ -37,7 +39,8 @@ denoise_loop_guard = nullcontext
 
 @dataclass(frozen=True)
 class WindowContext:
-    """What a window needs of the loaded model, handed down as arguments."""
+    """What a window needs of the loaded model and the loop's parts (`adapter.LoopParts`), handed down as
+    arguments: the adapter bound to the loop (`adapter.WindowOps`)."""
 
     transformer: nn.Module
     cache: PagedKVCache
@@ -48,7 +51,29 @@ class WindowContext:
     device: torch.device
     dtype: torch.dtype
     kernels: FlashinferKernels | None = None  # the model's, when its backend is flashinfer
-    graphs: GraphCache | None = None  # the model's captured denoise steps and commits, with `cuda_graphs` (graphs.py)
+    graphs: GraphCache | None = None  # the loop's captured denoise steps and commits, with `cuda_graphs` (graphs.py)
+
+    def denoise(self, group: Sequence[ScheduledWindow[RolloutSession]]) -> DenoisedWindow:
+        """Denoise one scheduled group's windows as one batched window (no wait for the device).
+
+        Args:
+            group: windows of open sessions with equal `RolloutSession.group_key` (the scheduler grouped them by it),
+                admitted into the page pool; their ``actions`` are ``[chunk, width]`` float32, already checked.
+        """
+        jobs = [_prepare(self, w.session, w.plan, w.actions) for w in group]
+        rows = [(job, label) for job in jobs for label in job.session.labels]
+        tables = [self.cache.page_table(k) for job in jobs for k in job.session.keys]
+        batch = PagedAttentionBatch(self.cache, tables, [job.num_tokens for job, _ in rows], self.backend, self.kernels)
+        rotaries = [_row_rotary(self, job, label) for job, label in rows]
+        cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
+        graphed, forward = _denoise(self, jobs, batch, cos, sin)
+        return DenoisedWindow(jobs, batch, cos, sin, graphed, forward)
+
+    def commit(self, window: DenoisedWindow) -> None:
+        """In kv mode, append each row's clean-window K/V to its streams and release beyond the horizon (see `_commit`);
+        chained windows commit nothing."""
+        if window.jobs[0].session.knobs.window_mode == "kv":
+            _commit(self, window)
 
 
 @dataclass
@@ -72,35 +97,12 @@ class DenoisedWindow:
     cos: torch.Tensor  # [N, head_dim]
     sin: torch.Tensor
     graphed: GraphedSteps | None  # the graph the denoise replayed (its commit graph commits), or None
+    forward: AttentionForward | None  # the batch primed once, before the denoise loop (eager), or None (graphed)
 
     @property
     def latents(self) -> list[torch.Tensor]:
         """Per window its new latents ``[C, n, h, w]``, float32, on the device (the commit leaves them as they are)."""
         return [job.latents[:, job.clean:].float() for job in self.jobs]
-
-
-def denoise_window(ctx: WindowContext, group: Sequence[ScheduledWindow[RolloutSession]]) -> DenoisedWindow:
-    """Denoise one scheduled group's windows as one batched window (no wait for the device).
-
-    Args:
-        group: windows of open sessions with equal `RolloutSession.group_key` (the scheduler grouped them by it),
-            admitted into the page pool; their ``actions`` are ``[chunk, width]`` float32, already checked.
-    """
-    jobs = [_prepare(ctx, w.session, w.plan, w.actions) for w in group]
-    rows = [(job, label) for job in jobs for label in job.session.labels]
-    tables = [ctx.cache.page_table(k) for job in jobs for k in job.session.keys]
-    batch = PagedAttentionBatch(ctx.cache, tables, [job.num_tokens for job, _ in rows], ctx.backend, ctx.kernels)
-    rotaries = [_row_rotary(ctx, job, label) for job, label in rows]
-    cos, sin = torch.cat([c for c, _ in rotaries]), torch.cat([s for _, s in rotaries])
-    graphed = _denoise(ctx, jobs, batch, cos, sin)
-    return DenoisedWindow(jobs, batch, cos, sin, graphed)
-
-
-def commit_window(ctx: WindowContext, window: DenoisedWindow) -> None:
-    """In kv mode, append each row's clean-window K/V to its streams and release beyond the horizon (see `_commit`);
-    chained windows commit nothing."""
-    if window.jobs[0].session.knobs.window_mode == "kv":
-        _commit(ctx, window)
 
 
 def _prepare(ctx: WindowContext, session: RolloutSession, plan: WindowPlan, actions: np.ndarray) -> _Job:
@@ -158,26 +160,34 @@ def _velocity(ctx: WindowContext, job: _Job, out: torch.Tensor) -> torch.Tensor:
 
 
 def _denoise(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos,
-             sin) -> GraphedSteps | None:
+             sin) -> tuple[GraphedSteps | None, AttentionForward | None]:
+    """The loop of denoise steps; returns the graph it replayed, or the batch's one `prime` (eager), which every
+    forward of the window reuses: its tables cannot change before the commit."""
     knobs = jobs[0].session.knobs  # the UniPC schedule: computed once per (steps, shift), on the host
     plan = unipc_plan(ctx.unipc_config, knobs.num_steps, knobs.flow_shift, ctx.native_flow_schedule)
     stepper = UniPCStepper(plan)
-    graphed = None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
+    graphed, forward = None, None  # gathers or plans (or binds a graph) before the loop: no host copies inside it
     if ctx.graphs is not None:
         policies = [job.session.retention[label] for job in jobs for label in job.session.labels]
-        graphed = ctx.graphs.steps(ctx.transformer, cos, sin, batch, policies)
+        transformer = ctx.transformer
+        graphed = ctx.graphs.steps(partial(gen_layers, transformer), partial(gen_weights, transformer),
+                                   transformer.config.hidden_size, cos, sin, batch, policies)
     else:
-        prime(batch, ctx.transformer.config.num_attention_heads)
+        forward = prime(batch, ctx.transformer.config.num_attention_heads)
     with denoise_loop_guard():
         for step in plan.timesteps:  # host floats
-            _denoise_step(ctx, jobs, batch, cos, sin, graphed, stepper, step)
-    return graphed
+            _denoise_step(ctx, jobs, batch, cos, sin, graphed, forward, stepper, step)
+    return graphed, forward
 
 
 def _denoise_step(ctx: WindowContext, jobs: list[_Job], batch: PagedAttentionBatch, cos, sin,
-                  graphed: GraphedSteps | None, stepper: UniPCStepper, step: float) -> None:
+                  graphed: GraphedSteps | None, forward: AttentionForward | None, stepper: UniPCStepper,
+                  step: float) -> None:
     hidden = _hidden(ctx, jobs, step)
-    out = graphed(hidden) if graphed is not None else gen_forward(ctx.transformer, hidden, cos, sin, batch).hidden
+    if graphed is not None:
+        out = graphed(hidden)
+    else:
+        out = gen_forward(ctx.transformer, hidden, cos, sin, batch, forward=forward).hidden
     offset, velocity = 0, []
     for job in jobs:
         rows = []
@@ -213,7 +223,8 @@ def _commit(ctx: WindowContext, window: DenoisedWindow) -> None:
     if window.graphed is not None:
         out = window.graphed.commit(hidden)
     else:
-        out = gen_forward(ctx.transformer, hidden, window.cos, window.sin, window.batch, collect_kv=True)
+        out = gen_forward(ctx.transformer, hidden, window.cos, window.sin, window.batch, collect_kv=True,
+                          forward=window.forward)
     offset = 0
     for job in jobs:
         session = job.session

@@ -163,8 +163,8 @@ def _embodiment_width(config: WorldstepConfig) -> int | None:
     """The raw width of ``env.embodiment`` (or of ``env.domain_id``'s embodiment) from the built-in registry or
     a local checkpoint folder's own; None when that cannot tell (loading then refuses it, naming the allowed
     names)."""
-    from worldstep.engine.models.cosmos3.conditioning import embodiment_width
-    from worldstep.engine.models.cosmos3.embodiments import EmbodimentRegistry, folder_registry
+    from worldstep.engine.embodiment.conditioning import embodiment_width
+    from worldstep.engine.embodiment.embodiments import EmbodimentRegistry, folder_registry
 
     folder = Path(config.model.checkpoint)
     registry = folder_registry(folder) if folder.is_dir() else EmbodimentRegistry.default()

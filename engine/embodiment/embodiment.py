@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ...checks import check_int
+from ..checks import check_int
 from .action_convention import ActionConvention, convention_from_json, convention_to_json
 
 

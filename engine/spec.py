@@ -1,13 +1,15 @@
-"""Plain value types of a rollout: what the model is, and what a window returns and costs."""
+"""Plain value types of a rollout: what the model is, where a session's frames come from, and what a window
+returns and costs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
-from .knobs import TEMPORAL_COMPRESSION
+from .config import TEMPORAL_COMPRESSION
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,22 @@ class ModelSpec:
                        latent_width=latent_width, tokens_per_frame=grid[0] * grid[1], patch_grid=grid)
 
 
+def window_tokens(units: int, tokens_per_frame: int, actions: int) -> int:
+    """Tokens of one row of a window (what it attends with, and what its kv commit appends): the vision tokens of
+    its ``units`` latent frames, then one token per action."""
+    return units * tokens_per_frame + actions
+
+
+@dataclass(frozen=True)
+class SessionFrame:
+    """Where a session's frames come from: its spec (latent grid, frame size), the caption's size, and the
+    adapter's plan of the first frame (None: the model's frame size, the image cover-cropped)."""
+
+    spec: ModelSpec
+    caption_size: tuple[int, int]
+    plan: Any = None
+
+
 @dataclass(frozen=True)
 class PhaseTimings:
     """Wall-clock seconds of one window: THIS SESSION'S SHARE of the step that ran it.
@@ -55,7 +73,7 @@ class PhaseTimings:
     ``shared_by`` (the sessions in its group); ``other_s`` is the step's time outside every group's phases
     (checks, scheduling, admission, host copies, postprocess), divided by the step's sessions. The shares of one
     `step` therefore add up to its wall time, whatever the grouping (`of_group` gives the call's own figures).
-    A window decoded later by `Cosmos3WorldModel.decode` gets that decode's own time as ``decode_s``.
+    A window decoded later by `RolloutLoop.decode` gets that decode's own time as ``decode_s``.
 
     Timings are measurements, not state: two instances always compare equal, so two rollouts with the same
     seed and actions have equal infos (what gymnasium's determinism check compares).

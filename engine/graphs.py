@@ -13,29 +13,33 @@ first window's loop, and each later window of that key refills the static buffer
 the device, so it happens once per key: one graph for a rollout's first window (frame 0 leads it, so it has more
 tokens) and one for every later window. Each key holds two graphs in one memory pool: a denoise step, and the
 commit pass (the same layers keeping their K/V), which runs against the same bound context right after the loop.
-The graphs read the layers' fused weights (`fused.gen_weights`); when the modules' weights change, the cache
-drops every graph and captures anew. The eager path attends without padding or masks; masked keys get exact
+The graphs read the adapter's layer weights (its ``weights()``, e.g. Cosmos3's `fused.gen_weights`); when the
+modules' weights change, the cache drops every graph and captures anew. What a graph records is the adapter's
+generation layers (``layers``), so the loop captures any model's; it reads no model code itself. The eager path
+attends without padding or masks; masked keys get exact
 zero weight, so the two differ only in the order of floating-point sums (tests/test_gpu_regime.py measures it).
-The cache holds at most `MAX_GRAPHS` (least recently used out) and is freed by the model's `close_all`. CUDA
+The cache holds at most `MAX_GRAPHS` (least recently used out) and is freed by the loop's `close_all`. CUDA
 only, with the sdpa backend (flashinfer's wrappers re-plan outside any graph); off by default.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ...attention import AttentionBackendName, PagedAttentionBatch
-from ...kv import PagedKVCache, PageTable
-from ...windowing import RetentionPolicy
-from .fused import gen_weights
-from .layers import GenOutput, gen_layers
+from .attention import AttentionBackendName, PagedAttentionBatch
+from .kv import PagedKVCache, PageTable
+from .windowing import RetentionPolicy
 
 MAX_GRAPHS = 4
+
+Layers = Callable[..., Any]
+"""``layers(hidden, cos, sin, attend, collect_kv) -> out`` (``out.hidden`` ``[N, hidden]``; with ``collect_kv``,
+``out.keys``/``out.values`` ``[layers, N, Hkv, D]``): the adapter's generation layers, what a graph records."""
 
 
 def check_cuda_graphs(enabled: bool, device: torch.device, backend: AttentionBackendName) -> bool:
@@ -131,18 +135,18 @@ def masked_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 
 class GraphedSteps:
-    """`gen_layers` over one window geometry through a `PaddedContext`: a denoise-step graph and a commit graph
+    """``layers`` over one window geometry through a `PaddedContext`: a denoise-step graph and a commit graph
     (the same layers keeping each layer's K/V), captured at construction into one memory pool; `bind` a window,
-    then call per step and `commit` once."""
+    then call per step and `commit` once. ``weights()``: the weights the layers read now (compared by identity)."""
 
-    def __init__(self, transformer: nn.Module, cos: torch.Tensor, sin: torch.Tensor,
-                 batch: PagedAttentionBatch, padded: Sequence[int]) -> None:
-        self.transformer = transformer
+    def __init__(self, layers: Layers, weights: Callable[[], object], hidden_size: int, cos: torch.Tensor,
+                 sin: torch.Tensor, batch: PagedAttentionBatch, padded: Sequence[int]) -> None:
+        self.layers, self.weights_now = layers, weights
         self.context = PaddedContext(batch.cache, batch.q_lens, padded)
         self.cos, self.sin = cos.clone(), sin.clone()  # [N, head_dim] static
-        self.static_in = cos.new_zeros((batch.num_tokens, transformer.config.hidden_size))  # [N, hidden]
+        self.static_in = cos.new_zeros((batch.num_tokens, hidden_size))  # [N, hidden]
         self.context.fill(batch.tables)
-        self.weights = gen_weights(transformer)  # what the graphs read; `current` compares it
+        self.weights = weights()  # what the graphs read; `current` compares it
         self.graph, self.static_out = self._capture(collect_kv=False)
         self.commit_graph, self.commit_out = self._capture(collect_kv=True)
         self.replays = 0
@@ -151,7 +155,7 @@ class GraphedSteps:
     def current(self) -> bool:
         """Whether the weights the graphs read are still the modules' (a load or an in-place update makes new
         fused weights, which a captured graph would never see)."""
-        return gen_weights(self.transformer) is self.weights
+        return self.weights_now() is self.weights
 
     def bind(self, cos: torch.Tensor, sin: torch.Tensor, batch: PagedAttentionBatch) -> GraphedSteps:
         """Serve ``batch``'s window (same `graph_key`): its rotary tables, context and masks into the static buffers."""
@@ -167,7 +171,7 @@ class GraphedSteps:
         self.replays += 1
         return self.static_out.hidden.clone()  # the next replay overwrites the static output
 
-    def commit(self, hidden: torch.Tensor) -> GenOutput:
+    def commit(self, hidden: torch.Tensor) -> Any:
         """The commit pass over the clean window ``[N, hidden]``: each layer's K/V ``[layers, N, Hkv, D]`` (static
         buffers, valid until the next replay of this geometry: the cache copies them into its pages at once)."""
         self.static_in.copy_(hidden)
@@ -175,11 +179,11 @@ class GraphedSteps:
         self.commits += 1
         return self.commit_out
 
-    def forward(self, collect_kv: bool = False) -> GenOutput:
+    def forward(self, collect_kv: bool = False) -> Any:
         """What a graph records: every generation layer over the static buffers."""
-        return gen_layers(self.transformer, self.static_in, self.cos, self.sin, self.context.attend, collect_kv)
+        return self.layers(self.static_in, self.cos, self.sin, self.context.attend, collect_kv)
 
-    def _capture(self, collect_kv: bool) -> tuple[torch.cuda.CUDAGraph, GenOutput]:
+    def _capture(self, collect_kv: bool) -> tuple[torch.cuda.CUDAGraph, Any]:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
@@ -203,21 +207,22 @@ class GraphCache:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def steps(self, transformer: nn.Module, cos: torch.Tensor, sin: torch.Tensor, batch: PagedAttentionBatch,
+    def steps(self, layers: Layers, weights: Callable[[], object], hidden_size: int, cos: torch.Tensor,
+              sin: torch.Tensor, batch: PagedAttentionBatch,
               policies: Sequence[RetentionPolicy | None]) -> GraphedSteps:
-        """The graph for ``batch``'s geometry, bound to this window (captured now if the key is new).
+        """The graph of ``layers`` for ``batch``'s geometry, bound to this window (captured now if the key is new).
 
         ``policies``: per row the retention its commits apply (None: none, or no commit), which bounds its context.
         """
         page_size = batch.cache.page_size
         padded = [padded_length(t, page_size, p) for t, p in zip(batch.tables, policies, strict=True)]
-        key = graph_key(batch.q_lens, padded, transformer.config.hidden_size)
+        key = graph_key(batch.q_lens, padded, hidden_size)
         graphed = self._graphs.get(key)
         if graphed is not None and not graphed.current():  # new weights: every graph reads the old ones
             self.clear()
             graphed = None
         if graphed is None:
-            graphed = self._graphs[key] = GraphedSteps(transformer, cos, sin, batch, padded)
+            graphed = self._graphs[key] = GraphedSteps(layers, weights, hidden_size, cos, sin, batch, padded)
             self.captures += 1
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)

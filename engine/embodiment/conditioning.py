@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...checks import check_fps, check_int, is_int
+from ..checks import check_fps, check_int, is_int
+from ..config import RolloutKnobs
+from ..spec import ModelSpec
 from .embodiment import Embodiment
 from .embodiments import EmbodimentRegistry
-from .knobs import RolloutKnobs
-from .spec import ModelSpec
 
 DEFAULT_VIEW_POINT = "ego_view"
 
@@ -33,6 +33,14 @@ class Conditioning:
     fps: float
     view_point: str
     embodiment: Embodiment | None = None
+
+    def check_domain(self, domain_id: int) -> None:
+        """A ValueError when ``domain_id`` (e.g. a reset's) is not this record's: the record is resolved once,
+        and a later request may only repeat its domain."""
+        if domain_id != self.domain_id:
+            who = self.embodiment.describe() if self.embodiment is not None else f"domain {self.domain_id}"
+            raise ValueError(f"domain_id={domain_id!r} contradicts embodiment {who}; allowed: "
+                             f"domain_id={self.domain_id} or None")
 
 
 def resolve_conditioning(registry: EmbodimentRegistry, spec: ModelSpec, knobs: RolloutKnobs, *,

@@ -1,13 +1,14 @@
 """The runner: the second of a step's three calls. It runs a scheduled `StepBatch` on typed records.
 
-Each group of the batch is one batched window (`window.denoise_window`, then `window.commit_window`), its decode
+Each group of the batch is one batched window (the adapter's `WindowOps.denoise`, then its `commit`, reached
+through this module's `denoise_window` and `commit_window`), its decode
 queued on the decode lane (its own CUDA stream) right after the denoise, so the commit runs beside the decode and
 the decode of one group overlaps the denoise of the next (``decode_after_denoise=False``: after the commit, the
 order before issue 47). Nothing
 waits for the device until every group is queued: then the frames come to the host, with the finiteness of
 every group's latents checked in the same wait. The runner changes no session: `postprocess` advances them.
 A session closed from another thread before anything was committed leaves every session as it was (its RNG
-included); once a group committed, the error says so and the model closes the step's sessions.
+included); once a group committed, the error says so and the loop closes the step's sessions.
 """
 
 from __future__ import annotations
@@ -17,12 +18,28 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...lanes import DecodeLane, PhaseClock
-from ...scheduler import ScheduledWindow, StepBatch
-from ...vae import WarmWanDecoder
+from .adapter import DenoisedGroup, WindowOps
+from .lanes import DecodeLane, PhaseClock
+from .scheduler import ScheduledWindow, StepBatch
 from .session import RolloutSession, SessionClosedError
 from .spec import PhaseTimings
-from .window import DenoisedWindow, WindowContext, commit_window, denoise_window
+from .vae.decoder import WarmWanDecoder
+
+
+def denoise_window(ctx: WindowOps, group: tuple[ScheduledWindow[RolloutSession], ...]) -> DenoisedGroup:
+    """A group's denoise through the adapter, unless a session of it was closed (from another thread) since the
+    step began: then nothing of the group runs."""
+    for w in group:
+        w.session.check_open()
+    return ctx.denoise(group)
+
+
+def commit_window(ctx: WindowOps, group: tuple[ScheduledWindow[RolloutSession], ...], window: DenoisedGroup) -> None:
+    """A group's commit through the adapter, unless a session of it was closed since its denoise: then nothing of
+    the window reaches any stream."""
+    for w in group:
+        w.session.check_open()
+    ctx.commit(window)
 
 
 @dataclass(frozen=True)
@@ -52,11 +69,11 @@ class _GroupRun:
 
 @dataclass(frozen=True)
 class StepRunner:
-    """What a window needs of the loaded model (``ctx``: modules, cache, backend, resolved once at load), the
-    warm decoder and the decode lane; `run` runs a step's windows. ``decode_after_denoise``: queue a group's decode
-    as soon as its latents are denoised (the commit beside it), else after its commit."""
+    """The adapter bound to the loop's parts (``ctx``: `adapter.WindowOps`, made once at load), the warm decoder
+    and the decode lane; `run` runs a step's windows. ``decode_after_denoise``: queue a group's decode as soon as
+    its latents are denoised (the commit beside it), else after its commit."""
 
-    ctx: WindowContext
+    ctx: WindowOps
     decoder: WarmWanDecoder
     lane: DecodeLane
     decode_after_denoise: bool = True
@@ -79,9 +96,9 @@ class StepRunner:
                 clock.mark("denoise_end")
                 if self.decode_after_denoise:
                     run = self._decode_group(group, window.latents, clock, decode)
-                    committed = self._commit(window, clock)
+                    committed = self._commit(group, window, clock)
                 else:
-                    committed = self._commit(window, clock)
+                    committed = self._commit(group, window, clock)
                     run = self._decode_group(group, window.latents, clock, decode)
                 done.append(run)
             self.lane.join()
@@ -93,10 +110,11 @@ class StepRunner:
                 raise
             raise SessionClosedError(str(e), committed=True) from e
 
-    def _commit(self, window: DenoisedWindow, clock: PhaseClock) -> bool:
+    def _commit(self, group: tuple[ScheduledWindow[RolloutSession], ...], window: DenoisedGroup,
+                clock: PhaseClock) -> bool:
         """Commit the group's window, timed from ``commit_start`` (on a CPU a decode queued before it ran in place)."""
         clock.mark("commit_start")
-        commit_window(self.ctx, window)
+        commit_window(self.ctx, group, window)
         clock.mark("commit_end")
         return True
 

@@ -1,4 +1,4 @@
-"""Cosmos3's window geometry over latent frames, expressed through the reference `WindowSchedule`.
+"""A session's window geometry over latent frames, expressed through the reference `WindowSchedule`.
 
 Latent frame 0 is the clean first frame; each window generates ``n = latents_per_window`` new frames.
 Chained windows re-pin their predecessor's last frame: the schedule of ``n + 1``-unit windows overlapping by
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ...windowing import RetentionPolicy, WindowPlan, WindowSchedule
-from .knobs import RolloutKnobs
+from .config import RolloutKnobs
+from .windowing import RetentionPolicy, WindowPlan, WindowSchedule
 
 LEAD_FRAMES = 1
 """Latent frames given before anything is generated: the encoded first image."""

@@ -1,34 +1,34 @@
 """A rollout session: the record of one rollout that the model steps.
 
 A session holds ids, its RNG, its decoder session and a `WindowSchedule` cursor that gives the next
-window's geometry. It holds no reference to the model and has no verbs that do work: the model opens,
-steps, forks and closes sessions (`Cosmos3WorldModel.step(sessions, actions)`).
+window's geometry. It holds no reference to the loop or the model and has no verbs that do work: the loop
+opens, steps, forks and closes sessions (`RolloutLoop.step(sessions, actions)`).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ...kv import StreamKey, StreamLabel
-from ...vae import DecodeSession
-from ...windowing import RetentionPolicy, WindowPlan
-from .conditioning import Conditioning
-from .first_frame import SessionFrame
-from .geometry import LEAD_FRAMES, LatentWindows
-from .knobs import RolloutKnobs
-from .spec import ModelSpec
-from .tokens import window_tokens
+from .checks import check_actions
+from .config import RolloutKnobs
+from .embodiment.conditioning import Conditioning
+from .kv import StreamKey, StreamLabel
+from .latent_windows import LEAD_FRAMES, LatentWindows
+from .spec import ModelSpec, SessionFrame, window_tokens
+from .vae.session import DecodeSession
+from .windowing import RetentionPolicy, WindowPlan
 
 
 class SessionClosedError(RuntimeError):
     """The session was closed (possibly from another thread) before or while a window ran.
 
-    ``committed``: windows of the step had already committed (the model then closes the step's sessions).
+    ``committed``: windows of the step had already committed (the loop then closes the step's sessions).
     """
 
     def __init__(self, message: str, *, committed: bool = False) -> None:
@@ -72,7 +72,7 @@ class RolloutSession:
 
     Resolved once when the session is made (constant while it lives, so a step only reads them): ``labels``
     and ``keys`` (its KV streams) and ``retention`` (what a commit of each stream keeps). ``plan`` is the one
-    cursor: only the model's postprocess moves it.
+    cursor: only the loop's postprocess moves it.
     """
 
     session_id: str
@@ -88,7 +88,7 @@ class RolloutSession:
     decoder_session: DecodeSession | None
     first_frame: np.ndarray | None
     schedule: LatentWindows
-    plan: WindowPlan | None = None  # the next window (None: the first); only the model's postprocess moves it
+    plan: WindowPlan | None = None  # the next window (None: the first); only the loop's postprocess moves it
     last_latents: torch.Tensor | None = None
     closed: bool = False
     busy: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held while a window runs
@@ -138,6 +138,30 @@ class RolloutSession:
         return (knobs.num_steps, float(knobs.flow_shift), knobs.window_mode, float(knobs.context_noise), plan.units,
                 plan.cond_units, spec.latent_height, spec.latent_width, spec.patch_grid)
 
+    def branch(self, session_id: str, generator: torch.Generator,
+               decoder_session: DecodeSession | None) -> RolloutSession:
+        """A record continuing this one under ``session_id`` (the loop's `fork` shares its KV pages)."""
+        return RolloutSession(
+            session_id=session_id, knobs=self.knobs, domain_id=self.domain_id, conditioning=self.conditioning,
+            frame=self.frame, action_shape=self.action_shape, action_bounds=self.action_bounds, generator=generator,
+            text_lens=dict(self.text_lens), first_latent=self.first_latent, decoder_session=decoder_session,
+            first_frame=self.first_frame, schedule=self.schedule, plan=self.plan, last_latents=self.last_latents)
+
     def check_open(self) -> None:
         if self.closed or self.abort.is_set():
             raise SessionClosedError(f"session {self.session_id} is closed; open a new one (env.reset)")
+
+
+def check_step_actions(sessions: Sequence[RolloutSession], actions: Sequence) -> list[np.ndarray]:
+    """One action array per distinct session, each of its session's shape and within its bounds (the step's
+    entry check; each session is checked open once, under its window lock, by the loop)."""
+    sessions, actions = list(sessions), list(actions)
+    if len(sessions) != len(actions) or len(set(map(id, sessions))) != len(sessions):
+        raise ValueError(f"got {len(sessions)} sessions and {len(actions)} action arrays; allowed: one "
+                         "action array per distinct session")
+    checked = []
+    for i, (s, a) in enumerate(zip(sessions, actions)):
+        low, high = s.action_bounds or (None, None)
+        field = "actions" if len(sessions) == 1 else f"actions[{i}]"
+        checked.append(check_actions(field, a, s.action_shape, low=low, high=high))
+    return checked

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...checks import check_int
+from ..checks import check_int
 from .action_convention import CONVENTIONS
 from .embodiment import (
     Embodiment,
