@@ -20,7 +20,7 @@ SDK = Path(__file__).resolve().parents[1] / "sdk"
 PLAN_ROW = {"seed": 20000000, "policy": "planner", "observe": "model", "windows": 2, "model_success": True,
             "sim_success": False, "actions": [[[0.5, -0.25]], [[0.75, 0.125]]], "stop": "believed_success",
             "anchor_every": None, "cost_rank_correlation": [0.5, None],
-            "window_success": [[True, False], [True, False]]}
+            "window_success": [[True, False], [True, False]], "stop_rule_sha256": None, "window_trust": []}
 EPISODE_ROW = {"policy": "expert", "seed": 20000001, "success": True, "windows": 1, "replay_success": False,
                "actions": [[[0.5, 0.5]]], "stop": "success",
                "detections": [{"model": {"effector": [1.0, 2.0], "block": None}, "sim": None,
@@ -39,6 +39,8 @@ def test_record_rows_round_trip_in_their_saved_format(tmp_path):
     again = read_records(tmp_path)
     assert again.episodes[0].to_record() == EPISODE_ROW and again.plans[0].to_record() == PLAN_ROW
     assert again.plans[0].sim_success is False and again.episodes[0].episode.success is True
+    older = {k: v for k, v in PLAN_ROW.items() if k not in ("stop_rule_sha256", "window_trust")}
+    assert ClosedLoopResult.from_record(older).to_record() == PLAN_ROW  # a record from before the selective stop
 
 
 def test_extensions_hold_the_common_result_and_report_it_flat():
