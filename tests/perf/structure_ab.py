@@ -1,6 +1,8 @@
-r"""Before/after of issue 36's per-forward context, the two trees side by side in one run.
+r"""Before/after of a restructuring, the two trees side by side in one run.
 
     python tests/perf/structure_ab.py [--before 24fc7b5] [--rounds 15] [--json docs/bench/ab/structure.json]
+    python tests/perf/structure_ab.py --before eeec8ae --json docs/bench/ab/structure_four.json  # the engine loop
+                                                                    # in engine/, one step path, the KV by composition
 
 Checks the ``--before`` revision out into a temporary worktree and starts one worker process per tree, each
 importing worldstep from its own tree (the editable install's package map pointed at that tree). Each worker
