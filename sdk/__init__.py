@@ -54,7 +54,6 @@ __all__ = [
     "policies",
     "truth",
     "world",
-    "wrappers",
 ]
 
 
@@ -82,8 +81,4 @@ def __getattr__(name: str):
         import worldstep.truth as truth  # (``from . import`` would ask this function again)
 
         return truth
-    if name == "wrappers":
-        import worldstep.wrappers as wrappers  # (``from . import`` would ask this function again)
-
-        return wrappers
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

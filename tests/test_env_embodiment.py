@@ -16,6 +16,7 @@ from tiny_world import cache_dir, ramp, world  # noqa: F401 - fixtures
 from worldstep.engine.config import RolloutKnobs
 from worldstep.engine.embodiment.action_normalizer import ActionNormalizer, ActionRangeWarning
 from worldstep.engine.embodiment.action_stats import ActionStats
+from worldstep.engine.embodiment.embodiments import EmbodimentRegistry
 from worldstep.envs import NormalizeActions, WorldModelEnv, WorldModelVectorEnv, make_world_model_env
 
 
@@ -134,7 +135,7 @@ def test_vector_env_and_config_take_the_embodiment(world):  # noqa: F811
         worldstep.make_env(world, embodiment="pusht", domain_id=7)
 
 
-_REGISTRY_NAMES = sorted(worldstep.engine.embodiment.EmbodimentRegistry.default().names)
+_REGISTRY_NAMES = sorted(EmbodimentRegistry.default().names)
 
 
 @settings(max_examples=60, deadline=None)

@@ -20,8 +20,8 @@ import rerun as rr
 import worldstep
 from rerun_tables import decoded, read_recording, scalars, series
 from worldstep.measures.frames import psnr
+from worldstep.view.loggers import RerunLogger, RerunVectorLogger
 from worldstep.view.rerun_log import encode_frame
-from worldstep.wrappers import RerunLogger, RerunVectorLogger
 
 
 def recording_to(path) -> rr.RecordingStream:

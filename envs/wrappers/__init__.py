@@ -9,7 +9,7 @@
 
 The observation wrappers for several cameras and the robot state sit beside what they map
 (``camera_observation.py``, ``robot_state.py``). The wrappers that log to the Rerun viewer need the SDK's viewer
-and are ``worldstep.wrappers`` (``RerunLogger``, ``RerunVectorLogger``).
+and live with it: ``worldstep.view.loggers`` (``RerunLogger``, ``RerunVectorLogger``).
 """
 
 from .episode import JudgeSuccess, NormalizeActions, SplitStep, WindowLimit

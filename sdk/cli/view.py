@@ -58,7 +58,7 @@ def logged(env: Any, viewer: Viewer | None) -> Any:
     """``env`` logged into the viewer's recording (``env`` itself without a viewer)."""
     if viewer is None:
         return env
-    from ..wrappers import RerunLogger
+    from ..view.loggers import RerunLogger
 
     return RerunLogger(env, viewer.recording)
 

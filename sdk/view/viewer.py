@@ -1,7 +1,7 @@
 """Where a logged rollout goes: a spawned (or already running) Rerun viewer, an ``.rrd`` file, the served web viewer.
 
 The CLI's ``--rerun`` (or ``--rerun-connect URL``), ``--rerun-save PATH`` and ``--rerun-serve [PORT]`` (any
-combination) open one recording with these sinks; :class:`worldstep.wrappers.RerunLogger` logs into it. A viewer that
+combination) open one recording with these sinks; `loggers.RerunLogger` logs into it. A viewer that
 cannot be reached or started is refused at once, before the rollout, so a run never streams into nothing.
 """
 

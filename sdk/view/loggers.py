@@ -2,7 +2,7 @@
 
 ```python
 import gymnasium as gym, rerun as rr, worldstep
-from worldstep.wrappers import RerunLogger
+from worldstep.view.loggers import RerunLogger
 
 recording = rr.RecordingStream("worldstep")
 recording.save("run.rrd")                     # or .spawn(), or worldstep.view.viewer.open_viewer(serve=...)
@@ -11,7 +11,7 @@ env = RerunLogger(gym.make("worldstep/Pusher-v0"), recording)
 
 Needs the ``view`` extra (``pip install 'worldstep[view]'``, rerun-sdk).
 
-These are the wrappers that need the SDK's viewer (``worldstep.view``); every other wrapper of a world-model env
+They live with the SDK's viewer (``worldstep.view``), which they need; every other wrapper of a world-model env
 (the env's own frames, recording, image observations, forks) is in ``worldstep.envs.wrappers``.
 """
 
@@ -25,7 +25,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from worldstep.engine.checks import is_int
 
-from .view.rerun_log import IMAGE_FORMATS, ImageFormat, RolloutLog, rerun_module
+from .rerun_log import IMAGE_FORMATS, ImageFormat, RolloutLog, rerun_module
 
 __all__ = ["RerunLogger", "RerunVectorLogger"]
 
