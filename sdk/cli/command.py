@@ -11,7 +11,6 @@ value and the allowed range (exit code 2; 1 for an unexpected failure, with the 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
@@ -32,7 +31,7 @@ from .view import add_view_flags
 
 # The studies' commands (train, fidelity, and below bench and export-pushsim) are research: this dispatcher is the
 # one product module that names them (tests/test_parts.py), and only hands them the command line.
-PASSTHROUGH = {"train": "worldstep.train", "fidelity": "worldstep.fidelity.report"}
+PASSTHROUGH = ("train", "fidelity")
 
 
 def _add_passthrough(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
@@ -41,7 +40,11 @@ def _add_passthrough(sub: argparse._SubParsersAction, name: str, help_text: str)
 
 
 def _run_module(name: str, argv: list[str]) -> int:
-    importlib.import_module(PASSTHROUGH[name]).main(argv)
+    if name == "train":
+        from ..train import main
+    else:
+        from ..fidelity.report import main
+    main(argv)
     return 0
 
 
