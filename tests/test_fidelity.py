@@ -139,6 +139,11 @@ def test_small_budget_report(tmp_path, capsys):
     capsys.readouterr()
     assert recompute([str(tmp_path)]) == 0
     assert "predates, computed from its records: /policies/false_success_hazard" in capsys.readouterr().out
+    # --write keeps the report as it was and adds only what it predates, naming the commit that added it
+    assert recompute([str(tmp_path), "--write", str(tmp_path / "judged.json")]) == 0
+    judged = json.loads((tmp_path / "judged.json").read_text())
+    assert judged.pop("recomputed")["added"] == ["/policies/false_success_hazard"]
+    assert judged == json.loads(kept)
     report_path.write_text(kept)
     # a range renamed since the report (a sealed range becomes a read one): its recorded seeds name the range
     renamed = json.loads(kept)

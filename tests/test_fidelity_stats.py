@@ -24,6 +24,20 @@ def test_bootstrap_interval_matches_the_binomial_spread():
         assert 0.8 * expected < width < 1.2 * expected, (n, width, expected)
 
 
+def test_a_stratified_bootstrap_resamples_each_stratum_within_itself():
+    # statistic: how many indices fall in the first stratum; a plain bootstrap lets it vary, strata hold it at 10
+    first = bootstrap(lambda idx: float((idx < 10).sum()), 50, resamples=200, seed=3, strata=(10, 40))
+    assert (first.value, first.low, first.high) == (10.0, 10.0, 10.0)
+    plain = bootstrap(lambda idx: float((idx < 10).sum()), 50, resamples=200, seed=3)
+    assert plain.low < 10 < plain.high
+    # without strata the draws are the ones a single stratum of every unit gives
+    x = np.random.default_rng(5).random(30)
+    assert bootstrap(lambda i: x[i].mean(), 30, seed=6) == bootstrap(lambda i: x[i].mean(), 30, seed=6, strata=[30])
+    for strata in ((10, 30), (0, 50), (60,)):
+        with pytest.raises(ValueError, match="strata"):
+            bootstrap(lambda idx: 0.0, 50, strata=strata)
+
+
 def test_bootstrap_degenerate_cases():
     const = mean_estimate(np.ones(20))
     assert (const.value, const.low, const.high) == (1.0, 1.0, 1.0)

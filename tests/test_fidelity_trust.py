@@ -88,8 +88,64 @@ def test_the_harness_corrects_each_policys_rate_with_its_first_n_episodes():
     expected = ppi_rate(model[1, 5:], model[1, :5], sim[1, :5])
     assert out["policies"]["b"]["value"] == expected.value and out["policies"]["b"]["sim_rate"] == sim[1].mean()
     assert out["without_floor"]["policies"] == 2 and (out["paired"], out["model_only"]) == (5, 15)
+    w = out["without_floor"]
+    low, high = w["mean_abs_error_ci95"]
+    assert 0 <= low <= w["mean_abs_error"] <= high
+    assert -1 <= w["spearman_ci95"][0] <= w["spearman_ci95"][1] <= 1
     with pytest.raises(ValueError, match="paired=20"):
         corrected_section([], [], names, ("idle",), seeds, 20)
+
+
+def _trust_policies(precision=(19, 20), coverage=(19, 40), false=(1, 60), covering=8, error=(0.05, 0.07),
+                    rho=(0.95, 0.8)) -> dict:
+    from worldstep.measures.intervals import wilson
+
+    at = {"rule": SelectiveRule(persistence_min=3).to_dict(), "rule_sha256": "ab" * 32, "claimed": precision[1],
+          "real": precision[0], "precision": precision[0] / precision[1], "precision_wilson95": list(wilson(*precision)),
+          "coverage": coverage[0] / coverage[1], "coverage_wilson95": list(wilson(*coverage)), "recall": 0.4,
+          "strict_false_success": false[0] / false[1], "strict_false_success_wilson95": list(wilson(*false))}
+    return {"selective": {"at_rule": at, "as_reported": at},
+            "corrected": {"paired": 10, "policies": {}, "without_floor": {
+                "mean_abs_error": error[0], "mean_abs_error_ci95": [0.02, error[1]], "intervals_covering": covering,
+                "policies": 8, "spearman": rho[0], "spearman_ci95": [rho[1], 1.0]}}}
+
+
+def test_the_trust_targets_are_judged_on_their_intervals():
+    from worldstep.fidelity.report import _trust_targets
+
+    met = {k: t["met"] for k, t in _trust_targets(_trust_policies()).items()}
+    assert met == {"selective_precision_at_rule": False, "strict_false_success_at_rule": True,
+                   "corrected_mean_abs_error": True, "corrected_spearman": True, "corrected_intervals_covering": True}
+    # 19/20 has precision 0.95 but a Wilson low of 0.76: the interval decides; 190/200 meets it (low 0.91)
+    assert _trust_targets(_trust_policies(precision=(190, 200), coverage=(190, 400)))[
+        "selective_precision_at_rule"]["met"]
+    # each violation alone fails its target
+    cases = {"selective_precision_at_rule": dict(precision=(190, 200), coverage=(190, 700)),  # coverage 0.27
+             "strict_false_success_at_rule": dict(false=(5, 60)),  # 0.083
+             "corrected_mean_abs_error": dict(error=(0.05, 0.09)),  # high end above 0.08
+             "corrected_spearman": dict(rho=(0.95, 0.6)),
+             "corrected_intervals_covering": dict(covering=6)}
+    for name, bad in cases.items():
+        judged = _trust_targets(_trust_policies(**bad))
+        assert not judged[name]["met"], name
+        assert all(t["met"] for k, t in judged.items() if k not in (name, "selective_precision_at_rule")), name
+
+
+def test_the_summary_shows_the_rule_the_corrected_rates_and_their_targets():
+    from worldstep.fidelity.report import _trust_targets
+    from worldstep.fidelity.summary import corrected_table, selective_table, targets_table
+
+    policies = _trust_policies()
+    policies["corrected"]["policies"] = {"expert": {"value": 0.8, "ci95": [0.6, 1.0], "model_rate_all": 0.5,
+                                                    "sim_rate": 0.9, "covers_sim_rate": True}}
+    policies["corrected"]["model_only"] = 40
+    policies["corrected"]["without_floor"].update(model_only_mean_abs_error=0.2, model_only_spearman=0.7)
+    text = "\n".join([selective_table(policies), corrected_table(policies),
+                      targets_table({"targets": _trust_targets(policies)})])
+    assert "| at the rule | 20 | 19 | 0.95 [0.76, 0.99] |" in text
+    assert "| expert | 0.80 [0.60, 1.00] | 0.50 | 0.90 | yes |" in text
+    assert "| corrected | 0.050 [0.020, 0.070] | 0.95 [0.80, 1.00] | 8 of 8 |" in text
+    assert "| corrected_intervals_covering (the 95% intervals cover the simulator's rate for >= 7 of 8 " in text
 
 
 def test_a_report_with_a_frozen_rule_records_its_hash_and_refuses_an_edited_rule(tmp_path):
@@ -106,6 +162,7 @@ def test_a_report_with_a_frozen_rule_records_its_hash_and_refuses_an_edited_rule
     selective = report["policies"]["selective"]
     assert selective["at_rule"]["rule_sha256"] == rule.sha256
     assert selective["at_rule"]["claimed"] <= selective["as_reported"]["claimed"]
+    assert {"selective_precision_at_rule", "strict_false_success_at_rule"} <= set(report["targets"])
     path.write_text(json.dumps({**rule.to_dict(), "consistency_max": 3.0, "sha256": rule.sha256}))
     with pytest.raises(SystemExit):
         main(["--budget", "small", "--sections", "policies", "--rule", str(path), "--out", str(tmp_path / "x")])

@@ -15,6 +15,7 @@ from typing import Any
 from worldstep.envs.push_seeds import range_of
 
 from ..flags import flag, parse_flags
+from .provenance import code_state
 from .records import read_records
 from .report import FidelityArgs, sections
 
@@ -49,14 +50,30 @@ def recompute(out: Path) -> tuple[dict[str, Any], list[str], list[str]]:
     return rebuilt, diffs, added
 
 
+def with_added(report: dict[str, Any], rebuilt: dict[str, Any], added: list[str]) -> dict[str, Any]:
+    """`report` unchanged, plus the figures it predates from `rebuilt`, and which commit computed them."""
+    out = json.loads(json.dumps(report))
+    for path in added:
+        *parents, key = path.strip("/").split("/")
+        src, dst = rebuilt, out
+        for part in parents:
+            src, dst = src[part], dst.setdefault(part, {})
+        dst[key] = src[key]
+    out["recomputed"] = {"added": added, **code_state()}
+    return out
+
+
 @dataclass
 class RecomputeArgs:
     out: str = flag("a report folder written by worldstep fidelity (report.json and records/)", positional=True)
+    write: str | None = flag("also write report.json with the figures it predates added (each figure it has left "
+                             "as it is; `recomputed` names the commit that added them) to this file; only when "
+                             "nothing differs", default=None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    out = Path(parse_flags(RecomputeArgs, argv, prog="python -m worldstep.fidelity.recompute",
-                           description=__doc__).out)
+    args = parse_flags(RecomputeArgs, argv, prog="python -m worldstep.fidelity.recompute", description=__doc__)
+    out = Path(args.out)
     rebuilt, diffs, added = recompute(out)
     for line in diffs:
         print(line)
@@ -67,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             for part in path.strip("/").split("/"):
                 value = value[part]
             print(f"{path} = {json.dumps(value)}")
+    if args.write is not None and not diffs:
+        report = json.loads((out / "report.json").read_text())
+        Path(args.write).write_text(json.dumps(with_added(report, rebuilt, added), indent=1))
     print(f"{'recomputed' if not diffs else 'DIFFERS'}: {', '.join(rebuilt)} from {out / 'records'}"
           f"{'' if not diffs else f' ({len(diffs)} differences)'}")
     return 1 if diffs else 0

@@ -72,7 +72,8 @@ TINY_64 = {  # the embedded tiny architecture at 64x64, for `--budget small` wit
 }
 TARGETS = {"spearman": 0.9, "spearman_low": 0.7, "mean_abs_rate_error": 0.10, "false_success_rate": 0.05,
            "false_success_rate_high": 0.10, "object_vanish_rate_last_window": 0.10, "precision": 0.95,
-           "precision_low": 0.90}
+           "precision_low": 0.90, "selective_coverage": 0.30, "corrected_mean_abs_error": 0.08,
+           "corrected_covering_share": 7 / 8}
 OBSERVE_CHOICES = ("model", "simulator")
 SECTIONS = ("openloop", "policies", "planning")
 
@@ -369,6 +370,46 @@ def _policy_targets(policies: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _trust_targets(policies: dict[str, Any]) -> dict[str, Any]:
+    """The frozen rule's selective precision and strict false success, and the prediction-powered rates' error,
+    coverage and ranking: the same thresholds as the model's own figures, judged on their intervals."""
+    t, out = TARGETS, {}
+    if "selective" in policies:
+        at = policies["selective"]["at_rule"]
+        low, coverage = at["precision_wilson95"][0], at["coverage"]
+        out["selective_precision_at_rule"] = _target(
+            {"value": at["precision"], "ci95": at["precision_wilson95"]},
+            f">= {t['precision']} with ci95 low >= {t['precision_low']} at coverage >= {t['selective_coverage']} of "
+            f"the replay-confirmed successes (rule {at['rule_sha256'][:12]})",
+            at["precision"] is not None and at["precision"] >= t["precision"] and low >= t["precision_low"]
+            and coverage is not None and coverage >= t["selective_coverage"],
+            coverage={"value": coverage, "ci95": at["coverage_wilson95"]}, claimed=at["claimed"], real=at["real"])
+        fsr = at["strict_false_success"]
+        out["strict_false_success_at_rule"] = _target(
+            {"value": fsr, "ci95": at["strict_false_success_wilson95"]},
+            f"<= {t['false_success_rate']} with ci95 high <= {t['false_success_rate_high']}",
+            fsr is not None and fsr <= t["false_success_rate"]
+            and at["strict_false_success_wilson95"][1] <= t["false_success_rate_high"])
+    if "corrected" in policies:
+        c = policies["corrected"]["without_floor"]
+        n = policies["corrected"]["paired"]
+        if "mean_abs_error_ci95" in c:  # reports before these intervals judge nothing here
+            out["corrected_mean_abs_error"] = _target(
+                {"value": c["mean_abs_error"], "ci95": c["mean_abs_error_ci95"]},
+                f"prediction-powered rates, n = {n} paired: ci95 high <= {t['corrected_mean_abs_error']}",
+                c["mean_abs_error_ci95"][1] <= t["corrected_mean_abs_error"])
+            out["corrected_spearman"] = _target(
+                {"value": c["spearman"], "ci95": c["spearman_ci95"]},
+                f"prediction-powered rates: >= {t['spearman']} with ci95 low >= {t['spearman_low']}",
+                c["spearman"] >= t["spearman"] and c["spearman_ci95"][0] >= t["spearman_low"])
+        need = int(np.ceil(t["corrected_covering_share"] * c["policies"]))
+        out["corrected_intervals_covering"] = _target(
+            {"value": c["intervals_covering"], "ci95": [None, None]},
+            f"the 95% intervals cover the simulator's rate for >= {need} of {c['policies']} policies",
+            c["intervals_covering"] >= need)
+    return out
+
+
 def _open_loop_targets(open_loop: dict[str, Any]) -> dict[str, Any]:
     vanish = open_loop["series"]["kv"]["object_vanish_rate"]
     diff = open_loop["moved_block_error_kv_minus_copy_vae"]
@@ -393,6 +434,7 @@ def _targets(open_loop: dict[str, Any] | None, policies: dict[str, Any] | None,
     out = {}
     if policies is not None:
         out.update(_policy_targets(policies))
+        out.update(_trust_targets(policies))
     if open_loop is not None:
         out.update(_open_loop_targets(open_loop))
     if "model" in planning:

@@ -41,7 +41,9 @@ def targets_table(report: dict[str, Any]) -> str:
             value = (f"difference < 0 at {sum(v is not None and v < 0 for v in t['value'])}/{len(t['value'])} windows; "
                      f"interval below 0 at windows {below if below else 'none'}")
         else:
-            value = _ci(t, 3)
+            value = str(t["value"]) if isinstance(t["value"], int) else _ci(t, 3)
+            if "coverage" in t:
+                value += f" at coverage {_ci(t['coverage'], 3)} ({t['real']} real of {t['claimed']} claimed)"
         verdict = "reported" if t["met"] is None else ("yes" if t["met"] else "no")
         if "paired_seed" in t:
             value += f" (paired-seed rule: {_ci(t['paired_seed'], 3)})"
@@ -117,6 +119,46 @@ def decisions_table(p: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _wilson(value: float | None, interval: list, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+def selective_table(p: dict[str, Any]) -> str:
+    """The frozen rule's claims beside the model's own (`--rule`; Wilson 95% intervals)."""
+    rows = ["| claims | claimed | real | precision | coverage of the replay-confirmed successes | recall | "
+            "strict false success |", "|---|---|---|---|---|---|---|"]
+    for label, key in (("at the rule", "at_rule"), ("as reported (no rule)", "as_reported")):
+        q = p["selective"][key]
+        rows.append(f"| {label} | {q['claimed']} | {q['real']} | {_wilson(q['precision'], q['precision_wilson95'])} "
+                    f"| {_wilson(q['coverage'], q['coverage_wilson95'])} | "
+                    f"{'n/a' if q['recall'] is None else format(q['recall'], '.2f')} | "
+                    f"{_wilson(q['strict_false_success'], q['strict_false_success_wilson95'], 3)} |")
+    rule = p["selective"]["at_rule"]
+    rows.append(f"\nRule {rule['rule_sha256'][:12]}: {rule['rule']}.")
+    return "\n".join(rows)
+
+
+def corrected_table(p: dict[str, Any]) -> str:
+    """Prediction-powered rates per policy (`--paired n`) against the simulator's."""
+    c = p["corrected"]
+    rows = [f"Each policy's first {c['paired']} episodes run in both worlds, its other {c['model_only']} in the model "
+            "only; the simulator's rate over all of them.", "",
+            "| policy | corrected rate [95%] | model rate (all) | simulator rate | interval covers it |",
+            "|---|---|---|---|---|"]
+    for name, q in c["policies"].items():
+        rows.append(f"| {name} | {q['value']:.2f} [{q['ci95'][0]:.2f}, {q['ci95'][1]:.2f}] | "
+                    f"{q['model_rate_all']:.2f} | {q['sim_rate']:.2f} | {'yes' if q['covers_sim_rate'] else 'no'} |")
+    w = c["without_floor"]
+    error = (f"{w['mean_abs_error']:.3f} [{w['mean_abs_error_ci95'][0]:.3f}, {w['mean_abs_error_ci95'][1]:.3f}]"
+             if "mean_abs_error_ci95" in w else f"{w['mean_abs_error']:.3f}")
+    rho = (f"{w['spearman']:.2f} [{w['spearman_ci95'][0]:.2f}, {w['spearman_ci95'][1]:.2f}]"
+           if "spearman_ci95" in w else f"{w['spearman']:.2f}")
+    rows += ["", "| rates (graded policies) | mean abs error | Spearman | intervals covering |", "|---|---|---|---|",
+             f"| corrected | {error} | {rho} | {w['intervals_covering']} of {w['policies']} |",
+             f"| the model's own | {w['model_only_mean_abs_error']:.3f} | {w['model_only_spearman']:.2f} | n/a |"]
+    return "\n".join(rows)
+
+
 def planning_table(report: dict[str, Any]) -> str:
     plan = report.get("planning") or {}
     if not plan:
@@ -159,6 +201,10 @@ def render(report: dict[str, Any]) -> str:
         parts += ["", "### Open loop (mean over clips [95% interval])", "", open_loop_table(report)]
     if "policies" in report:
         parts += ["", "### Policies", "", policy_table(report)]
+        if "selective" in report["policies"]:
+            parts += ["", "### The frozen rule's claims", "", selective_table(report["policies"])]
+        if "corrected" in report["policies"]:
+            parts += ["", "### Prediction-powered rates", "", corrected_table(report["policies"])]
     if "planning" in report:
         parts += ["", "### Planning", "", planning_table(report)]
     return "\n".join(parts) + "\n"

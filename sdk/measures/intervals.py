@@ -9,7 +9,7 @@ carry the Wilson score interval, which does not.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,17 +34,27 @@ class Estimate:
 
 
 def bootstrap(statistic: Callable[[np.ndarray], float], units: int, resamples: int = RESAMPLES,
-              seed: int = 0) -> Estimate:
+              seed: int = 0, strata: Sequence[int] | None = None) -> Estimate:
     """`statistic(indices)` on all `units` and on `resamples` resamples of them with replacement.
 
+    `strata` (sizes summing to `units`, in index order) resamples each stratum within itself, so a design
+    that fixed how many units each part has (n paired episodes beside N model-only ones) keeps it.
     Resamples where the statistic is undefined (NaN, e.g. a correlation of a constant) are left out of
     the interval; when more than half are, the interval is NaN.
     """
     if units < 1:
         raise ValueError(f"units={units} is invalid; allowed: >= 1")
+    sizes = [units] if strata is None else [int(s) for s in strata]
+    if any(s < 1 for s in sizes) or sum(sizes) != units:
+        raise ValueError(f"strata={strata!r} is invalid; allowed: sizes >= 1 that sum to units ({units})")
+    starts = np.cumsum([0, *sizes[:-1]])
     rng = np.random.default_rng(seed)
+
+    def resample() -> np.ndarray:
+        return np.concatenate([start + rng.integers(size, size=size) for start, size in zip(starts, sizes)])
+
     value = float(statistic(np.arange(units)))
-    draws = np.array([statistic(rng.integers(units, size=units)) for _ in range(resamples)], dtype=np.float64)
+    draws = np.array([statistic(resample()) for _ in range(resamples)], dtype=np.float64)
     finite = draws[np.isfinite(draws)]
     if len(finite) < resamples / 2:
         return Estimate(value, float("nan"), float("nan"))
