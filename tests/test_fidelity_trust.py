@@ -101,7 +101,8 @@ def _trust_policies(precision=(19, 20), coverage=(19, 40), false=(1, 60), coveri
     from worldstep.measures.intervals import wilson
 
     at = {"rule": SelectiveRule(persistence_min=3).to_dict(), "rule_sha256": "ab" * 32, "claimed": precision[1],
-          "real": precision[0], "precision": precision[0] / precision[1], "precision_wilson95": list(wilson(*precision)),
+          "real": precision[0], "precision": precision[0] / precision[1],
+          "precision_wilson95": list(wilson(*precision)),
           "coverage": coverage[0] / coverage[1], "coverage_wilson95": list(wilson(*coverage)), "recall": 0.4,
           "strict_false_success": false[0] / false[1], "strict_false_success_wilson95": list(wilson(*false))}
     return {"selective": {"at_rule": at, "as_reported": at},
