@@ -4,22 +4,18 @@ on the same tiny weights and a non-square first frame that the pipeline pads ont
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 import numpy as np
 import pytest
 import torch
-import yaml
+from cosmos3_tiny import tiny_architecture
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
 from worldstep.engine.config import RolloutKnobs
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3.canvas import plan_first_frame
 from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
 from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
-TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 BOUND = 1e-4  # tests/test_cosmos3_parity.py's bound
 
 # (embodiment, raw width, first-frame size (h, w)): every size is off the multiple of 16 and off its bin's
@@ -30,7 +26,7 @@ CASES = [("droid_lerobot", 10, (120, 200)), ("agibotworld", 29, (200, 300)), ("p
 @pytest.fixture(scope="module", params=["edge", "nano"])
 def checkpoint(request, tmp_path_factory):
     """The tiny architecture with a 32-wide action head, so that AgiBot's 29-wide actions fit."""
-    arch = Cosmos3Architecture.of(TINY).shaped_like(request.param)
+    arch = tiny_architecture(request.param)
     arch = arch.replace(transformer={**arch.transformer, "action_dim": 32})
     return build_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}-a32", arch, seed=5)
 

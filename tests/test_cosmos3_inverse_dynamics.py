@@ -3,24 +3,19 @@
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 import numpy as np
 import pytest
 import torch
-import yaml
+from cosmos3_tiny import tiny_checkpoint
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3 import inverse_dynamics as invdyn
-from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
 from worldstep.engine.models.cosmos3.inverse_dynamics import ActionQuery, clip_pixels, encode_clip, infer_actions
 from worldstep.engine.models.cosmos3.loader import load_components
 from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
 
 DROID = ActionQuery(domain_id=8, action_width=10, fps=24.0)  # diffusers' "droid_lerobot": domain 8, 10 wide
-TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 PROMPT, NEGATIVE, CHUNK, STEPS, SEED = "pick up the red cube", "blurry, static", 8, 4, 7
 # max |worldstep - diffusers| over the inferred actions (values up to ~3): measured <= 6e-7 on the CPU in
 # float32 (edge and nano, guidance 1 and 3); the bound leaves room for other CPU kernels.
@@ -29,8 +24,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module", params=["edge", "nano"])
 def checkpoint(request, tmp_path_factory):
-    arch = Cosmos3Architecture.of(TINY).shaped_like(request.param)
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}", arch, seed=3)
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}", request.param)
 
 
 @pytest.fixture(scope="module")

@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 import numpy as np
 import pytest
 import torch
-import yaml
 from cosmos3_reference import dense_kv_rollout
+from cosmos3_tiny import tiny_architecture, tiny_checkpoint
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
 from worldstep.engine.config import RolloutKnobs
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3.checkpoint import build_checkpoint
 from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 
 DROID = 8  # diffusers' domain id of "droid_lerobot" (10-wide actions)
-TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 
 
 # Every parity test runs on an Edge-shaped (relu2, Nemotron norms) and a Nano-shaped (SwiGLU, RMSNorm,
 # q/k norm on text) tiny checkpoint.
 @pytest.fixture(scope="module", params=["edge", "nano"])
 def checkpoint(request, tmp_path_factory):
-    arch = Cosmos3Architecture.of(TINY).shaped_like(request.param)
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}", arch, seed=3)
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / f"tiny-{request.param}", request.param)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +42,7 @@ def test_one_window_matches_diffusers_pipeline(checkpoint, pipeline, guidance, c
 
 def test_one_window_matches_with_a_system_prompt(tmp_path):
     """A checkpoint saved with `default_use_system_prompt` (model_index.json) is prompted the pipeline's way."""
-    arch = Cosmos3Architecture.of(TINY).shaped_like("nano").replace(pipeline={"default_use_system_prompt": True})
+    arch = tiny_architecture("nano").replace(pipeline={"default_use_system_prompt": True})
     folder = build_checkpoint(tmp_path / "tiny-nano-system", arch, seed=3)
     pipeline = Cosmos3OmniPipeline.from_pretrained(folder)
     assert pipeline.config.default_use_system_prompt is True

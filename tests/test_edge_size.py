@@ -33,16 +33,15 @@ import pytest
 import torch
 import yaml
 from cosmos3_reference import dense_kv_rollout
+from cosmos3_tiny import tiny_architecture
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 from PIL import Image
 from worldstep.engine.config import RolloutKnobs
-from worldstep.engine.models.cosmos3 import Cosmos3Architecture
 from worldstep.engine.models.cosmos3.checkpoint import build_pipeline, build_tokenizer, components_of
 from worldstep.engine.models.cosmos3.model import Cosmos3WorldModel
 from worldstep.engine.models.cosmos3.prompt import tokenize_action_prompt
 
 EDGE = yaml.safe_load(files("worldstep.configs").joinpath("cosmos3_edge.yaml").read_text())["model"]["architecture"]
-TINY = yaml.safe_load(files("worldstep.configs").joinpath("tiny.yaml").read_text())["model"]["architecture"]
 DROID, DROID_WIDTH = 8, 10  # diffusers' "droid_lerobot": domain id 8, 10-wide raw actions
 PROMPT = "A robot arm picks up the red cube."
 CANVAS, CHUNK, STEPS, WINDOWS, CONTEXT_FRAMES, PAGE_SIZE = 256, 16, 2, 3, 4, 128
@@ -301,7 +300,7 @@ def test_exact_vocab_tokenizer_fills_to_the_size_and_keeps_trained_ids():
 
 
 def test_in_place_build_has_the_default_layout_and_no_meta_weights():
-    arch = Cosmos3Architecture.of(TINY).shaped_like("edge")
+    arch = tiny_architecture("edge")
     default, in_place = build_pipeline(arch, seed=3), build_pipeline(arch, seed=3, in_place=True)
     for a, b in ((default.transformer, in_place.transformer), (default.vae, in_place.vae)):
         shapes = {n: (p.shape, p.dtype) for n, p in a.named_parameters()}
@@ -316,7 +315,7 @@ def test_in_place_build_has_the_default_layout_and_no_meta_weights():
 
 def test_in_memory_components_share_the_pipeline_modules_and_match_it():
     """`components_of` hands the engine the pipeline's own modules; one window then equals the pipeline."""
-    arch = Cosmos3Architecture.of(TINY).shaped_like("edge")
+    arch = tiny_architecture("edge")
     pipeline = build_pipeline(arch, seed=3, in_place=True)
     components = components_of(pipeline, arch)
     assert components.transformer is pipeline.transformer and components.vae is pipeline.vae
