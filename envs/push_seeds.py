@@ -8,12 +8,12 @@ Every start state of an evaluation (policy and planner episodes, held-out open-l
 
 - ``validation`` (20,000,000 .. 20,009,999): choosing models, hyperparameters, policies, planner settings and
   the demo seed; run it as often as you like.
-- ``test`` (60,000,000 .. 60,009,999): SEALED. Used once, at the end, for the figures a report states;
+- ``test`` (70,000,000 .. 70,009,999): SEALED. Used once, at the end, for the figures a report states;
   never to choose anything. Its results are not fed back into training or settings.
-- ``test_read`` (30,000,000 .. 30,009,999), ``test_read_2`` (40,000,000 .. 40,009,999) and ``test_read_3``
-  (50,000,000 .. 50,009,999): earlier sealed ranges, each read once by a report (the shipped pusher's first,
-  second and third sealed runs), so they can no longer seal anything; they stay addressable to reproduce those
-  reports, and no seed of them is reused.
+- ``test_read`` (30,000,000 .. 30,009,999), ``test_read_2`` (40,000,000 ..), ``test_read_3`` (50,000,000 ..)
+  and ``test_read_4`` (60,000,000 ..): earlier sealed ranges, each read once by a report (the shipped pusher's
+  first to fourth sealed runs; the fourth is the trust run), so they can no longer seal anything; they stay
+  addressable to reproduce those reports, and no seed of them is reused.
 
 Neither range overlaps a seed used before them: tests and examples use seeds below 1,000; the previous
 fidelity report used 5,000..5,009 and clip seed 777,000; the Makefile demo used seed 4; training draws its
@@ -58,15 +58,15 @@ VALIDATION = SeedRange("validation", 20_000_000, 10_000)
 # Start seeds of training's DAgger round (policies closed loop on a trained model): training data, so never
 # inside an evaluation range.
 DAGGER = SeedRange("dagger", 10_000_000, 10_000)
-SEALED_TEST = SeedRange("test", 60_000_000, 10_000)
+SEALED_TEST = SeedRange("test", 70_000_000, 10_000)
 # Sealed once, read by a report since: oldest first.
 READ_TESTS = (SeedRange("test_read", 30_000_000, 10_000), SeedRange("test_read_2", 40_000_000, 10_000),
-              SeedRange("test_read_3", 50_000_000, 10_000))
+              SeedRange("test_read_3", 50_000_000, 10_000), SeedRange("test_read_4", 60_000_000, 10_000))
 SPLITS = {r.name: r for r in (VALIDATION, SEALED_TEST, *READ_TESTS)}
 
 
 def split_range(name: str) -> SeedRange:
-    """The range called `name` (`validation`, `test`, or a read one: `test_read`, `test_read_2`, `test_read_3`)."""
+    """The range called `name` (`validation`, `test`, or a read one: `test_read` .. `test_read_4`)."""
     if name not in SPLITS:
         raise ValueError(f"split={name!r} is invalid; allowed: {sorted(SPLITS)}")
     return SPLITS[name]
@@ -74,7 +74,7 @@ def split_range(name: str) -> SeedRange:
 
 def range_of(seed: int) -> SeedRange:
     """The named range holding `seed`: a report keeps its seeds, and a range can be renamed once it has been read
-    (the sealed `test` range of the shipped pusher's third report is `test_read_3` today)."""
+    (the sealed `test` range of the shipped pusher's fourth report is `test_read_4` today)."""
     for r in SPLITS.values():
         if seed in r:
             return r

@@ -156,9 +156,9 @@ def test_seed_ranges_are_disjoint_from_each_other_and_from_training_draws():
     for read_range in READ_TESTS:
         read = set(read_range.seeds(read_range.size))
         assert not read & (a | b) and split_range(read_range.name) is read_range and not train_seeds & b
-    assert [r.name for r in READ_TESTS] == ["test_read", "test_read_2", "test_read_3"]
+    assert [r.name for r in READ_TESTS] == ["test_read", "test_read_2", "test_read_3", "test_read_4"]
     assert range_of(40_000_049) is READ_TESTS[1] and range_of(50_000_000) is READ_TESTS[2]
-    assert range_of(60_000_000) is SEALED_TEST
+    assert range_of(60_000_000) is READ_TESTS[3] and range_of(70_000_000) is SEALED_TEST
     with pytest.raises(ValueError, match="seed=7"):
         range_of(7)
     read_sets = [set(r.seeds(r.size)) for r in READ_TESTS]

@@ -99,7 +99,7 @@ class ExportFlags:
     episodes: int = flag("episodes to export", default=20, type=positive_int)
     steps: int = flag("actions per episode", default=32, type=positive_int)
     split: str = flag("seed range (worldstep.envs.push_seeds): validation, test or a read one (test_read, "
-                      "test_read_2, test_read_3)", default="validation", choices=tuple(SPLITS))
+                      "test_read_2, test_read_3, test_read_4)", default="validation", choices=tuple(SPLITS))
     codec: str = flag("video codec", default="h264", choices=("h264", "av1"))
     crf: int = flag("encoder quality, 0 .. 51 (LeRobot's default: 30)", default=30)
     pix_fmt: str = flag("yuv420p (LeRobot's) or yuv444p (full-resolution colour)", default="yuv420p",

@@ -90,7 +90,7 @@ class FidelityArgs:
                                   default=None)
     out: str = flag("report folder (JSON, PNGs, mp4)", default="runs/fidelity")
     split: str = flag("seed range: validation (development), test (SEALED: once, for reported figures), or "
-                      "test_read / test_read_2 / test_read_3 (earlier sealed ranges, each read once already: "
+                      "test_read .. test_read_4 (earlier sealed ranges, each read once already: "
                       "reproduce their reports)", default="validation", choices=tuple(SPLITS))
     budget: str = flag("preset sizes below", default="full", choices=sorted(_PRESETS))
     clips: int | None = _preset("clips")
