@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The trust targets' one sealed run (range 60,000,000..), in resumable stretches.
+# The trust targets' one sealed run, in resumable stretches. It was made once, at commit 0d880ce, on the range
+# 60,000,000.. (now `test_read_4`): docs/fidelity/pusher/. `--split test_read_4` reproduces it; `--split test`
+# would read the next sealed range (70,000,000..), which is for the next model's report, not this one's.
 #
 # Every section the targets need, with the frozen rule: the open loop (vanish, moved-block error, reported beside),
 # the graded policies continued 4 windows past their first success (the rule needs success held 3 windows) with
@@ -10,7 +12,7 @@
 # the commit and code hash the run started at and refuses a stretch at another (python -m worldstep.fidelity
 # --resume). Killed midway: run the same command again. The report lands in OUT/report.json after the last stretch.
 #
-#   tools/sealed_trust_run.sh                      # THE sealed run: --split test, once, by the lead
+#   tools/sealed_trust_run.sh --split test_read_4 --out runs/again   # the fourth sealed report again
 #   tools/sealed_trust_run.sh --split validation --out runs/dry --minutes 2 -- --budget small   # a dry run
 #
 # report.json's `seconds` is its last stretch's; OUT/stretch_seconds.txt lists every stretch's.
