@@ -201,3 +201,13 @@ def test_vectorised_mean_equals_the_generic_bootstrap():
     x[[2, 9]] = np.nan
     fast, slow = mean_estimate(x, seed=4), bootstrap(lambda idx: nanmean(x[idx]), len(x), seed=4)
     assert (fast.value, fast.low, fast.high) == pytest.approx((slow.value, slow.low, slow.high), abs=1e-12)
+
+
+def test_recompute_accepts_a_target_reworded_with_a_clause_but_not_a_new_threshold():
+    from worldstep.fidelity.recompute import differences
+
+    old = {"targets": {"lift": {"target": "ci95 low > 0", "met": False}}}
+    clause = {"targets": {"lift": {"target": "ci95 low > 0, the model loop stopping on the streak", "met": False}}}
+    assert differences(old, clause) == []
+    assert differences(old, {"targets": {"lift": {"target": "ci95 low > 0.1", "met": False}}})
+    assert differences(old, {"targets": {"lift": {"target": "ci95 low > 0, x", "met": True}}})

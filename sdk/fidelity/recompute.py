@@ -33,6 +33,8 @@ def differences(a: Any, b: Any, where: str = "", added: list[str] | None = None)
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]", added)]
+    if isinstance(a, str) and isinstance(b, str) and where.endswith("/target") and b.startswith(f"{a}, "):
+        return []  # a target's wording gained a clause (the stop the planner used); its threshold is a's
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
