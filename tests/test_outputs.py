@@ -118,9 +118,10 @@ def test_ctrl_c_during_rollout(tmp_path, cache_dir):  # noqa: F811
         time.sleep(0.1)  # the partial mp4 appears once the episode has been reset
     assert leftovers(tmp_path), proc.communicate()[1]
     time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()  # still rolling out when the signal goes (stdout says how far)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, (stdout, stderr)
     assert len(stderr.strip().splitlines()) == 1 and "interrupted after" in stderr and "Traceback" not in stderr
     summary = json.loads((tmp_path / "r.json").read_text())
     assert summary["status"] == "interrupted" and summary["reason"] == "KeyboardInterrupt"
