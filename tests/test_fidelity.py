@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from worldstep.envs.push_policies import IdlePolicy, PixelPushPolicy
 from worldstep.envs.push_sim import PushSimEnv, render_state
 from worldstep.fidelity.openloop import object_errors
@@ -142,6 +143,8 @@ def test_small_budget_report(tmp_path, capsys):
     # --write keeps the report as it was and adds only what it predates, naming the commit that added it
     assert recompute([str(tmp_path), "--write", str(tmp_path / "judged.json")]) == 0
     judged = json.loads((tmp_path / "judged.json").read_text())
+    with pytest.raises(ValueError, match="--write=.*no/such/folder"):
+        recompute([str(tmp_path), "--write", str(tmp_path / "no" / "such" / "folder" / "judged.json")])
     assert judged.pop("recomputed")["added"] == ["/policies/false_success_hazard"]
     assert judged == json.loads(kept)
     report_path.write_text(kept)
@@ -162,7 +165,6 @@ def test_small_budget_report(tmp_path, capsys):
 
 
 def test_report_arguments_are_checked(tmp_path, capsys):
-    import pytest
     from worldstep.fidelity.report import parse_args
 
     for argv, word in ((["--budget", "small", "--split", "train"], "split"),

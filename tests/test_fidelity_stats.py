@@ -10,7 +10,7 @@ from worldstep.episodes import EpisodeResult
 from worldstep.fidelity.openloop import MOVED_PX, VANISHED_PX, held_out, per_window, score_frames
 from worldstep.fidelity.ranking import group_stats, outcome_table, policy_report
 from worldstep.fidelity.rollouts import EpisodeOutcome, sim_episodes
-from worldstep.measures.intervals import bootstrap, mean_estimate, rate_dict, wilson
+from worldstep.measures.intervals import bootstrap, bootstraps, mean_estimate, rate_dict, wilson
 
 
 def test_bootstrap_interval_matches_the_binomial_spread():
@@ -33,6 +33,10 @@ def test_a_stratified_bootstrap_resamples_each_stratum_within_itself():
     # without strata the draws are the ones a single stratum of every unit gives
     x = np.random.default_rng(5).random(30)
     assert bootstrap(lambda i: x[i].mean(), 30, seed=6) == bootstrap(lambda i: x[i].mean(), 30, seed=6, strata=[30])
+    # several statistics from one pass give each one's own bootstrap (the same resamples)
+    both = bootstraps(lambda i: [x[i].mean(), x[i].max()], 30, seed=6, strata=(10, 20))
+    assert both == [bootstrap(lambda i: x[i].mean(), 30, seed=6, strata=(10, 20)),
+                    bootstrap(lambda i: x[i].max(), 30, seed=6, strata=(10, 20))]
     for strata in ((10, 30), (0, 50), (60,)):
         with pytest.raises(ValueError, match="strata"):
             bootstrap(lambda idx: 0.0, 50, strata=strata)

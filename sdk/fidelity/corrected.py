@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..flags import flag, int_at_least
-from ..measures.intervals import Estimate, bootstrap
+from ..measures.intervals import Estimate, bootstraps
 from ..measures.ranks import spearman
 from ..trust.ppi import ppi_rate
 from .ranking import outcome_table
 
-# each resample recomputes eight PPI rates: 1,000 keep the section to about a second
+# each resample recomputes every graded policy's PPI rate: 1,000 keep the section to about a second
 RESAMPLES_PPI = 1000
 
 
@@ -55,19 +55,14 @@ def _resampled(model: np.ndarray, sim: np.ndarray, n: int) -> tuple[Estimate, Es
     """The corrected rates' mean absolute error and Spearman against the simulator's rates, with 95% intervals
     from resampling the start seeds (one resample shared by every policy; the n paired starts and the N - n
     model-only ones each within themselves, as the design fixed them). `model`, `sim`: `[P, E]` outcomes."""
-    def corrected(idx: np.ndarray) -> np.ndarray:
+    def error_and_rho(idx: np.ndarray) -> tuple[float, float]:
         pairs, rest = idx[idx < n], idx[idx >= n]
-        return np.array([ppi_rate(m[rest], m[pairs], s[pairs]).value for m, s in zip(model, sim)])
+        corrected = np.array([ppi_rate(m[rest], m[pairs], s[pairs]).value for m, s in zip(model, sim)])
+        true = sim[:, idx].mean(axis=1)
+        return float(np.abs(corrected - true).mean()), float(spearman(corrected, true))
 
-    def error(idx: np.ndarray) -> float:
-        return float(np.abs(corrected(idx) - sim[:, idx].mean(axis=1)).mean())
-
-    def rho(idx: np.ndarray) -> float:
-        return float(spearman(corrected(idx), sim[:, idx].mean(axis=1)))
-
-    strata = (n, model.shape[1] - n)
-    return (bootstrap(error, model.shape[1], RESAMPLES_PPI, strata=strata),
-            bootstrap(rho, model.shape[1], RESAMPLES_PPI, strata=strata))
+    error, rho = bootstraps(error_and_rho, model.shape[1], RESAMPLES_PPI, strata=(n, model.shape[1] - n))
+    return error, rho
 
 
 @dataclass

@@ -76,6 +76,8 @@ class RecomputeArgs:
 def main(argv: list[str] | None = None) -> int:
     args = parse_flags(RecomputeArgs, argv, prog="python -m worldstep.fidelity.recompute", description=__doc__)
     out = Path(args.out)
+    if args.write is not None and not Path(args.write).resolve().parent.is_dir():
+        raise ValueError(f"--write={args.write} is invalid; allowed: a file in a folder that exists")
     rebuilt, diffs, added = recompute(out)
     for line in diffs:
         print(line)

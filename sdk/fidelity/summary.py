@@ -119,20 +119,17 @@ def decisions_table(p: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _wilson(value: float | None, interval: list, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
-
-
 def selective_table(p: dict[str, Any]) -> str:
     """The frozen rule's claims beside the model's own (`--rule`; Wilson 95% intervals)."""
     rows = ["| claims | claimed | real | precision | coverage of the replay-confirmed successes | recall | "
             "strict false success |", "|---|---|---|---|---|---|---|"]
     for label, key in (("at the rule", "at_rule"), ("as reported (no rule)", "as_reported")):
         q = p["selective"][key]
-        rows.append(f"| {label} | {q['claimed']} | {q['real']} | {_wilson(q['precision'], q['precision_wilson95'])} "
-                    f"| {_wilson(q['coverage'], q['coverage_wilson95'])} | "
-                    f"{'n/a' if q['recall'] is None else format(q['recall'], '.2f')} | "
-                    f"{_wilson(q['strict_false_success'], q['strict_false_success_wilson95'], 3)} |")
+        wilson = {k: {"value": q[k], "ci95": q[f"{k}_wilson95"]}
+                  for k in ("precision", "coverage", "strict_false_success")}
+        rows.append(f"| {label} | {q['claimed']} | {q['real']} | {_ci(wilson['precision'])} | "
+                    f"{_ci(wilson['coverage'])} | {'n/a' if q['recall'] is None else format(q['recall'], '.2f')} | "
+                    f"{_ci(wilson['strict_false_success'], 3)} |")
     rule = p["selective"]["at_rule"]
     rows.append(f"\nRule {rule['rule_sha256'][:12]}: {rule['rule']}.")
     return "\n".join(rows)
@@ -146,13 +143,11 @@ def corrected_table(p: dict[str, Any]) -> str:
             "| policy | corrected rate [95%] | model rate (all) | simulator rate | interval covers it |",
             "|---|---|---|---|---|"]
     for name, q in c["policies"].items():
-        rows.append(f"| {name} | {q['value']:.2f} [{q['ci95'][0]:.2f}, {q['ci95'][1]:.2f}] | "
-                    f"{q['model_rate_all']:.2f} | {q['sim_rate']:.2f} | {'yes' if q['covers_sim_rate'] else 'no'} |")
+        rows.append(f"| {name} | {_ci(q)} | {q['model_rate_all']:.2f} | {q['sim_rate']:.2f} | "
+                    f"{'yes' if q['covers_sim_rate'] else 'no'} |")
     w = c["without_floor"]
-    error = (f"{w['mean_abs_error']:.3f} [{w['mean_abs_error_ci95'][0]:.3f}, {w['mean_abs_error_ci95'][1]:.3f}]"
-             if "mean_abs_error_ci95" in w else f"{w['mean_abs_error']:.3f}")
-    rho = (f"{w['spearman']:.2f} [{w['spearman_ci95'][0]:.2f}, {w['spearman_ci95'][1]:.2f}]"
-           if "spearman_ci95" in w else f"{w['spearman']:.2f}")
+    error = _ci({"value": w["mean_abs_error"], "ci95": w.get("mean_abs_error_ci95", [None, None])}, 3)
+    rho = _ci({"value": w["spearman"], "ci95": w.get("spearman_ci95", [None, None])})
     rows += ["", "| rates (graded policies) | mean abs error | Spearman | intervals covering |", "|---|---|---|---|",
              f"| corrected | {error} | {rho} | {w['intervals_covering']} of {w['policies']} |",
              f"| the model's own | {w['model_only_mean_abs_error']:.3f} | {w['model_only_spearman']:.2f} | n/a |"]

@@ -42,6 +42,12 @@ def bootstrap(statistic: Callable[[np.ndarray], float], units: int, resamples: i
     Resamples where the statistic is undefined (NaN, e.g. a correlation of a constant) are left out of
     the interval; when more than half are, the interval is NaN.
     """
+    return bootstraps(lambda idx: [statistic(idx)], units, resamples, seed, strata)[0]
+
+
+def bootstraps(statistics: Callable[[np.ndarray], Sequence[float]], units: int, resamples: int = RESAMPLES,
+               seed: int = 0, strata: Sequence[int] | None = None) -> list[Estimate]:
+    """`bootstrap` for several statistics computed together from each resample (one pass when they share work)."""
     if units < 1:
         raise ValueError(f"units={units} is invalid; allowed: >= 1")
     sizes = [units] if strata is None else [int(s) for s in strata]
@@ -53,14 +59,18 @@ def bootstrap(statistic: Callable[[np.ndarray], float], units: int, resamples: i
     def resample() -> np.ndarray:
         return np.concatenate([start + rng.integers(size, size=size) for start, size in zip(starts, sizes)])
 
-    value = float(statistic(np.arange(units)))
-    draws = np.array([statistic(resample()) for _ in range(resamples)], dtype=np.float64)
-    finite = draws[np.isfinite(draws)]
-    if len(finite) < resamples / 2:
-        return Estimate(value, float("nan"), float("nan"))
+    values = np.asarray(statistics(np.arange(units)), dtype=np.float64)
+    draws = np.array([statistics(resample()) for _ in range(resamples)], dtype=np.float64).reshape(resamples, -1)
     tail = (1 - LEVEL) / 2 * 100
-    low, high = np.percentile(finite, [tail, 100 - tail])
-    return Estimate(value, float(low), float(high))
+    out = []
+    for value, column in zip(values, draws.T):
+        finite = column[np.isfinite(column)]
+        if len(finite) < resamples / 2:
+            out.append(Estimate(float(value), float("nan"), float("nan")))
+            continue
+        low, high = np.percentile(finite, [tail, 100 - tail])
+        out.append(Estimate(float(value), float(low), float(high)))
+    return out
 
 
 def nanmean(x: np.ndarray, axis=None) -> np.ndarray:
