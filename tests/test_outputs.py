@@ -105,27 +105,34 @@ def test_ctrl_c_during_rollout(tmp_path, cache_dir):  # noqa: F811
     out.write_bytes(b"previous video")
     (tmp_path / "r.json").write_text('{"previous": true}')
     exe = os.path.join(os.path.dirname(sys.executable), "worldstep")
-    cmd = [exe, "rollout", "--windows", "1000", "--out", str(out), "--quiet", "--device", "cpu",
-           "--set=max_windows=1000",  # the episode cannot end (by truncation) before the signal, however fast the box
-           *[f"--set={k}={v}" for k, v in FAST.items()]]
+    # 1000 tiny windows took 10 s alone on the 2-core box, short enough that a test process starved by a second
+    # suite could signal a rollout that had already finished; 100,000 cannot end (by truncation or by running out
+    # of windows) before the signal, however fast or loaded the box
+    cmd = [exe, "rollout", "--windows", "100000", "--out", str(out), "--quiet", "--device", "cpu",
+           "--set=max_windows=100000", *[f"--set={k}={v}" for k, v in FAST.items()]]
     # a shell without job control starts background jobs with SIGINT ignored, and a child inherits that: give
     # the rollout the default disposition, as a terminal's Ctrl-C finds it
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "WORLDSTEP_CACHE": str(cache_dir)},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 300
-    while not leftovers(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)  # the partial mp4 appears once the episode has been reset
-    assert leftovers(tmp_path), proc.communicate()[1]
-    time.sleep(0.5)
-    assert proc.poll() is None, proc.communicate()  # still rolling out when the signal goes (stdout says how far)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 300
+        while not leftovers(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the partial mp4 appears once the episode has been reset
+        assert leftovers(tmp_path), proc.communicate(timeout=60)[1] if proc.poll() is not None else "no partial mp4"
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()  # still rolling out when the signal goes (stdout says how far)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed assertion above leaves no rollout running on
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, (stdout, stderr)
     assert len(stderr.strip().splitlines()) == 1 and "interrupted after" in stderr and "Traceback" not in stderr
     summary = json.loads((tmp_path / "r.json").read_text())
     assert summary["status"] == "interrupted" and summary["reason"] == "KeyboardInterrupt"
-    assert 0 <= summary["windows_completed"] < 1000 and summary["video"] is None
+    assert 0 <= summary["windows_completed"] < 100_000 and summary["video"] is None
     assert f"interrupted after {summary['windows_completed']} windows" in stderr
     assert out.read_bytes() == b"previous video" and not leftovers(tmp_path)
 
