@@ -8,22 +8,25 @@ The fourth sealed report's account of its 8 false claims comes from this output.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 from worldstep.envs.push_policies import FLOOR
-from worldstep.fidelity.trust_study import load_rule, model_outcomes, study_episodes
-
-TRAINED_WINDOWS = 8  # configs/models/pusher's trained_horizon_windows
+from worldstep.fidelity.trust_study import first_claim, load_rule, model_outcomes, study_episodes
+from worldstep.trust.signals import trained_horizon_for
 
 
 def main(run: str, rule_path: str) -> None:
     rule = load_rule(rule_path)
+    report = json.loads((Path(run) / "report.json").read_text())
+    max_windows = report["policies"]["max_windows"]  # the run's, as its selective section used
+    horizon = trained_horizon_for(report["checkpoint"])  # the checkpoint's worldstep.json
     graded = [o for o in model_outcomes(Path(run)) if o.policy not in FLOOR]
     print("real  window  residual_px  model_vs_replay_block_px  lost_block  policy  seed")
-    for outcome, (windows, _, _) in zip(graded, study_episodes(graded, TRAINED_WINDOWS)):
-        hit = next((i for i, w in enumerate(windows[:16]) if w.model_success and rule.failing(w.signals) is None), None)
+    for outcome, (windows, _, _) in zip(graded, study_episodes(graded, horizon)):
+        hit = first_claim(rule, windows, max_windows)
         if hit is None:
             continue
         d = [*outcome.detections, *outcome.continued][hit]

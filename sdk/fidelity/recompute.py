@@ -6,6 +6,7 @@ Exit status 0 when each section recomputed from the per-unit records equals the 
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def recompute(out: Path) -> tuple[dict[str, Any], list[str], list[str]]:
 
 def with_added(report: dict[str, Any], rebuilt: dict[str, Any], added: list[str]) -> dict[str, Any]:
     """`report` unchanged, plus the figures it predates from `rebuilt`, and which commit computed them."""
-    out = json.loads(json.dumps(report))
+    out = copy.deepcopy(report)
     for path in added:
         *parents, key = path.strip("/").split("/")
         src, dst = rebuilt, out

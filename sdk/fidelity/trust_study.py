@@ -85,12 +85,16 @@ def episode_windows(outcome: EpisodeOutcome, first: dict[str, Any], trained_hori
     return out
 
 
+def first_claim(rule: SelectiveRule, windows: list[Window], max_windows: int) -> int | None:
+    """The index of the rule's first claim within `max_windows`: the model shows success and every signal passes."""
+    return next((i for i, w in enumerate(windows[:max_windows])
+                 if w.model_success and rule.failing(w.signals) is None), None)
+
+
 def claim(rule: SelectiveRule, windows: list[Window], max_windows: int) -> tuple[bool, bool]:
-    """(claimed, real): the rule's first claim within `max_windows`, and whether the replay confirms it."""
-    for w in windows[:max_windows]:
-        if w.model_success and rule.failing(w.signals) is None:
-            return True, w.replay_by_now
-    return False, False
+    """(claimed, real): whether the rule claims within `max_windows`, and whether the replay confirms it."""
+    hit = first_claim(rule, windows, max_windows)
+    return (False, False) if hit is None else (True, windows[hit].replay_by_now)
 
 
 def rule_stats(rule: SelectiveRule, episodes: list[tuple[list[Window], bool, bool]], max_windows: int) -> dict:
